@@ -1,0 +1,43 @@
+# The two quickstart commands: `make demo` and `make test`. Both set everything up.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH_CPU_VERSION ?= 2.13.0
+DEMO_ARGS ?=
+
+.PHONY: demo test setup system-deps lint typecheck bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	# Keep any torch the user already has (CUDA builds included); otherwise take the CPU wheel.
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "using existing torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	else \
+		$(PY) -m pip install --quiet "torch==$(TORCH_CPU_VERSION)"; \
+	fi
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+setup: $(VENV)/.installed
+
+# Prometheus, Alertmanager and promtool from Debian's packages, for the integration tests.
+system-deps:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null \
+	    || ! command -v prometheus-alertmanager >/dev/null; then \
+		apt-get update && apt-get install -y prometheus prometheus-alertmanager; \
+	fi
+
+demo: setup
+	$(VENV)/bin/sentinel demo $(DEMO_ARGS)
+
+test: setup system-deps
+	$(PY) -m pytest -q
+
+typecheck: setup
+	$(PY) -m mypy
+
+bench: setup
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

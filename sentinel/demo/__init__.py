@@ -1,0 +1,1 @@
+"""The demo: a tiny GPT-like model trained on synthetic data with an injected fault."""

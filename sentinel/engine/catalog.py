@@ -1,0 +1,71 @@
+"""Every exported metric: its type, help text and extra labels. Names are a contract.
+
+All series carry ``job``, ``run`` and ``rank`` besides the extra labels listed here.
+Counter names end in ``_total`` (the exporter strips it for prometheus_client).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Spec(NamedTuple):
+    kind: str  # "gauge" | "counter"
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+G, C = "gauge", "counter"
+
+CATALOG: dict[str, Spec] = {
+    "sentinel_loss": Spec(G, "Training loss as passed to Monitor.log (unscaled)."),
+    "sentinel_scalar": Spec(G, "Other scalars passed to Monitor.log, by name.", ("name",)),
+    "sentinel_grad_norm": Spec(G, "Global L2 norm of the gradients at the optimizer step."),
+    "sentinel_group_grad_norm": Spec(G, "L2 norm of the gradients of one parameter group.", ("group",)),
+    "sentinel_param_norm": Spec(G, "Global L2 norm of the parameters (every update_every steps)."),
+    "sentinel_group_param_norm": Spec(G, "L2 norm of the parameters of one group.", ("group",)),
+    "sentinel_update_ratio": Spec(G, "Update ratio ||dw||/||w|| over the sampled groups (0-1 scale)."),
+    "sentinel_group_update_ratio": Spec(G, "Update ratio ||dw||/||w|| of one group.", ("group",)),
+    "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key.", ("state",)),
+    "sentinel_param_bytes": Spec(G, "Bytes of the watched parameters."),
+    "sentinel_optimizer_state_param_ratio": Spec(G, "Optimizer state bytes divided by parameter bytes."),
+    "sentinel_nonfinite": Spec(G, "1 when the last report of this source held a NaN or Inf, else 0.",
+                               ("source",)),
+    "sentinel_nonfinite_total": Spec(C, "Steps at which the loss, a gradient or a parameter was NaN or Inf.",
+                                     ("source",)),
+    "sentinel_step": Spec(G, "Completed optimizer steps (the step of the latest report)."),
+    "sentinel_steps_total": Spec(C, "Optimizer steps completed."),
+    "sentinel_step_duration_seconds": Spec(G, "Wall time of the last training step."),
+    "sentinel_last_step_timestamp_seconds": Spec(G, "Unix time of the last completed step."),
+    "sentinel_learning_rate": Spec(G, "Learning rate per optimizer param group.", ("param_group",)),
+    "sentinel_gradient_variance_ratio": Spec(G, "GVR: var/mean^2 of the recent global grad norms."),
+    "sentinel_gradient_snr": Spec(G, "Gradient signal-to-noise: mean(|g|)/std(|g|) over all elements."),
+    "sentinel_optimizer_state_saturation_ratio": Spec(
+        G, "Fraction of sampled Adam exp_avg_sq entries above the saturation threshold."),
+    "sentinel_cuda_memory_allocated_bytes": Spec(G, "CUDA memory allocated by tensors."),
+    "sentinel_cuda_memory_reserved_bytes": Spec(G, "CUDA memory reserved by the caching allocator."),
+    "sentinel_cuda_memory_peak_bytes": Spec(G, "Peak CUDA memory allocated by tensors."),
+    "sentinel_cuda_memory_total_bytes": Spec(G, "Total memory of the CUDA devices in use."),
+    "sentinel_cuda_alloc_retries_total": Spec(C, "CUDA allocations retried after freeing cached blocks."),
+    "sentinel_cuda_ooms_total": Spec(C, "CUDA out-of-memory errors raised by the allocator."),
+    "sentinel_host_memory_rss_bytes": Spec(G, "Resident memory of the training process."),
+    "sentinel_memory_capacity_bytes": Spec(
+        G, "Memory the OOM rule compares usage to: CUDA total, else the host/cgroup limit."),
+    "sentinel_memory_used_bytes": Spec(
+        G, "Memory the OOM rule watches: CUDA reserved, else the host RSS."),
+    "sentinel_amp_loss_scale": Spec(G, "AMP GradScaler loss scale."),
+    "sentinel_amp_skipped_steps_total": Spec(C, "Optimizer steps skipped by GradScaler for inf/NaN grads."),
+    "sentinel_instrument_errors_total": Spec(C, "Exceptions caught inside sentinel's training hooks."),
+    "sentinel_frames_dropped_total": Spec(C, "Frames the training process could not deliver."),
+}
+
+DAEMON_CATALOG: dict[str, Spec] = {
+    "sentinel_daemon_frames_received_total": Spec(C, "Frames received by the engine."),
+    "sentinel_daemon_frames_malformed_total": Spec(C, "Frames rejected as malformed, oversized or of a wrong version."),
+    "sentinel_daemon_up": Spec(G, "1 while the engine runs."),
+}
+
+
+def spec(name: str) -> Spec:
+    """The spec of a metric; unknown names export as untyped-looking gauges."""
+    return CATALOG.get(name) or DAEMON_CATALOG.get(name) or Spec(G, f"Sentinel metric {name}.")

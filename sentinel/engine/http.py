@@ -1,0 +1,89 @@
+"""The engine's HTTP server: ``/metrics``, ``/healthz``, ``/api/v1/alerts`` and a status page."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger("sentinel")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class HttpServer:
+    """Serves the engine on ``host:port`` from a background thread.
+
+    Args:
+        host, port: where to listen; port 0 picks a free one.
+        registry: the Prometheus registry for ``/metrics``.
+        alerts: returns the JSON body of ``/api/v1/alerts``.
+        status_page: returns the HTML of ``/``.
+        healthy: returns True while the engine runs.
+    """
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry,
+                 alerts: Callable[[], Any] | None = None,
+                 status_page: Callable[[], str] | None = None,
+                 healthy: Callable[[], bool] | None = None) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                path = self.path.split("?", 1)[0]
+                try:
+                    if path == "/metrics":
+                        encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
+                        outer._reply(self, 200, ctype, encoder(outer.registry))
+                    elif path == "/healthz":
+                        ok = outer.healthy() if outer.healthy else True
+                        outer._reply(self, 200 if ok else 503, "text/plain", b"ok\n" if ok else b"unhealthy\n")
+                    elif path == "/api/v1/alerts":
+                        body = outer.alerts() if outer.alerts else {"status": "success", "data": []}
+                        outer._reply(self, 200, "application/json", json.dumps(body).encode())
+                    elif path == "/" and outer.status_page is not None:
+                        outer._reply(self, 200, "text/html; charset=utf-8", outer.status_page().encode())
+                    else:
+                        outer._reply(self, 404, "text/plain", b"not found\n")
+                except Exception:
+                    log.warning("sentinel http: error serving %s", path, exc_info=True)
+                    outer._reply(self, 500, "text/plain", b"internal error\n")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # scrapes every few seconds would flood the training log
+
+        self.registry = registry
+        self.alerts = alerts
+        self.status_page = status_page
+        self.healthy = healthy
+        self._server = _Server((host, port), Handler)
+        self.host, self.port = self._server.server_address[:2]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="sentinel-http",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in str(self.host) else self.host
+        return f"http://{host}:{self.port}"
+
+    @staticmethod
+    def _reply(handler: BaseHTTPRequestHandler, code: int, ctype: str, body: bytes) -> None:
+        handler.send_response(code)
+        handler.send_header("Content-Type", ctype)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,200 @@
+"""Turns decoded frames into series in the store. Norms are taken here, where data meets."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from sentinel.engine.store import Labels, Store, labels_of
+
+GVR_WINDOW = 50
+"""Recent global grad norms the gradient variance ratio is taken over."""
+MAX_SCALAR_NAMES = 32
+
+
+def _sqrt(x: float) -> float:
+    return math.sqrt(x) if x >= 0 or math.isnan(x) else float("nan")
+
+
+class Ingestor:
+    """Writes one frame's values into the store and reports what the rules need.
+
+    Args:
+        store: where series go.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lr_last: dict[Labels, list[float]] = {}
+        self.lr_change_step: dict[Labels, int] = {}
+        self._scalar_names: set[str] = set()
+
+    def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
+        """Record a decoded frame.
+
+        Returns:
+            Context for the rules: ``nonfinite_groups`` ({source: [group names]}) and
+            ``lr_change_step`` (the last step the learning rate changed, or None).
+        """
+        base = labels_of(job=f["job"], run=f["run"], rank=f["rank"])
+        step, t = f["step"], float(f["t"])
+        ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base)}
+        add = self._adder(base, step, t)
+        if "errors" in f:
+            self.store.set_counter("sentinel_instrument_errors_total", base, float(f["errors"]))
+        if "dropped" in f:
+            self.store.set_counter("sentinel_frames_dropped_total", base, float(f["dropped"]))
+        kind = f["kind"]
+        if kind == "log":
+            self._scalars(f.get("scalars") or {}, add, base, ctx)
+        elif kind == "step":
+            self._step(f, add, base, ctx)
+        return ctx
+
+    def _adder(self, base: Labels, step: int, t: float) -> Callable[..., None]:
+        store = self.store
+
+        def add(name: str, value: float, **extra: str) -> None:
+            labels = base if not extra else tuple(sorted(base + tuple(extra.items())))
+            store.add(name, labels, step, t, value)
+        return add
+
+    def _nonfinite(self, source: str, bad: bool, add: Callable[..., None], base: Labels) -> None:
+        add("sentinel_nonfinite", 1.0 if bad else 0.0, source=source)
+        # inc by 0 too, so the counter exists (at 0) from the first report
+        self.store.inc("sentinel_nonfinite_total", tuple(sorted(base + (("source", source),))), float(bad))
+
+    def _scalars(self, scalars: dict[str, Any], add: Callable[..., None], base: Labels,
+                 ctx: dict[str, Any]) -> None:
+        for name, value in scalars.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if name == "loss":
+                add("sentinel_loss", float(value))
+                self._nonfinite("loss", not math.isfinite(value), add, base)
+                if not math.isfinite(value):
+                    ctx["nonfinite_groups"]["loss"] = []
+            elif name in self._scalar_names or len(self._scalar_names) < MAX_SCALAR_NAMES:
+                self._scalar_names.add(name)
+                add("sentinel_scalar", float(value), name=str(name))
+
+    def _step(self, f: dict[str, Any], add: Callable[..., None], base: Labels,
+              ctx: dict[str, Any]) -> None:
+        step, t = f["step"], float(f["t"])
+        store = self.store
+        add("sentinel_step", float(step))
+        add("sentinel_last_step_timestamp_seconds", t)
+        store.set_counter("sentinel_steps_total", base, float(step))
+        if isinstance(f.get("step_seconds"), (int, float)):
+            add("sentinel_step_duration_seconds", float(f["step_seconds"]))
+        groups: list[str] = f.get("groups") or []
+        gsq = f.get("grad_sumsq")
+        if gsq is not None:
+            total = math.fsum(gsq)
+            norm = _sqrt(total)
+            add("sentinel_grad_norm", norm)
+            bad = [g for g, v in zip(groups, gsq) if not math.isfinite(v)]
+            for g, v in zip(groups, gsq):
+                add("sentinel_group_grad_norm", _sqrt(v), group=g)
+            self._nonfinite("grad", bool(bad) or not math.isfinite(total), add, base)
+            if bad:
+                ctx["nonfinite_groups"]["grad"] = bad
+            self._gvr(add, base)
+            if isinstance(f.get("grad_l1"), (int, float)) and f.get("grad_count"):
+                n = float(f["grad_count"])
+                mean_abs, mean_sq = f["grad_l1"] / n, total / n
+                std = _sqrt(mean_sq - mean_abs * mean_abs)
+                add("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan"))
+        psq = f.get("param_sumsq")
+        if psq is not None:
+            ptotal = math.fsum(psq)
+            add("sentinel_param_norm", _sqrt(ptotal))
+            for g, v in zip(groups, psq):
+                add("sentinel_group_param_norm", _sqrt(v), group=g)
+            pbad = [g for g, v in zip(groups, psq) if not math.isfinite(v)]
+            self._nonfinite("param", bool(pbad), add, base)
+            if pbad:
+                ctx["nonfinite_groups"]["param"] = pbad
+            dsq = f.get("delta_sumsq")
+            if dsq is not None:
+                self._update_ratio(groups, psq, dsq, add)
+        sat = f.get("sat")
+        if isinstance(sat, list) and len(sat) == 2 and sat[1]:
+            add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
+        self._lr(f.get("lr"), add, base, step)
+        ctx["lr_change_step"] = self.lr_change_step.get(base)
+        st = f.get("state_bytes")
+        if isinstance(st, dict):
+            for key, nbytes in st.items():
+                add("sentinel_optimizer_state_bytes", float(nbytes), state=str(key))
+            pb = f.get("param_bytes")
+            if isinstance(pb, (int, float)) and pb > 0:
+                add("sentinel_param_bytes", float(pb))
+                add("sentinel_optimizer_state_param_ratio", sum(st.values()) / pb)
+        mem = f.get("mem")
+        if isinstance(mem, dict):
+            self._memory(mem, add, base)
+        amp = f.get("amp")
+        if isinstance(amp, dict):
+            if isinstance(amp.get("scale"), (int, float)):
+                add("sentinel_amp_loss_scale", float(amp["scale"]))
+            if isinstance(amp.get("skipped"), (int, float)):
+                store.set_counter("sentinel_amp_skipped_steps_total", base, float(amp["skipped"]))
+
+    def _update_ratio(self, groups: list[str], psq: list[float], dsq: list[Any],
+                      add: Callable[..., None]) -> None:
+        num = den = 0.0
+        for g, p, d in zip(groups, psq, dsq):
+            if d is None:
+                continue
+            num += d
+            den += p
+            if p > 0:  # ||w|| = 0: no ratio for this group
+                add("sentinel_group_update_ratio", _sqrt(d) / _sqrt(p), group=g)
+        if den > 0:
+            add("sentinel_update_ratio", _sqrt(num) / _sqrt(den))
+
+    def _gvr(self, add: Callable[..., None], base: Labels) -> None:
+        w = self.store.window("sentinel_grad_norm", base, GVR_WINDOW)
+        if w is None or len(w) < 10:
+            return
+        vals = [v for v in w.values.tolist() if math.isfinite(v)]
+        if len(vals) < 10:
+            return
+        mean = statistics.fmean(vals)
+        if mean > 0:
+            add("sentinel_gradient_variance_ratio", statistics.pvariance(vals, mean) / (mean * mean))
+
+    def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:
+        if not isinstance(lrs, list):
+            return
+        for i, lr in enumerate(lrs):
+            add("sentinel_learning_rate", float(lr), param_group=str(i))
+        prev = self._lr_last.get(base)
+        if prev is not None and len(prev) == len(lrs):
+            # a change of more than 10% in any group (schedulers' small steps are not changes)
+            if any(abs(a - b) > 0.1 * max(abs(a), abs(b)) for a, b in zip(prev, lrs)):
+                self.lr_change_step[base] = step
+        self._lr_last[base] = list(lrs)
+
+    def _memory(self, mem: dict[str, Any], add: Callable[..., None], base: Labels) -> None:
+        gauges = {"cuda_allocated": "sentinel_cuda_memory_allocated_bytes",
+                  "cuda_reserved": "sentinel_cuda_memory_reserved_bytes",
+                  "cuda_peak": "sentinel_cuda_memory_peak_bytes",
+                  "cuda_total": "sentinel_cuda_memory_total_bytes",
+                  "host_rss": "sentinel_host_memory_rss_bytes"}
+        for key, name in gauges.items():
+            if isinstance(mem.get(key), (int, float)):
+                add(name, float(mem[key]))
+        for key, name in (("cuda_retries", "sentinel_cuda_alloc_retries_total"),
+                          ("cuda_ooms", "sentinel_cuda_ooms_total")):
+            if isinstance(mem.get(key), (int, float)):
+                self.store.set_counter(name, base, float(mem[key]))
+        if mem.get("cuda_total"):
+            add("sentinel_memory_capacity_bytes", float(mem["cuda_total"]))
+            add("sentinel_memory_used_bytes", float(mem.get("cuda_reserved", 0.0)))
+        elif mem.get("host_rss") and mem.get("host_limit"):
+            add("sentinel_memory_capacity_bytes", float(mem["host_limit"]))
+            add("sentinel_memory_used_bytes", float(mem["host_rss"]))

@@ -1,0 +1,162 @@
+"""Bounded in-memory series store.
+
+Every series is a ring buffer of ``(step, time, value)`` with a fixed capacity, so the
+store's memory depends on the number of series, never on the length of the run. The
+number of series is bounded by the instrument's group cap and the rank count.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Labels = tuple[tuple[str, str], ...]
+"""Sorted ``(name, value)`` pairs; always includes ``job``, ``run`` and ``rank``."""
+
+
+def labels_of(**kv: object) -> Labels:
+    """Build a :data:`Labels` key from keyword arguments."""
+    return tuple(sorted((k, str(v)) for k, v in kv.items()))
+
+
+@dataclass(frozen=True)
+class Window:
+    """The recent samples of one series, oldest first."""
+
+    steps: np.ndarray
+    times: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+class Series:
+    """A fixed-capacity ring buffer of samples."""
+
+    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._steps = np.zeros(capacity, dtype=np.int64)
+        self._times = np.zeros(capacity, dtype=np.float64)
+        self._values = np.zeros(capacity, dtype=np.float64)
+        self._n = 0
+        self._head = 0  # next write position
+
+    def append(self, step: int, t: float, value: float) -> None:
+        i = self._head
+        self._steps[i] = step
+        self._times[i] = t
+        self._values[i] = value
+        self._head = (i + 1) % self.capacity
+        self._n = min(self._n + 1, self.capacity)
+
+    def last(self) -> tuple[int, float, float] | None:
+        if self._n == 0:
+            return None
+        i = (self._head - 1) % self.capacity
+        return int(self._steps[i]), float(self._times[i]), float(self._values[i])
+
+    def window(self, n: int | None = None) -> Window:
+        k = self._n if n is None else min(n, self._n)
+        idx = (np.arange(self._head - k, self._head)) % self.capacity
+        return Window(self._steps[idx].copy(), self._times[idx].copy(), self._values[idx].copy())
+
+    def __len__(self) -> int:
+        return self._n
+
+
+@dataclass
+class _Metric:
+    kind: str  # "gauge" or "counter"
+    series: dict[Labels, Series] = field(default_factory=dict)
+    totals: dict[Labels, float] = field(default_factory=dict)  # counters only
+
+
+class Store:
+    """Thread-safe store of gauges (ring buffers) and counters (running totals).
+
+    Args:
+        capacity: samples kept per gauge series.
+    """
+
+    def __init__(self, capacity: int = 512) -> None:
+        self.capacity = capacity
+        self._metrics: dict[str, _Metric] = {}
+        self.lock = threading.RLock()
+
+    def add(self, name: str, labels: Labels, step: int, t: float, value: float) -> None:
+        """Append a gauge sample."""
+        with self.lock:
+            m = self._metrics.get(name)
+            if m is None:
+                m = self._metrics[name] = _Metric("gauge")
+            s = m.series.get(labels)
+            if s is None:
+                s = m.series[labels] = Series(self.capacity)
+            s.append(step, t, float(value))
+
+    def inc(self, name: str, labels: Labels, amount: float = 1.0) -> None:
+        """Add to a counter (created at 0)."""
+        with self.lock:
+            m = self._metrics.get(name)
+            if m is None:
+                m = self._metrics[name] = _Metric("counter")
+            m.totals[labels] = m.totals.get(labels, 0.0) + amount
+
+    def set_counter(self, name: str, labels: Labels, total: float) -> None:
+        """Set a counter from a monotonic total reported by a sender (never decreases)."""
+        with self.lock:
+            m = self._metrics.get(name)
+            if m is None:
+                m = self._metrics[name] = _Metric("counter")
+            m.totals[labels] = max(m.totals.get(labels, 0.0), total)
+
+    def counter(self, name: str, labels: Labels) -> float:
+        with self.lock:
+            m = self._metrics.get(name)
+            return 0.0 if m is None else m.totals.get(labels, 0.0)
+
+    def window(self, name: str, labels: Labels, n: int | None = None) -> Window | None:
+        """The last ``n`` samples (all kept samples when ``n`` is None), or None."""
+        with self.lock:
+            m = self._metrics.get(name)
+            s = None if m is None else m.series.get(labels)
+            return None if s is None else s.window(n)
+
+    def last(self, name: str, labels: Labels) -> tuple[int, float, float] | None:
+        with self.lock:
+            m = self._metrics.get(name)
+            s = None if m is None else m.series.get(labels)
+            return None if s is None else s.last()
+
+    def labelsets(self, name: str) -> list[Labels]:
+        """Every label set recorded for a metric."""
+        with self.lock:
+            m = self._metrics.get(name)
+            if m is None:
+                return []
+            return list(m.series) if m.kind == "gauge" else list(m.totals)
+
+    def names(self) -> list[str]:
+        with self.lock:
+            return list(self._metrics)
+
+    def snapshot(self) -> Iterator[tuple[str, str, Labels, float]]:
+        """``(name, kind, labels, latest value)`` for every series; for the exporter."""
+        with self.lock:
+            rows = []
+            for name, m in self._metrics.items():
+                if m.kind == "gauge":
+                    for labels, s in m.series.items():
+                        last = s.last()
+                        if last is not None:
+                            rows.append((name, "gauge", labels, last[2]))
+                else:
+                    for labels, total in m.totals.items():
+                        rows.append((name, "counter", labels, total))
+        return iter(rows)

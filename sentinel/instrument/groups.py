@@ -1,0 +1,51 @@
+"""Parameter groups: module-path prefixes at a configurable depth, capped in count."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+OTHER = "other"
+
+
+def group_name(param_name: str, depth: int | str = "auto") -> str:
+    """The group of a parameter, from its dotted name.
+
+    ``"auto"`` picks the block level: up to and including the first numeric path
+    component (``layers.7``, ``transformer.h.3``), else the first two module components
+    (``transformer.wte``, ``head``). An integer keeps that many module components.
+
+    Args:
+        param_name: as from ``model.named_parameters()``, e.g. ``layers.7.attn.q.weight``.
+        depth: ``"auto"`` or a positive number of module-path components.
+    """
+    parts = param_name.split(".")[:-1]  # drop the parameter's own name
+    if not parts:
+        return param_name  # a parameter held by the root module is its own group
+    if depth == "auto":
+        for i, part in enumerate(parts):
+            if part.isdigit():
+                return ".".join(parts[: i + 1])
+        return ".".join(parts[:2])
+    return ".".join(parts[: max(1, int(depth))])
+
+
+def assign_groups(
+    param_names: Iterable[str], depth: int | str = "auto", max_groups: int = 64
+) -> tuple[list[str], list[int]]:
+    """Group names in order of first appearance, and each parameter's group index.
+
+    Groups past ``max_groups - 1`` merge into ``"other"``, which is always last.
+    """
+    names: list[str] = []
+    index: dict[str, int] = {}
+    assignment: list[int] = []
+    for pname in param_names:
+        g = group_name(pname, depth)
+        if g not in index and len(names) < max_groups - 1:
+            index[g] = len(names)
+            names.append(g)
+        assignment.append(index.get(g, -1))  # -1: merged into "other"
+    if -1 in assignment:
+        names.append(OTHER)
+        assignment = [len(names) - 1 if i == -1 else i for i in assignment]
+    return names, assignment

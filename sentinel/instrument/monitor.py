@@ -1,0 +1,321 @@
+"""``sentinel.watch``: attach to a training loop and report one frame per optimizer step."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from sentinel import wire
+from sentinel.instrument import probes
+from sentinel.instrument.groups import assign_groups
+from sentinel.instrument.guard import Guard
+from sentinel.instrument.options import WatchOptions, from_kwargs
+from sentinel.instrument.readback import Readback
+from sentinel.instrument.sender import NullSender, Sender
+from sentinel.instrument.stats import GroupedTensors, UpdateSnapshot, adam_saturation
+
+log = logging.getLogger("sentinel")
+
+Segs = dict[torch.device, dict[str, torch.Tensor]]
+
+
+def _hook(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Hook bodies run without autograd and are never traced by torch.compile."""
+    return torch.compiler.disable(torch.no_grad()(fn))
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    for rk, ws in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if rk in os.environ:
+            return int(os.environ[rk]), int(os.environ.get(ws, "1"))
+    return 0, 1
+
+
+class Monitor:
+    """A handle on one watched training loop. Use :func:`watch` to make one.
+
+    Call :meth:`log` with the loss each step; :meth:`close` (or leaving a ``with`` block)
+    removes every hook, flushes the last report and stops the embedded engine.
+    """
+
+    def __init__(self, model: torch.nn.Module | None, optimizers: Sequence[torch.optim.Optimizer],
+                 options: WatchOptions, sender: Sender | None = None) -> None:
+        self.options = o = options
+        self.optimizers = list(optimizers)
+        self.guard = Guard(o.max_errors)
+        self.rank, self.world = _rank_world()
+        self.steps = 0
+        self.url: str | None = None
+        self.engine: Any = None
+        self._closed = False
+        self._handles: list[Any] = []
+        self._readback = Readback(o.max_pending, on_drop=self._count_drop)
+        self._report_drops = 0
+        self._last_step_time: float | None = None
+        self._state_due = True
+        self._sat_cursor = 0
+        self._contributed: set[int] = set()
+        self._segs: Segs = {}
+        self._meta_groups: set[int] = set()
+        self._grad_count = 0
+
+        names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+        per_opt: list[list[tuple[str, torch.Tensor]]] = []
+        for k, opt in enumerate(self.optimizers):
+            plist = []
+            for gi, group in enumerate(opt.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    if p.requires_grad:
+                        plist.append((names.get(id(p), f"optimizer{k}.group{gi}.{pi}"), p))
+            per_opt.append(plist)
+        all_names = [n for plist in per_opt for n, _ in plist]
+        self.groups, assignment = assign_groups(all_names, o.group_depth, o.max_groups)
+        gmap = dict(zip(all_names, assignment))
+        self._tensors = [GroupedTensors([p for _, p in pl], [gmap[n] for n, _ in pl], len(self.groups))
+                         for pl in per_opt]
+        self._snapshots = [UpdateSnapshot(t, o.update_snapshot_bytes) for t in self._tensors]
+        self.param_bytes = sum(t.param_bytes for t in self._tensors)
+        self.devices = sorted({d for t in self._tensors for d in t.devices}, key=str)
+
+        if sender is None:
+            sender = self._start_engine()
+        self.sender: Sender = sender
+
+        for k, opt in enumerate(self.optimizers):
+            self._handles.append(opt.register_step_pre_hook(_hook(self._make_pre(k))))
+            self._handles.append(opt.register_step_post_hook(_hook(self._make_post(k))))
+            self._handles.append(opt.register_load_state_dict_post_hook(self._on_load))
+
+    # -- public ---------------------------------------------------------------------------
+
+    def log(self, loss: Any = None, **scalars: Any) -> None:
+        """Record the loss (and any other scalars) for the current step.
+
+        Tensors are read back without a host sync; values appear in the next frame.
+        Never raises.
+        """
+        if loss is not None:
+            scalars["loss"] = loss
+        self.guard.run("log", self._log, scalars)
+
+    def close(self) -> None:
+        """Remove the hooks, flush pending reports and stop the embedded engine. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.guard.run("emit", self._emit_ready, True)
+        self.guard.run("emit", self._send, {"kind": "bye", "step": self.steps, "t": time.time()})
+        self.sender.close()
+        if self.engine is not None:
+            self.guard.run("engine", self.engine.stop)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def errors(self) -> int:
+        """Exceptions caught inside probes so far."""
+        return self.guard.errors
+
+    @property
+    def frames_dropped(self) -> int:
+        return self.sender.dropped + self._report_drops
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _make_pre(self, k: int) -> Callable[..., None]:
+        def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if k in self._contributed:  # this optimizer steps again: a new report begins
+                self.guard.run("report", self._finalize)
+            step = self.steps + 1
+            self.guard.run("grad", self._grad_stats, k, step)
+            if step % self.options.update_every == 0:
+                self.guard.run("update", self._snapshots[k].take)
+        return pre
+
+    def _make_post(self, k: int) -> Callable[..., None]:
+        def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            step = self.steps + 1
+            if step % self.options.update_every == 0:
+                self.guard.run("update", self._update_stats, k)
+                self.guard.run("param", self._param_stats, k)
+            self._contributed.add(k)
+            if len(self._contributed) == len(self.optimizers):
+                self.guard.run("report", self._finalize)
+        return post
+
+    def _on_load(self, opt: torch.optim.Optimizer) -> None:
+        self._state_due = True
+
+    # -- probes ---------------------------------------------------------------------------
+
+    def _add(self, name: str, per_device: dict[torch.device, torch.Tensor]) -> None:
+        for dev, t in per_device.items():
+            segs = self._segs.setdefault(dev, {})
+            segs[name] = segs[name] + t if name in segs else t
+
+    def _grad_stats(self, k: int, step: int) -> None:
+        sums, count = self._tensors[k].grad_sums(2.0)
+        self._add("grad_sumsq", sums)
+        if step % self.options.health_every == 0:
+            l1, _ = self._tensors[k].grad_sums(1.0)
+            self._add("grad_l1", {d: t.sum().reshape(1) for d, t in l1.items()})
+            self._grad_count += count
+
+    def _update_stats(self, k: int) -> None:
+        snap = self._snapshots[k]
+        self._add("delta_sumsq", snap.delta_sumsq())
+        self._meta_groups |= snap.groups
+
+    def _param_stats(self, k: int) -> None:
+        self._add("param_sumsq", self._tensors[k].param_sumsq())
+
+    def _finalize(self) -> None:
+        """Close the current report: add host-side values and start its readback."""
+        self._contributed.clear()
+        self.steps += 1
+        o, now = self.options, time.time()
+        meta: dict[str, Any] = {"kind": "step", "step": self.steps, "t": now,
+                                "groups": self.groups, "lr": probes.learning_rates(self.optimizers)}
+        if self._last_step_time is not None:
+            meta["step_seconds"] = now - self._last_step_time
+        self._last_step_time = now
+        if self._grad_count:
+            meta["grad_count"], self._grad_count = self._grad_count, 0
+        if self._meta_groups:
+            meta["delta_groups"] = sorted(self._meta_groups)
+            self._meta_groups = set()
+        if self._state_due or self.steps % o.state_every == 0:
+            self._state_due = False
+            st = self.guard.run("state", probes.state_bytes, self.optimizers)
+            if st is not None:
+                meta["state_bytes"] = st
+                meta["param_bytes"] = self.param_bytes
+            sat = self.guard.run("saturation", adam_saturation, self.optimizers,
+                                 o.saturation_threshold, o.saturation_max_tensors, self._sat_cursor)
+            if sat is not None and sat[1]:
+                self._add("sat_above", sat[0])
+                meta["sat_total"], self._sat_cursor = sat[1], sat[2]
+        if self.steps % o.memory_every == 0 or self.steps == 1:
+            mem = self.guard.run("memory", self._memory)
+            if mem:
+                meta["mem"] = mem
+        segs, self._segs = self._segs, {}
+        self._readback.submit(meta, segs)
+        self._emit_ready(False)
+
+    def _memory(self) -> dict[str, float]:
+        mem = probes.host_memory()
+        if any(d.type == "cuda" for d in self.devices):
+            mem.update(probes.cuda_memory(self.devices))
+        return mem
+
+    def _log(self, scalars: dict[str, Any]) -> None:
+        host: dict[str, float] = {}
+        dev: dict[torch.device, dict[str, torch.Tensor]] = {}
+        for name, v in scalars.items():
+            if isinstance(v, torch.Tensor):
+                t = v.detach().reshape(-1)[:1].to(torch.float32)
+                if t.device.type == "cpu":
+                    host[name] = float(t[0]) if t.numel() else float("nan")
+                else:
+                    dev.setdefault(t.device, {})[f"s:{name}"] = t
+            else:
+                host[name] = float(v)
+        meta = {"kind": "log", "step": self.steps, "t": time.time(), "scalars": host}
+        self._readback.submit(meta, dev)
+        self._emit_ready(False)
+
+    # -- emission -------------------------------------------------------------------------
+
+    def _emit_ready(self, wait: bool) -> None:
+        for meta, values in self._readback.poll(wait):
+            self.guard.run("emit", self._emit, meta, values)
+
+    def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:
+        frame = dict(meta)
+        if frame["kind"] == "log":
+            scalars = dict(frame["scalars"])
+            for name, vals in values.items():
+                if name.startswith("s:") and vals:
+                    scalars[name[2:]] = vals[0]
+            frame["scalars"] = scalars
+        else:
+            g = len(self.groups)
+            frame["grad_sumsq"] = values.get("grad_sumsq") or [0.0] * g
+            if "param_sumsq" in values:
+                frame["param_sumsq"] = values["param_sumsq"]
+            if "delta_sumsq" in values:
+                sampled = set(frame.pop("delta_groups", ()))
+                frame["delta_sumsq"] = [v if i in sampled else None
+                                        for i, v in enumerate(values["delta_sumsq"])]
+            frame.pop("delta_groups", None)
+            if "grad_l1" in values and "grad_count" in frame:
+                frame["grad_l1"] = values["grad_l1"][0]
+            if "sat_above" in values and "sat_total" in frame:
+                frame["sat"] = [values["sat_above"][0], frame.pop("sat_total")]
+            frame.pop("sat_total", None)
+            frame["shard"] = "replicated"
+        frame["errors"] = self.guard.errors
+        frame["dropped"] = self.frames_dropped
+        self._send(frame)
+
+    def _send(self, frame: dict[str, Any]) -> None:
+        o = self.options
+        frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
+        self.sender.send(wire.encode(frame))
+
+    def _count_drop(self) -> None:
+        self._report_drops += 1
+
+    def _start_engine(self) -> Sender:
+        if self.options.engine == "off":
+            return NullSender()
+        try:
+            from sentinel.engine.embedded import start_embedded  # daemon side, loaded lazily
+
+            self.engine, sender = start_embedded(self.options)
+            self.url = self.engine.url
+            return sender
+        except Exception:
+            log.warning("sentinel: embedded engine failed to start; training continues unmonitored",
+                        exc_info=True)
+            return NullSender()
+
+
+def watch(model: torch.nn.Module | None,
+          optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+          **options: Any) -> Monitor:
+    """Watch a training loop: one line, then ``mon.log(loss=loss)`` each step.
+
+    Args:
+        model: the module whose parameter names define the groups (may be None).
+        optimizer: one optimizer or several; a report closes when each has stepped once.
+        **options: any field of :class:`~sentinel.instrument.options.WatchOptions`, e.g.
+            ``listen="127.0.0.1:9400"``, ``run="exp-42"``, ``update_every=10``.
+
+    Returns:
+        A :class:`Monitor`; also a context manager.
+
+    Raises:
+        TypeError: an unknown option.
+        ValueError: an invalid option value.
+    """
+    opts = from_kwargs(options)
+    optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+    if not optimizers:
+        raise ValueError("optimizer: at least one optimizer is required")
+    return Monitor(model, optimizers, opts)

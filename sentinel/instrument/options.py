@@ -1,0 +1,108 @@
+"""Options of :func:`sentinel.watch`, with environment overrides."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+DEFAULT_LISTEN = "127.0.0.1:9400"
+
+
+@dataclass
+class WatchOptions:
+    """Everything :func:`sentinel.watch` can be told.
+
+    Intervals are in optimizer steps. ``SENTINEL_<NAME>`` environment variables override
+    the defaults (not explicit arguments), e.g. ``SENTINEL_LISTEN=0.0.0.0:9400``.
+    """
+
+    job: str = "train"
+    run: str = ""
+    listen: str = DEFAULT_LISTEN
+    group_depth: int | str = "auto"
+    max_groups: int = 64
+    update_every: int = 10
+    """Update ratio ‖Δw‖/‖w‖ and parameter norms, every N steps."""
+    update_snapshot_bytes: int = 256 * 2**20
+    """Bound on the snapshot buffer for the update ratio; groups rotate when exceeded."""
+    state_every: int = 100
+    """Optimizer-state bytes and Adam state saturation, every N steps."""
+    health_every: int = 10
+    """Gradient SNR (one extra fused L1 read of the gradients), every N steps."""
+    memory_every: int = 10
+    saturation_threshold: float = 1e-3
+    saturation_max_tensors: int = 32
+    max_errors: int = 3
+    """A probe that raised this many times is switched off."""
+    max_pending: int = 4
+    """Reports in flight from device to host; older ones are dropped and counted."""
+    config: str | None = None
+    """Path of a sentinel config file (rules, notifications) for the embedded engine."""
+    engine: str = "embedded"
+    """``embedded`` (run the engine in a thread of this process) or ``off``."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            self.run = default_run_name()
+        if isinstance(self.group_depth, str) and self.group_depth != "auto":
+            self.group_depth = int(self.group_depth)
+        for name in ("max_groups", "update_every", "state_every", "health_every", "memory_every"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
+        parse_listen(self.listen)
+
+
+def default_run_name() -> str:
+    """A run name that all ranks of one launch agree on, when the launcher tells one."""
+    for var in ("SENTINEL_RUN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        value = os.environ.get(var)
+        if value and value != "none":
+            return value
+    return f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """Split ``HOST:PORT``.
+
+    Raises:
+        ValueError: not of the form ``HOST:PORT`` with a port in 0..65535.
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen: expected HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
+    """Build options from keyword arguments, filling unset ones from ``SENTINEL_*``.
+
+    Raises:
+        TypeError: an unknown option name.
+        ValueError: an invalid value.
+    """
+    known = {f.name: f for f in fields(WatchOptions)}
+    unknown = set(kwargs) - set(known)
+    if unknown:
+        raise TypeError(f"unknown sentinel.watch option(s): {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        if name in kwargs:
+            values[name] = kwargs[name]
+            continue
+        env = os.environ.get(f"SENTINEL_{name.upper()}")
+        if env is None or name == "extra":
+            continue
+        default = f.default
+        if isinstance(default, bool):
+            values[name] = env.lower() in ("1", "true", "yes")
+        elif isinstance(default, int) and not isinstance(default, bool):
+            values[name] = int(env)
+        elif isinstance(default, float):
+            values[name] = float(env)
+        else:
+            values[name] = env
+    return WatchOptions(**values)

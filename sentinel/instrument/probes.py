@@ -1,0 +1,89 @@
+"""Host-side probes: cheap reads that need no device work (memory, optimizer state, lr)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes of optimizer state by state key (``exp_avg``, ``momentum_buffer``, …).
+
+    Reads tensor metadata only; no device work.
+    """
+    out: dict[str, int] = {}
+    for opt in optimizers:
+        for st in opt.state.values():
+            for key, val in st.items():
+                if isinstance(val, torch.Tensor):
+                    out[key] = out.get(key, 0) + val.numel() * val.element_size()
+    return out
+
+
+def learning_rates(optimizers: Sequence[torch.optim.Optimizer]) -> list[float]:
+    """The learning rate of every param group, optimizers in order."""
+    out: list[float] = []
+    for opt in optimizers:
+        for group in opt.param_groups:
+            lr = group.get("lr", float("nan"))
+            if isinstance(lr, torch.Tensor):
+                # a tensor lr on an accelerator would need a sync to read: skip it
+                lr = float(lr) if lr.device.type == "cpu" else float("nan")
+            out.append(float(lr) if lr is not None else float("nan"))
+    return out
+
+
+def host_memory() -> dict[str, float]:
+    """Resident set size of this process and the memory limit it runs under."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            out["host_rss"] = float(int(f.read().split()[1]) * _PAGE)
+    except (OSError, ValueError, IndexError):
+        pass
+    limit = _cgroup_limit()
+    if limit:
+        out["host_limit"] = float(limit)
+    return out
+
+
+def _cgroup_limit() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 2**60:
+            return int(raw)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+_TOTALS: dict[int, int] = {}
+
+
+def cuda_memory(devices: Sequence[torch.device]) -> dict[str, float]:
+    """CUDA allocator figures summed over the devices. Reads host-side counters only."""
+    out = {"cuda_allocated": 0.0, "cuda_reserved": 0.0, "cuda_peak": 0.0, "cuda_total": 0.0,
+           "cuda_retries": 0.0, "cuda_ooms": 0.0}
+    for d in devices:
+        if d.type != "cuda":
+            continue
+        idx = d.index if d.index is not None else torch.cuda.current_device()
+        st = torch.cuda.memory_stats(idx)
+        out["cuda_allocated"] += st.get("allocated_bytes.all.current", 0)
+        out["cuda_reserved"] += st.get("reserved_bytes.all.current", 0)
+        out["cuda_peak"] += st.get("allocated_bytes.all.peak", 0)
+        out["cuda_retries"] += st.get("num_alloc_retries", 0)
+        out["cuda_ooms"] += st.get("num_ooms", 0)
+        if idx not in _TOTALS:
+            _TOTALS[idx] = torch.cuda.get_device_properties(idx).total_memory
+        out["cuda_total"] += _TOTALS[idx]
+    return out

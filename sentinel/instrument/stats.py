@@ -1,0 +1,209 @@
+"""Fused per-group statistics over many tensors, without host-device synchronisation.
+
+Tensors are bucketed by (device, dtype) so each bucket is one ``torch._foreach_norm``
+call; per-tensor results are folded into per-group sums with one ``index_add_`` on the
+device. Nothing here reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+
+class _Bucket:
+    __slots__ = ("params", "groups", "device", "_index_cache")
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.params: list[Tensor] = []
+        self.groups: list[int] = []
+        self._index_cache: dict[tuple[int, ...], Tensor] = {}
+
+    def index(self, positions: tuple[int, ...]) -> Tensor:
+        """Group index tensor (on the bucket's device) for a subset of its params."""
+        idx = self._index_cache.get(positions)
+        if idx is None:
+            if len(self._index_cache) > 16:  # grads appearing and disappearing: keep it bounded
+                self._index_cache.clear()
+            idx = torch.tensor([self.groups[i] for i in positions], dtype=torch.long, device=self.device)
+            self._index_cache[positions] = idx
+        return idx
+
+
+class GroupedTensors:
+    """A fixed set of parameters with a group index each, bucketed for fused kernels.
+
+    Args:
+        params: the parameters, in a stable order.
+        groups: group index of each parameter, ``0 <= g < n_groups``.
+        n_groups: number of groups.
+    """
+
+    def __init__(self, params: Sequence[Tensor], groups: Sequence[int], n_groups: int) -> None:
+        self.n_groups = n_groups
+        self.buckets: dict[tuple[torch.device, torch.dtype], _Bucket] = {}
+        for p, g in zip(params, groups):
+            key = (p.device, p.dtype)
+            b = self.buckets.get(key)
+            if b is None:
+                b = self.buckets[key] = _Bucket(p.device)
+            b.params.append(p)
+            b.groups.append(g)
+        self.devices = sorted({k[0] for k in self.buckets}, key=str)
+        self.param_bytes = sum(p.numel() * p.element_size() for p in params)
+
+    def _grads(self, b: _Bucket) -> tuple[list[Tensor], tuple[int, ...]]:
+        grads: list[Tensor] = []
+        pos: list[int] = []
+        for i, p in enumerate(b.params):
+            g = p.grad
+            if g is not None:
+                if g.is_sparse:
+                    g = g.coalesce()._values()
+                grads.append(g)
+                pos.append(i)
+        return grads, tuple(pos)
+
+    def _fold(self, out: dict[torch.device, Tensor], b: _Bucket, norms: Sequence[Tensor],
+              pos: tuple[int, ...], square: bool) -> None:
+        if not norms:
+            return
+        v = torch.stack(list(norms))
+        if square:
+            v = v * v
+        acc = out.get(b.device)
+        if acc is None:
+            acc = out[b.device] = torch.zeros(self.n_groups, dtype=torch.float32, device=b.device)
+        acc.index_add_(0, b.index(pos), v)
+
+    def grad_sums(self, ord: float = 2.0) -> tuple[dict[torch.device, Tensor], int]:
+        """Per-group ``sum(g**2)`` (``ord=2``) or ``sum(|g|)`` (``ord=1``) of the grads.
+
+        Returns:
+            One float32 vector of length ``n_groups`` per device, and the number of
+            gradient elements seen (a host-side count).
+        """
+        out: dict[torch.device, Tensor] = {}
+        count = 0
+        for b in self.buckets.values():
+            grads, pos = self._grads(b)
+            if grads:
+                count += sum(g.numel() for g in grads)
+                self._fold(out, b, torch._foreach_norm(grads, ord, dtype=torch.float32), pos, ord == 2.0)
+        return out, count
+
+    def param_sumsq(self, only: set[int] | None = None) -> dict[torch.device, Tensor]:
+        """Per-group ``sum(w**2)``, optionally only for parameters at positions in a group set."""
+        out: dict[torch.device, Tensor] = {}
+        for b in self.buckets.values():
+            pos = tuple(i for i, g in enumerate(b.groups) if only is None or g in only)
+            if pos:
+                ps = [b.params[i] for i in pos]
+                self._fold(out, b, torch._foreach_norm(ps, 2.0, dtype=torch.float32), pos, True)
+        return out
+
+
+class UpdateSnapshot:
+    """Bounded snapshot of parameters for the update ratio ‖Δw‖/‖w‖.
+
+    Each sampling step snapshots a rotating subset of groups whose bytes fit the budget
+    (at least one group), into flat buffers reused across steps.
+
+    Args:
+        tensors: the grouped parameters.
+        group_bytes: bytes of each group.
+        budget: the most bytes the snapshot buffers may hold.
+    """
+
+    def __init__(self, tensors: GroupedTensors, budget: int) -> None:
+        self.tensors = tensors
+        self.budget = budget
+        gb = [0] * tensors.n_groups
+        for b in tensors.buckets.values():
+            for p, g in zip(b.params, b.groups):
+                gb[g] += p.numel() * p.element_size()
+        self.group_bytes = gb
+        self._cursor = 0
+        self._buffers: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self._views: list[tuple[tuple[torch.device, torch.dtype], list[Tensor], list[Tensor], list[int]]] = []
+        self.groups: set[int] = set()
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._buffers.values())
+
+    def _choose(self) -> set[int]:
+        n = self.tensors.n_groups
+        chosen: set[int] = set()
+        used = 0
+        for k in range(n):
+            g = (self._cursor + k) % n
+            if chosen and used + self.group_bytes[g] > self.budget:
+                break
+            chosen.add(g)
+            used += self.group_bytes[g]
+        self._cursor = (self._cursor + len(chosen)) % n
+        return chosen
+
+    def take(self) -> None:
+        """Copy the next subset of groups into the snapshot buffers (before the step)."""
+        self.groups = chosen = self._choose()
+        self._views = []
+        for key, b in self.tensors.buckets.items():
+            pos = [i for i, g in enumerate(b.groups) if g in chosen]
+            if not pos:
+                continue
+            params = [b.params[i] for i in pos]
+            need = sum(p.numel() for p in params)
+            buf = self._buffers.get(key)
+            if buf is None or buf.numel() < need:
+                buf = self._buffers[key] = torch.empty(need, dtype=key[1], device=key[0])
+            views, off = [], 0
+            for p in params:
+                views.append(buf[off: off + p.numel()].view_as(p))
+                off += p.numel()
+            torch._foreach_copy_(views, params)
+            self._views.append((key, views, params, pos))
+
+    def delta_sumsq(self) -> dict[torch.device, Tensor]:
+        """Per-group ``sum((w_old - w_new)**2)`` for the snapshot groups (after the step)."""
+        out: dict[torch.device, Tensor] = {}
+        for key, views, params, pos in self._views:
+            torch._foreach_sub_(views, params)
+            norms = torch._foreach_norm(views, 2.0, dtype=torch.float32)
+            b = self.tensors.buckets[key]
+            self.tensors._fold(out, b, norms, tuple(pos), True)
+        self._views = []
+        return out
+
+
+def adam_saturation(optimizers: Sequence[torch.optim.Optimizer], threshold: float,
+                    max_tensors: int, cursor: int) -> tuple[dict[torch.device, Tensor], int, int]:
+    """Sampled count of ``exp_avg_sq`` entries above ``threshold``.
+
+    Looks at up to ``max_tensors`` state tensors starting at ``cursor`` (rotating).
+
+    Returns:
+        Per-device 1-element count tensors, the number of entries looked at (host),
+        and the next cursor.
+    """
+    tensors = [st["exp_avg_sq"] for opt in optimizers for st in opt.state.values()
+               if isinstance(st.get("exp_avg_sq"), torch.Tensor)]
+    if not tensors:
+        return {}, 0, 0
+    cursor %= len(tensors)
+    chosen = (tensors + tensors)[cursor: cursor + min(max_tensors, len(tensors))]
+    out: dict[torch.device, Tensor] = {}
+    total = 0
+    for t in chosen:
+        flat = t.detach().reshape(-1)
+        stride = max(1, flat.numel() // 65536)
+        sample = flat[::stride]
+        total += sample.numel()
+        c = (sample > threshold).sum(dtype=torch.float32).reshape(1)
+        out[t.device] = c if t.device not in out else out[t.device] + c
+    return out, total, (cursor + len(chosen)) % len(tensors)
