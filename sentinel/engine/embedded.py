@@ -77,6 +77,10 @@ class EmbeddedEngine:
         """Ingest what is queued, then stop the thread and the HTTP server."""
         self.flush()
         self._stop.set()
+        try:
+            self.sender.queue.put_nowait(None)  # wake the thread now rather than at its timeout
+        except queue.Full:
+            pass
         self._thread.join(2.0)
         self.http.stop()
 

@@ -52,6 +52,8 @@ class Monitor:
         self.guard = Guard(o.max_errors)
         self.rank, self.world = _rank_world()
         self.steps = 0
+        self.probe_seconds = 0.0
+        """Wall time spent inside sentinel's hooks and ``log`` (host side), cumulative."""
         self.url: str | None = None
         self.engine: Any = None
         self._closed = False
@@ -101,9 +103,11 @@ class Monitor:
         Tensors are read back without a host sync; values appear in the next frame.
         Never raises.
         """
+        t0 = time.perf_counter()
         if loss is not None:
             scalars["loss"] = loss
         self.guard.run("log", self._log, scalars)
+        self.probe_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
         """Remove the hooks, flush pending reports and stop the embedded engine. Idempotent."""
@@ -138,16 +142,19 @@ class Monitor:
 
     def _make_pre(self, k: int) -> Callable[..., None]:
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            t0 = time.perf_counter()
             if k in self._contributed:  # this optimizer steps again: a new report begins
                 self.guard.run("report", self._finalize)
             step = self.steps + 1
             self.guard.run("grad", self._grad_stats, k, step)
             if step % self.options.update_every == 0:
                 self.guard.run("update", self._snapshots[k].take)
+            self.probe_seconds += time.perf_counter() - t0
         return pre
 
     def _make_post(self, k: int) -> Callable[..., None]:
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            t0 = time.perf_counter()
             step = self.steps + 1
             if step % self.options.update_every == 0:
                 self.guard.run("update", self._update_stats, k)
@@ -155,6 +162,7 @@ class Monitor:
             self._contributed.add(k)
             if len(self._contributed) == len(self.optimizers):
                 self.guard.run("report", self._finalize)
+            self.probe_seconds += time.perf_counter() - t0
         return post
 
     def _on_load(self, opt: torch.optim.Optimizer) -> None:

@@ -1,0 +1,143 @@
+"""What every detector shares: the verdict, the evaluation context and small statistics.
+
+A detector is a pure function ``(window, params, ctx) -> Verdict | None``. It reads the
+recent samples of one series and says whether the rule's condition holds *now*. It keeps
+no state: "for K steps", hysteresis, grouping and cooldowns live in
+:mod:`sentinel.rules.lifecycle`.
+
+The statistics below work on Python lists on purpose: for the 20–500 samples a detector
+looks at, ``sorted(list)`` is several times faster than ``numpy.median``, and the rule
+engine runs on every ingested frame.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from sentinel.engine.store import Window
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A detector's answer for the latest sample of one series.
+
+    Attributes:
+        firing: the rule's condition holds at this sample.
+        value: the observed quantity, in the unit the rule's summary prints.
+        threshold: the level the value is compared against (for baseline detectors:
+            the level derived from the baseline, e.g. ``factor × median``).
+        baseline: the reference level, where the detector has one.
+        detail: a short phrase for the summary's ``{detail}`` field.
+        groups: groups named by the detector itself (e.g. the first non-finite groups).
+    """
+
+    firing: bool
+    value: float
+    threshold: float
+    baseline: float | None = None
+    detail: str = ""
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a detector may know besides its window.
+
+    Attributes:
+        step: the step being evaluated.
+        now: wall-clock seconds at evaluation (the frame time, or the tick time).
+        since_step: baselines use only samples at or after this step: the end of the
+            rule's warm-up, or the last learning-rate change, whichever is later.
+        reference: the latest value of the rule's ``reference`` metric (e.g. memory
+            capacity), or None.
+        series: the labels of the evaluated series beyond job/run/rank (e.g. ``source``).
+        nonfinite_groups: ``{source: [group, ...]}`` as passed by the engine.
+        amp_skipped: the AMP scaler skipped a step since the previous frame of this rank.
+    """
+
+    step: int
+    now: float
+    since_step: int = 0
+    reference: float | None = None
+    series: Mapping[str, str] = field(default_factory=dict)
+    nonfinite_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    amp_skipped: bool = False
+
+
+class Params(BaseModel):
+    """Base of every detector's parameter model; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def samples(self) -> int:
+        """How many of the latest samples the detector needs in its window."""
+        return 1
+
+
+Detector = Callable[[Window, Any, Context], Verdict | None]
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    """A registry entry: the pure function, its parameter model, and when it runs.
+
+    Attributes:
+        fn: the detector.
+        params: its parameter model.
+        time_based: evaluated on ``tick(now)`` rather than on each ingested step.
+    """
+
+    fn: Detector
+    params: type[Params]
+    time_based: bool = False
+
+
+def since(window: Window, step: int) -> Window:
+    """The samples of ``window`` taken at or after ``step`` (all of them when step ≤ 0)."""
+    if step <= 0 or len(window) == 0 or window.steps[0] >= step:
+        return window
+    i = int(np.searchsorted(window.steps, step, side="left"))
+    return Window(window.steps[i:], window.times[i:], window.values[i:])
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted, non-empty sequence."""
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence (sorted here)."""
+    return quantile(sorted(values), 0.5)
+
+
+def robust_center(values: Sequence[float]) -> tuple[float, float]:
+    """``(median, scaled MAD)``: a centre and a Gaussian-consistent spread robust to outliers."""
+    med = median(values)
+    mad = median([abs(v - med) for v in values]) * 1.4826
+    return med, mad
+
+
+def finite(values: Sequence[float]) -> list[float]:
+    """The finite values, in order."""
+    return [v for v in values if math.isfinite(v)]
+
+
+def chunk_medians(values: Sequence[float], chunk: int) -> list[float]:
+    """Medians of consecutive chunks of ``chunk`` samples, aligned to the newest sample.
+
+    The oldest partial chunk, if any, is dropped, so the last chunk always ends at the
+    newest sample.
+    """
+    start = len(values) % chunk
+    return [median(values[i : i + chunk]) for i in range(start, len(values), chunk)]

@@ -1,0 +1,313 @@
+"""Rule configuration: the typed rule model, the default pack, and user overrides.
+
+A user's config carries a section shaped like::
+
+    rules:                       # overrides of built-in rules, by name
+      LossSpike: {enabled: false}
+      GradientSpike: {params: {factor: 20}, severity: critical}
+    extra_rules:                 # whole new rules, same shape as the default pack's
+      - {name: MyRule, kind: threshold, metric: sentinel_loss, params: {value: 10}, ...}
+
+Every problem is reported at once as a :class:`ConfigError`, one ``dotted.key: message``
+line each (``rules.LossSpike.params.factor: Input should be a valid number``), so the CLI
+can print it and exit with status 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import string
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+from pydantic import PositiveInt, SerializeAsAny, ValidationError, field_validator
+
+from sentinel.rules.base import Params
+from sentinel.rules.registry import DETECTORS
+
+Severity = Literal["info", "warning", "critical"]
+
+SUMMARY_FIELDS: dict[str, object] = {
+    "alertname": "Rule",
+    "severity": "warning",
+    "job": "job",
+    "run": "run",
+    "step": 100,
+    "value": 1.0,
+    "threshold": 1.0,
+    "baseline": 1.0,
+    "detail": "detail",
+    "ranks": "ranks 0–7",
+    "groups": "layers.0",
+    "where": "ranks 0–7 (layers.0)",
+}
+"""The fields a summary template may use, with sample values used to validate templates.
+
+``ranks`` is rendered compactly ("rank 3", "ranks 0–7, 9"); ``groups`` lists the first
+groups ("layers.3, layers.4 (+5 more)", or "-" when none); ``where`` is ``ranks`` plus
+the groups in parentheses when there are any.
+"""
+
+
+class ConfigError(Exception):
+    """Invalid configuration; ``str()`` is one ``dotted.key: message`` line per problem.
+
+    Attributes:
+        problems: the lines.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def dotted(loc: Sequence[str | int]) -> str:
+    """``("rules", "LossSpike", "params", "factor")`` → ``rules.LossSpike.params.factor``."""
+    return ".".join(str(p) for p in loc) or "<root>"
+
+
+def format_errors(exc: ValidationError, prefix: Sequence[str | int] = ()) -> list[str]:
+    """One ``dotted.key: message`` line per pydantic error, keys prefixed with ``prefix``.
+
+    Args:
+        exc: the validation error.
+        prefix: the location of the validated object inside the whole config.
+    """
+    lines = []
+    for err in exc.errors(include_url=False):
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{dotted([*prefix, *err['loc']])}: {msg}")
+    return lines
+
+
+class Rule(BaseModel):
+    """One alerting rule: which series, which detector, and how its alerts behave.
+
+    Build rules through :func:`load_pack` or :func:`parse_rule`, which validate
+    ``params`` against the kind's model and name every bad key.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    kind: str
+    metric: str | list[str] = Field(
+        description="series name; a list means the first one the rank reports"
+    )
+    reference: str | None = Field(None, description="metric passed as ctx.reference")
+    per: Literal["rank", "group"] = "rank"
+    severity: Severity = "warning"
+    for_steps: NonNegativeInt = 1
+    resolve_after: PositiveInt = 1
+    cooldown_seconds: NonNegativeFloat = 0.0
+    warmup_steps: NonNegativeInt = 0
+    every_steps: PositiveInt = 1
+    lr_grace_steps: NonNegativeInt = 0
+    group_wait_seconds: NonNegativeFloat = 2.0
+    params: SerializeAsAny[Params]
+    summary: str
+    causes: list[str] = []
+    checks: list[str] = []
+    runbook: str = ""
+    enabled: bool = True
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in DETECTORS:
+            raise ValueError(f"unknown detector kind {v!r}; expected one of {', '.join(DETECTORS)}")
+        return v
+
+    @field_validator("metric")
+    @classmethod
+    def _some_metric(cls, v: str | list[str]) -> str | list[str]:
+        if not v:
+            raise ValueError("at least one metric is required")
+        return v
+
+    @field_validator("summary")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        check_template(v)
+        return v
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metric names in order of preference."""
+        return (self.metric,) if isinstance(self.metric, str) else tuple(self.metric)
+
+
+class RulePack(BaseModel):
+    """An ordered set of rules with unique names."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rules: list[Rule]
+
+    def get(self, name: str) -> Rule:
+        """The rule called ``name``.
+
+        Raises:
+            KeyError: no such rule.
+        """
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def enabled(self) -> list[Rule]:
+        """The enabled rules, in pack order."""
+        return [r for r in self.rules if r.enabled]
+
+    def names(self) -> list[str]:
+        return [r.name for r in self.rules]
+
+
+def check_template(template: str) -> None:
+    """Validate a summary template against :data:`SUMMARY_FIELDS`.
+
+    Raises:
+        ValueError: an unknown field, a positional field or a bad format spec.
+    """
+    for _, fname, _, _ in string.Formatter().parse(template):
+        if fname is None:
+            continue
+        root = fname.split(".")[0].split("[")[0]
+        if root == "" or root.isdigit():
+            raise ValueError("positional fields are not allowed; use names such as {value}")
+        if root not in SUMMARY_FIELDS:
+            raise ValueError(f"unknown field {{{root}}}; known: {', '.join(SUMMARY_FIELDS)}")
+    try:
+        template.format(**SUMMARY_FIELDS)
+    except (ValueError, IndexError, KeyError, AttributeError, TypeError) as exc:
+        raise ValueError(f"bad template: {exc}") from None
+
+
+def parse_rule(raw: object, loc: Sequence[str | int]) -> tuple[Rule | None, list[str]]:
+    """Validate one rule given as a mapping.
+
+    Args:
+        raw: the rule's fields, ``params`` as a mapping.
+        loc: where the rule sits in the config, for error keys.
+
+    Returns:
+        ``(rule, [])``, or ``(None, problems)`` with every problem found.
+    """
+    if not isinstance(raw, Mapping):
+        return None, [f"{dotted(loc)}: Input should be a valid dictionary"]
+    data = dict(raw)
+    problems: list[str] = []
+    spec = DETECTORS.get(data.get("kind")) if isinstance(data.get("kind"), str) else None
+    raw_params = data.get("params", {})
+    params: Params | None = None
+    if spec is not None:
+        if raw_params is None:
+            raw_params = {}
+        if not isinstance(raw_params, Mapping):
+            problems.append(f"{dotted([*loc, 'params'])}: Input should be a valid dictionary")
+        else:
+            try:
+                params = spec.params.model_validate(dict(raw_params))
+            except ValidationError as exc:
+                problems += format_errors(exc, [*loc, "params"])
+    # validate the rest even when params failed, so every problem is reported at once
+    data["params"] = params if params is not None else Params()
+    try:
+        rule = Rule.model_validate(data)
+    except ValidationError as exc:
+        problems += format_errors(exc, loc)
+        return None, problems
+    return (rule, []) if not problems else (None, problems)
+
+
+@lru_cache(maxsize=1)
+def _default_raw() -> tuple[dict[str, Any], ...]:
+    text = resources.files("sentinel.rules").joinpath("default.yaml").read_text("utf-8")
+    doc = yaml.safe_load(text)
+    return tuple(doc["rules"])
+
+
+def default_rules() -> list[dict[str, Any]]:
+    """The built-in rules as raw mappings (deep copies of ``default.yaml``)."""
+    return copy.deepcopy(list(_default_raw()))
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Override fields of a raw rule; ``params`` merges key by key unless the kind changes."""
+    out = dict(base)
+    for k, v in override.items():
+        if k == "params" and isinstance(v, Mapping) and "kind" not in override:
+            out["params"] = {**(base.get("params") or {}), **v}
+        else:
+            out[k] = v
+    return out
+
+
+def load_pack(user_config: Mapping[str, Any] | None = None) -> RulePack:
+    """The default pack with a user's ``rules`` overrides and ``extra_rules`` applied.
+
+    Args:
+        user_config: a mapping that may hold ``rules`` (``{name: {field: value}}``,
+            ``params`` merged key by key) and ``extra_rules`` (a list of whole rules).
+            Other keys are ignored: the caller may pass its whole config.
+
+    Returns:
+        The validated pack: built-in rules in their shipped order, then extra rules.
+
+    Raises:
+        ConfigError: every problem found, one ``dotted.key: message`` line each.
+    """
+    user = user_config or {}
+    problems: list[str] = []
+    raws = {r["name"]: r for r in default_rules()}
+    locs: dict[str, tuple[str | int, ...]] = {n: ("default", n) for n in raws}
+
+    overrides = user.get("rules") or {}
+    if not isinstance(overrides, Mapping):
+        problems.append("rules: Input should be a valid dictionary")
+        overrides = {}
+    for name, ov in overrides.items():
+        if name not in raws:
+            problems.append(f"rules.{name}: unknown rule; built-in rules are {', '.join(raws)}")
+        elif not isinstance(ov, Mapping):
+            problems.append(f"rules.{name}: Input should be a valid dictionary")
+        elif "name" in ov and ov["name"] != name:
+            problems.append(f"rules.{name}.name: a built-in rule cannot be renamed")
+        else:
+            raws[name] = _merge(raws[name], ov)
+            locs[name] = ("rules", name)
+
+    extra = user.get("extra_rules") or []
+    if not isinstance(extra, list):
+        problems.append("extra_rules: Input should be a valid list")
+        extra = []
+    extra_names: set[str] = set()
+    for i, raw in enumerate(extra):
+        name = raw.get("name") if isinstance(raw, Mapping) else None
+        if isinstance(name, str) and (name in raws or name in extra_names):
+            problems.append(f"extra_rules.{i}.name: duplicate rule name {name!r}")
+            continue
+        if isinstance(name, str):
+            extra_names.add(name)
+        rule, errs = parse_rule(raw, ("extra_rules", i))
+        problems += errs
+        if rule is not None:
+            raws[rule.name] = {"__rule__": rule}
+            locs[rule.name] = ("extra_rules", i)
+
+    rules: list[Rule] = []
+    for name, raw in raws.items():
+        if "__rule__" in raw:
+            rules.append(raw["__rule__"])
+            continue
+        rule, errs = parse_rule(raw, locs[name])
+        problems += errs
+        if rule is not None:
+            rules.append(rule)
+    if problems:
+        raise ConfigError(problems)
+    return RulePack(rules=rules)

@@ -1,0 +1,64 @@
+"""``drop``: the latest value fell ``factor`` times below the window's peak, or below a floor.
+
+Built for the AMP loss scale. ``GradScaler`` halves the scale on every overflow and
+doubles it after ``growth_interval`` clean steps, so one overflow is a drop of 2× and
+normal; a scale that keeps halving without recovering (16× within the window by default)
+means the fp16 range no longer fits the gradients. Samples before ``ctx.since_step``
+(the scaler's own calibration in the first steps) are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from sentinel.engine.store import Window
+from sentinel.rules.base import Context, Params, Verdict, since
+
+
+class DropParams(Params):
+    """Parameters of :func:`detect`.
+
+    Attributes:
+        window: samples whose maximum is the peak.
+        factor: fire when ``latest × factor ≤ peak``.
+        floor: also fire when the latest value is below this (None: no floor).
+        min_samples: fewer samples (since warm-up / lr change) give no verdict on the
+            drop; the floor applies from the first sample.
+    """
+
+    window: int = Field(200, ge=2)
+    factor: float = Field(16.0, gt=1.0)
+    floor: float | None = None
+    min_samples: int = Field(2, ge=1)
+
+    def samples(self) -> int:
+        return self.window
+
+
+def detect(window: Window, params: DropParams, ctx: Context) -> Verdict | None:
+    """Fire on a ``factor``-fold fall from the peak, or a value under ``floor``.
+
+    Returns:
+        None for an empty window or a non-finite latest value. The verdict's value is
+        the latest sample, its baseline the peak, its threshold ``peak / factor``.
+    """
+    if len(window) == 0:
+        return None
+    last = float(window.values[-1])
+    if not math.isfinite(last):
+        return None
+    below_floor = params.floor is not None and last < params.floor
+    w = since(window, ctx.since_step)
+    vals = [v for v in w.values.tolist() if math.isfinite(v)]
+    if len(vals) < params.min_samples:
+        if below_floor:
+            return Verdict(True, last, params.floor or 0.0, detail=f"below {params.floor:g}")
+        return None
+    peak = max(vals)
+    threshold = peak / params.factor
+    dropped = last <= threshold
+    fold = peak / last if last > 0 else math.inf
+    detail = f"{fold:.3g}× below its recent peak {peak:g}"
+    return Verdict(dropped or below_floor, last, threshold, baseline=peak, detail=detail)

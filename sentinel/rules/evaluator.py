@@ -1,0 +1,300 @@
+"""The rule engine: runs the enabled rules of a pack against the store, per ingested frame.
+
+The engine calls :meth:`RuleEngine.evaluate` after it has written one step frame of one
+rank to the store, and :meth:`RuleEngine.tick` about once a second for the time-based
+rules (stalls) and for alerts waiting for other ranks. Both return the transitions made,
+which the caller stores and delivers.
+
+Cost: a rule is evaluated for a series only when that series got a sample at this very
+step (so an update ratio sampled every 10 steps is judged every 10 steps), and every
+``every_steps`` steps at most; ``threshold`` rules on the latest value skip the window
+entirely. The series a rule reads for a rank are looked up once and refreshed every
+``refresh_steps`` steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sentinel.engine.store import Labels, Store, labels_of
+from sentinel.rules.base import Context, DetectorSpec, Verdict
+from sentinel.rules.config import Rule, RulePack
+from sentinel.rules.lifecycle import Lifecycle, Transition
+from sentinel.rules.registry import DETECTORS
+from sentinel.rules.threshold import ThresholdParams, check
+
+AMP_SKIPS = "sentinel_amp_skipped_steps_total"
+_IDENTITY = ("job", "run", "rank")
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    idx: int
+    rule: Rule
+    spec: DetectorSpec
+    samples: int
+    offset: int  # phase of every_steps, so heavy rules don't all land on the same step
+    fast: bool  # threshold on the latest value: no window needed
+
+
+@dataclass
+class _Selection:
+    refreshed: int
+    metric: str | None
+    series: list[tuple[Labels, Labels]]  # (labels, labels beyond job/run/rank)
+
+
+def _compile(idx: int, rule: Rule) -> _Compiled:
+    spec = DETECTORS[rule.kind]
+    p = rule.params
+    fast = isinstance(p, ThresholdParams) and p.reduce == "last"
+    offset = zlib.crc32(rule.name.encode()) % rule.every_steps
+    return _Compiled(idx, rule, spec, max(1, p.samples()), offset, fast)
+
+
+class RuleEngine:
+    """Evaluates a rule pack on a store and keeps the alerts' life cycle.
+
+    Thread-safe: one lock serialises evaluation and the read-outs.
+
+    Args:
+        pack: the rules; disabled ones are skipped.
+        store: where the engine writes the series.
+        clock: wall-clock seconds, for alert timestamps and group waits.
+        recent_limit: resolved alerts kept for :meth:`recent`.
+        refresh_steps: how often (in steps) a rank's series list per rule is re-read.
+    """
+
+    def __init__(
+        self,
+        pack: RulePack,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        *,
+        recent_limit: int = 200,
+        refresh_steps: int = 50,
+    ) -> None:
+        self.pack = pack
+        self.store = store
+        self._clock = clock
+        self._refresh = refresh_steps
+        self._life = Lifecycle(recent_limit)
+        self._lock = threading.RLock()
+        compiled = [_compile(i, r) for i, r in enumerate(pack.enabled())]
+        self._step_rules = [c for c in compiled if not c.spec.time_based]
+        self._time_rules = [c for c in compiled if c.spec.time_based]
+        self._runs: dict[tuple[str, str], set[int]] = {}
+        self._last_step: dict[tuple[str, str, int], int] = {}
+        self._labels: dict[tuple[str, str, int], Labels] = {}
+        self._amp: dict[tuple[str, str, int], float] = {}
+        self._sel: dict[tuple[int, str, str, int], _Selection] = {}
+
+    def evaluate(
+        self,
+        job: str,
+        run: str,
+        rank: int,
+        step: int,
+        t: float,
+        ctx: Mapping[str, Any] | None = None,
+    ) -> list[Transition]:
+        """Evaluate the step-driven rules for one rank after its frame for ``step``.
+
+        Args:
+            t: the frame's wall-clock time.
+            ctx: ``nonfinite_groups`` (``{source: [group, ...]}``, first ones first) and
+                ``lr_change_step`` (the last step at which the learning rate changed by
+                more than the engine's factor, or None).
+
+        Returns:
+            Transitions to firing or resolved, in order.
+        """
+        ctx = ctx or {}
+        lr_change: int | None = ctx.get("lr_change_step")
+        nonfinite: Mapping[str, Sequence[str]] = ctx.get("nonfinite_groups") or {}
+        store, life = self.store, self._life
+        with self._lock:
+            now = self._clock()
+            rk = (job, run, rank)
+            labels = self._rank_labels(rk)
+            ranks = self._runs.setdefault((job, run), set())
+            ranks.add(rank)
+            self._last_step[rk] = step
+            skips = store.counter(AMP_SKIPS, labels)
+            amp_skipped = skips > self._amp.get(rk, 0.0)
+            self._amp[rk] = skips
+            touched: list[str] = []
+            for c in self._step_rules:
+                r = c.rule
+                if step < r.warmup_steps and r.severity != "critical":
+                    continue
+                if r.every_steps > 1 and (step + c.offset) % r.every_steps:
+                    continue
+                if lr_change is not None and lr_change <= step < lr_change + r.lr_grace_steps:
+                    continue
+                sel = self._select(c, job, run, rank, labels, step)
+                if sel.metric is None:
+                    continue
+                base: Context | None = None
+                for series_labels, extra in sel.series:
+                    last = store.last(sel.metric, series_labels)
+                    if last is None or last[0] != step:
+                        continue  # no new sample of this series at this step
+                    verdict: Verdict | None
+                    if c.fast:
+                        verdict = check(last[2], r.params)  # type: ignore[arg-type]
+                    else:
+                        window = store.window(sel.metric, series_labels, c.samples)
+                        if window is None:
+                            continue
+                        if base is None or extra:
+                            base = self._context(r, labels, step, t, lr_change, extra,
+                                                 nonfinite, amp_skipped)  # fmt: skip
+                        verdict = c.spec.fn(window, r.params, base)
+                    life.observe(r, job, run, rank, extra, verdict, step, now)
+                touched.append(r.name)
+            for c in self._time_rules:
+                # a new frame ends any stall of this rank: judge it now, not at the next tick
+                if life.tracks(c.rule.name, job, run, rank):
+                    self._time_eval(c, job, run, rank, labels, t, now)
+                    touched.append(c.rule.name)
+            out: list[Transition] = []
+            for name in touched:
+                if life.is_open(name, job, run):
+                    out += life.settle(name, job, run, now, ranks)
+            out += life.flush(now)
+            return out
+
+    def tick(self, now: float | None = None) -> list[Transition]:
+        """Evaluate the time-based rules for every known rank; fire alerts whose group
+        wait has passed. Call about once a second.
+
+        Args:
+            now: the current time (default: the engine's clock).
+        """
+        with self._lock:
+            now = self._clock() if now is None else now
+            out: list[Transition] = []
+            for (job, run), ranks in list(self._runs.items()):
+                for c in self._time_rules:
+                    for rank in sorted(ranks):
+                        rk = (job, run, rank)
+                        if c.rule.warmup_steps > self._last_step.get(rk, 0) and c.rule.severity != "critical":
+                            continue
+                        self._time_eval(c, job, run, rank, self._rank_labels(rk), now, now)
+                    if self._life.is_open(c.rule.name, job, run):
+                        out += self._life.settle(c.rule.name, job, run, now, ranks)
+            out += self._life.flush(now)
+            return out
+
+    def retire(self, job: str, run: str, rank: int | None = None, now: float | None = None) -> list[Transition]:
+        """Stop watching one rank (or the whole run) that ended; resolve its alerts.
+
+        Without this, a run that finished cleanly would look stalled.
+        """
+        with self._lock:
+            now = self._clock() if now is None else now
+            out = self._life.drop(job, run, rank, now)
+            ranks = self._runs.get((job, run), set())
+            gone = set(ranks) if rank is None else {rank}
+            ranks -= gone
+            if not ranks:
+                self._runs.pop((job, run), None)
+            for r in gone:
+                rk = (job, run, r)
+                for d in (self._last_step, self._labels, self._amp):
+                    d.pop(rk, None)  # type: ignore[attr-defined]
+            for k in [k for k in self._sel if k[1] == job and k[2] == run and k[3] in gone]:
+                del self._sel[k]
+            return out
+
+    def active(self) -> list[dict[str, Any]]:
+        """Pending and firing alerts as JSON-ready dicts (see ``Alert.to_json``), firing first."""
+        with self._lock:
+            return [a.to_json() for a in self._life.active()]
+
+    def recent(self) -> list[dict[str, Any]]:
+        """Recently resolved alerts as JSON-ready dicts, newest first."""
+        with self._lock:
+            return [a.to_json() for a in self._life.recent()]
+
+    def firing_series(self) -> list[tuple[dict[str, str], float]]:
+        """``(labels, value)`` rows for ``sentinel_alert_firing{alertname,severity,job,run}``."""
+        with self._lock:
+            return self._life.firing_series()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _rank_labels(self, rk: tuple[str, str, int]) -> Labels:
+        labels = self._labels.get(rk)
+        if labels is None:
+            labels = self._labels[rk] = labels_of(job=rk[0], run=rk[1], rank=rk[2])
+        return labels
+
+    def _context(
+        self,
+        r: Rule,
+        labels: Labels,
+        step: int,
+        t: float,
+        lr_change: int | None,
+        extra: Labels,
+        nonfinite: Mapping[str, Sequence[str]],
+        amp_skipped: bool,
+    ) -> Context:
+        reference = None
+        if r.reference is not None:
+            ref = self.store.last(r.reference, labels)
+            reference = None if ref is None else ref[2]
+        return Context(
+            step=step,
+            now=t,
+            since_step=max(r.warmup_steps, lr_change or 0),
+            reference=reference,
+            series=dict(extra),
+            nonfinite_groups=nonfinite,
+            amp_skipped=amp_skipped,
+        )
+
+    def _time_eval(self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, t: float, now: float) -> None:
+        step = self._last_step.get((job, run, rank), 0)
+        sel = self._select(c, job, run, rank, labels, step)
+        if sel.metric is None:
+            return
+        for series_labels, extra in sel.series:
+            window = self.store.window(sel.metric, series_labels, c.samples)
+            if window is None:
+                continue
+            verdict = c.spec.fn(window, c.rule.params, Context(step=step, now=t, series=dict(extra)))
+            self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)
+
+    def _select(self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, step: int) -> _Selection:
+        """The series of ``c.rule`` for one rank: the first of its metrics the rank reports."""
+        key = (c.idx, job, run, rank)
+        sel = self._sel.get(key)
+        if sel is not None and sel.metric is not None and 0 <= step - sel.refreshed < self._refresh:
+            return sel
+        store, r = self.store, c.rule
+        rank_pair, run_pair, job_pair = ("rank", str(rank)), ("run", run), ("job", job)
+        sel = _Selection(step, None, [])
+        for m in r.metrics:
+            if r.per == "rank" and store.last(m, labels) is not None:
+                sel = _Selection(step, m, [(labels, ())])
+                break
+            found = []
+            for ls in store.labelsets(m):
+                if rank_pair in ls and run_pair in ls and job_pair in ls:
+                    extra = tuple(p for p in ls if p[0] not in _IDENTITY)
+                    if r.per == "group" and not any(k == "group" for k, _ in extra):
+                        continue
+                    found.append((ls, extra))
+            if found:
+                sel = _Selection(step, m, found)
+                break
+        self._sel[key] = sel
+        return sel

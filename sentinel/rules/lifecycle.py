@@ -1,0 +1,415 @@
+"""The one place alert states live: pending, firing, resolved, grouping and cooldowns.
+
+Each (rule, job, run) has at most one open :class:`Alert`. It gathers every *series*
+(one per rank and extra label set, e.g. a group) that the rule currently fails on:
+
+- a series fails after ``for_steps`` consecutive failing verdicts (0 or 1: the first) and
+  recovers after ``resolve_after`` consecutive OK verdicts (hysteresis); a verdict of
+  None (no data, warm-up) changes nothing;
+- the alert is *pending* while some series fails but none has failed long enough, or
+  while it waits up to ``group_wait_seconds`` for the other ranks to join — it fires at
+  once when every known rank fails — so eight ranks going NaN together give one message
+  that says "ranks 0–7";
+- it is *firing* from then until no series fails, then *resolved* and kept, bounded, in
+  :meth:`Lifecycle.recent`;
+- a re-fire within ``cooldown_seconds`` of the last resolve is recorded with
+  ``notify=False``, and so is its resolve.
+
+Only changes to *firing* and to *resolved* produce :class:`Transition` records; pending is
+visible through :meth:`Lifecycle.active`. Not thread-safe: the rule engine serialises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentinel.engine.store import Labels
+from sentinel.rules.base import Verdict
+from sentinel.rules.config import Rule
+
+AlertKey = tuple[str, str, str]
+"""``(alertname, job, run)``."""
+SeriesKey = tuple[int, Labels]
+"""``(rank, labels beyond job/run/rank)``."""
+
+
+def compact_ranks(ranks: Sequence[int]) -> str:
+    """``[3]`` → ``rank 3``; ``[0..7, 9]`` → ``ranks 0–7, 9``; ``[]`` → ``no rank``."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return "no rank"
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    parts, start, prev = [], rs[0], rs[0]
+    for r in [*rs[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ", ".join(parts)
+
+
+def compact_groups(groups: Sequence[str], limit: int = 3) -> str:
+    """The first ``limit`` groups, then ``(+N more)``; ``-`` when there are none."""
+    if not groups:
+        return "-"
+    head = ", ".join(groups[:limit])
+    return head if len(groups) <= limit else f"{head} (+{len(groups) - limit} more)"
+
+
+@dataclass(slots=True)
+class _Series:
+    rank: int
+    group: str | None
+    fails: int = 0
+    oks: int = 0
+    active: bool = False
+    last: Verdict | None = None  # the latest failing verdict
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of an alert's state, to ``firing`` or to ``resolved``.
+
+    ``notify`` is False for changes inside the rule's cooldown: store them, don't send.
+    """
+
+    alertname: str
+    severity: str
+    state_from: str
+    state_to: str
+    job: str
+    run: str
+    ranks: tuple[int, ...]
+    groups: tuple[str, ...]
+    step: int
+    time: float
+    value: float
+    threshold: float
+    summary: str
+    causes: tuple[str, ...]
+    checks: tuple[str, ...]
+    runbook: str
+    notify: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (lists for tuples, None for NaN)."""
+        return {
+            "alertname": self.alertname,
+            "severity": self.severity,
+            "state_from": self.state_from,
+            "state_to": self.state_to,
+            "job": self.job,
+            "run": self.run,
+            "ranks": list(self.ranks),
+            "groups": list(self.groups),
+            "step": self.step,
+            "time": self.time,
+            "value": _num(self.value),
+            "threshold": _num(self.threshold),
+            "summary": self.summary,
+            "causes": list(self.causes),
+            "checks": list(self.checks),
+            "runbook": self.runbook,
+            "notify": self.notify,
+        }
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+@dataclass(eq=False)
+class Alert:
+    """The open (or recently resolved) alert of one rule in one run.
+
+    ``ranks``, ``groups``, ``step``, ``value``, ``threshold`` describe the failing series
+    (the latest failing verdict for the numbers); they are refreshed as verdicts arrive.
+    """
+
+    rule: Rule
+    job: str
+    run: str
+    state: str = "pending"
+    pending_since: float = 0.0
+    started_at: float | None = None
+    resolved_at: float | None = None
+    notify: bool = True
+    ranks: tuple[int, ...] = ()
+    groups: tuple[str, ...] = ()
+    step: int = 0
+    value: float = math.nan
+    threshold: float = math.nan
+    baseline: float | None = None
+    detail: str = ""
+    series: dict[SeriesKey, _Series] = field(default_factory=dict)
+    _active_since: float | None = None
+    _seen_pending: bool = False
+
+    @property
+    def alertname(self) -> str:
+        return self.rule.name
+
+    @property
+    def severity(self) -> str:
+        return self.rule.severity
+
+    @property
+    def summary(self) -> str:
+        """The rule's summary template rendered with the current fields."""
+        where = compact_ranks(self.ranks)
+        if self.groups:
+            where += f" ({compact_groups(self.groups)})"
+        fields = {
+            "alertname": self.rule.name,
+            "severity": self.rule.severity,
+            "job": self.job,
+            "run": self.run,
+            "step": self.step,
+            "value": self.value,
+            "threshold": self.threshold,
+            "baseline": math.nan if self.baseline is None else self.baseline,
+            "detail": self.detail,
+            "ranks": compact_ranks(self.ranks),
+            "groups": compact_groups(self.groups),
+            "where": where,
+        }
+        try:
+            return self.rule.summary.format(**fields)
+        except (ValueError, TypeError, KeyError, IndexError):  # validated at load; belt and braces
+            return f"{self.rule.name} on {where}: {self.value:g} (threshold {self.threshold:g})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The HTTP API's view: alertname, severity, state, job, run, ranks, groups, step,
+        value, threshold, summary, started_at, resolved_at, plus causes, checks, runbook."""
+        return {
+            "alertname": self.rule.name,
+            "severity": self.rule.severity,
+            "state": self.state,
+            "job": self.job,
+            "run": self.run,
+            "ranks": list(self.ranks),
+            "groups": list(self.groups),
+            "step": self.step,
+            "value": _num(self.value),
+            "threshold": _num(self.threshold),
+            "summary": self.summary,
+            "started_at": self.started_at,
+            "resolved_at": self.resolved_at,
+            "causes": list(self.rule.causes),
+            "checks": list(self.rule.checks),
+            "runbook": self.rule.runbook,
+        }
+
+    def _refresh(self, series: Sequence[_Series]) -> None:
+        ranks: set[int] = set()
+        groups: dict[str, None] = {}
+        details: dict[str, None] = {}
+        latest: _Series | None = None
+        for s in sorted(series, key=lambda s: s.rank):
+            ranks.add(s.rank)
+            if s.group is not None:
+                groups[s.group] = None
+            if s.last is not None:
+                groups.update(dict.fromkeys(s.last.groups))
+                if s.last.detail:
+                    details[s.last.detail] = None
+                if latest is None or s.step > latest.step:
+                    latest = s
+        self.ranks = tuple(sorted(ranks))
+        self.groups = tuple(groups)
+        self.detail = ", ".join(details)
+        if latest is not None and latest.last is not None:
+            v = latest.last
+            self.step, self.value, self.threshold, self.baseline = latest.step, v.value, v.threshold, v.baseline
+
+
+class Lifecycle:
+    """Alert states for all rules and runs.
+
+    Args:
+        recent_limit: resolved alerts kept for :meth:`recent`.
+    """
+
+    def __init__(self, recent_limit: int = 200) -> None:
+        self._open: dict[AlertKey, Alert] = {}
+        self._recent: deque[Alert] = deque(maxlen=recent_limit)
+        self._resolved_at: dict[AlertKey, float] = {}
+
+    def observe(
+        self,
+        rule: Rule,
+        job: str,
+        run: str,
+        rank: int,
+        extra: Labels,
+        verdict: Verdict | None,
+        step: int,
+        now: float,
+    ) -> None:
+        """Record one verdict for one series; call :meth:`settle` after a frame's verdicts.
+
+        Args:
+            extra: the series' labels beyond job/run/rank; a ``group`` among them is
+                listed in the alert's groups.
+            verdict: None leaves the series as it was.
+        """
+        if verdict is None:
+            return
+        key = (rule.name, job, run)
+        alert = self._open.get(key)
+        if alert is None:
+            if not verdict.firing:
+                return
+            alert = self._open[key] = Alert(rule, job, run, pending_since=now)
+        skey = (rank, extra)
+        s = alert.series.get(skey)
+        if verdict.firing:
+            if s is None:
+                group = next((v for k, v in extra if k == "group"), None)
+                s = alert.series[skey] = _Series(rank, group)
+            s.fails += 1
+            s.oks = 0
+            s.last = verdict
+            s.step = step
+            if s.fails >= max(1, rule.for_steps):
+                s.active = True
+        elif s is not None:
+            s.fails = 0
+            s.oks += 1
+            if s.active and s.oks >= rule.resolve_after:
+                s.active = False
+            if not s.active:
+                del alert.series[skey]
+
+    def tracks(self, name: str, job: str, run: str, rank: int) -> bool:
+        """Whether an open alert of rule ``name`` holds a series of ``rank``."""
+        alert = self._open.get((name, job, run))
+        return alert is not None and any(k[0] == rank for k in alert.series)
+
+    def is_open(self, name: str, job: str, run: str) -> bool:
+        """Whether rule ``name`` has a pending or firing alert in the run."""
+        return (name, job, run) in self._open
+
+    def settle(
+        self, name: str, job: str, run: str, now: float, ranks_known: Collection[int] = ()
+    ) -> list[Transition]:
+        """Move the alert of (rule, job, run) to the state its series call for.
+
+        Args:
+            ranks_known: every rank seen in the run; when all of them fail, a pending
+                alert fires without waiting for ``group_wait_seconds``.
+
+        Returns:
+            The transitions made (at most one).
+        """
+        key = (name, job, run)
+        a = self._open.get(key)
+        if a is None:
+            return []
+        active = [s for s in a.series.values() if s.active]
+        if a.state == "firing":
+            if not active:
+                return [self._resolve(key, a, now)]
+            a._refresh(active)
+            return []
+        if not active:
+            a._active_since = None
+            if not a.series:
+                del self._open[key]  # cleared before it fired: quietly back to inactive
+                return []
+            a._refresh(list(a.series.values()))
+            a._seen_pending = True
+            return []
+        if a._active_since is None:
+            a._active_since = now
+        a._refresh(active)
+        wait = a.rule.group_wait_seconds
+        everyone = bool(ranks_known) and set(a.ranks) >= set(ranks_known)
+        if wait > 0 and now - a._active_since < wait and not everyone:
+            a._seen_pending = True
+            return []
+        return [self._fire(key, a, now)]
+
+    def flush(self, now: float) -> list[Transition]:
+        """Fire pending alerts whose group wait has passed; call periodically."""
+        out = []
+        for key, a in list(self._open.items()):
+            since = a._active_since
+            if a.state == "pending" and since is not None and now - since >= a.rule.group_wait_seconds:
+                out += self.settle(*key, now=now)
+        return out
+
+    def drop(self, job: str, run: str, rank: int | None, now: float) -> list[Transition]:
+        """Forget the series of one rank (or of every rank) of a run; resolve what empties.
+
+        For a rank or run that ended: its alerts must not stay open forever.
+        """
+        out = []
+        for key, a in list(self._open.items()):
+            if key[1] != job or key[2] != run:
+                continue
+            for skey in [k for k in a.series if rank is None or k[0] == rank]:
+                del a.series[skey]
+            out += self.settle(*key, now=now)
+        return out
+
+    def active(self) -> list[Alert]:
+        """Open alerts, pending and firing, firing first."""
+        return sorted(self._open.values(), key=lambda a: (a.state != "firing", a.pending_since))
+
+    def recent(self) -> list[Alert]:
+        """Resolved alerts, newest first (bounded)."""
+        return list(self._recent)
+
+    def firing_series(self) -> list[tuple[dict[str, str], float]]:
+        """``(labels, value)`` for a ``sentinel_alert_firing`` gauge.
+
+        1.0 for each firing alert; 0.0 for recently resolved ones that are not firing
+        again, so the series drops to 0 rather than vanishing.
+        """
+        out: dict[AlertKey, tuple[dict[str, str], float]] = {}
+        for a in [*self._recent, *self._open.values()]:
+            if a.state == "pending":
+                continue
+            labels = {"alertname": a.rule.name, "severity": a.rule.severity, "job": a.job, "run": a.run}
+            key = (a.rule.name, a.job, a.run)
+            out[key] = (labels, 1.0 if a.state == "firing" else 0.0)
+        return list(out.values())
+
+    def _transition(self, a: Alert, state_from: str, now: float) -> Transition:
+        r = a.rule
+        return Transition(
+            r.name, r.severity, state_from, a.state, a.job, a.run, a.ranks, a.groups, a.step,
+            now, a.value, a.threshold, a.summary, tuple(r.causes), tuple(r.checks), r.runbook,
+            a.notify,
+        )  # fmt: skip
+
+    def _fire(self, key: AlertKey, a: Alert, now: float) -> Transition:
+        last = self._resolved_at.get(key)
+        a.notify = not (last is not None and now - last < a.rule.cooldown_seconds)
+        a.state = "firing"
+        a.started_at = now
+        return self._transition(a, "pending" if a._seen_pending else "inactive", now)
+
+    def _resolve(self, key: AlertKey, a: Alert, now: float) -> Transition:
+        a.state = "resolved"
+        a.resolved_at = now
+        del self._open[key]
+        if a.series:  # series still counting towards for_steps carry over to a new alert
+            b = self._open[key] = Alert(a.rule, a.job, a.run, pending_since=now, series=a.series)
+            b._refresh(list(b.series.values()))
+            a.series = {}
+        self._recent.appendleft(a)
+        self._resolved_at[key] = now
+        if len(self._resolved_at) > 4096:  # bounded: forget the oldest cooldowns
+            for k in sorted(self._resolved_at, key=self._resolved_at.__getitem__)[:1024]:
+                del self._resolved_at[k]
+        return self._transition(a, "firing", now)

@@ -1,0 +1,61 @@
+"""``plateau``: the loss has not improved by ``min_delta`` (relative) over a long window.
+
+Per-batch loss is noisy, so levels are medians of consecutive ``chunk``-sample chunks: the
+first chunk of the window is compared with the best chunk after it. Only samples since
+warm-up or the last learning-rate change count, and the window must be full: a plateau is
+judged over the whole ``window``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from sentinel.engine.store import Window
+from sentinel.rules.base import Context, Params, Verdict, chunk_medians, finite, since
+
+
+class PlateauParams(Params):
+    """Parameters of :func:`detect`.
+
+    Attributes:
+        window: samples judged; must not exceed the store's capacity per series.
+        chunk: samples per level estimate.
+        min_delta: the best later level must be at least this fraction below the first.
+    """
+
+    window: int = Field(500, ge=4)
+    chunk: int = Field(25, ge=1)
+    min_delta: float = Field(0.01, ge=0.0)
+
+    @model_validator(mode="after")
+    def _fits(self) -> PlateauParams:
+        if self.window < 2 * self.chunk:
+            raise ValueError("window must hold at least two chunks")
+        return self
+
+    def samples(self) -> int:
+        return self.window
+
+
+def detect(window: Window, params: PlateauParams, ctx: Context) -> Verdict | None:
+    """Fire when the relative improvement over the window is below ``min_delta``.
+
+    Returns:
+        None until ``window`` finite samples exist since ``ctx.since_step``. The
+        verdict's value is the relative improvement (negative: the loss got worse).
+    """
+    w = since(window, ctx.since_step)
+    vals = finite(w.values.tolist())
+    if len(vals) < params.window:
+        return None
+    levels = chunk_medians(vals[-params.window :], params.chunk)
+    first, best = levels[0], min(levels[1:])
+    if first == 0.0:
+        return None
+    improvement = (first - best) / abs(first)
+    if not math.isfinite(improvement):
+        return None
+    detail = f"best level {best:.4g} vs {first:.4g} {params.window} samples ago"
+    return Verdict(improvement < params.min_delta, improvement, params.min_delta, first, detail)

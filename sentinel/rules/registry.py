@@ -1,0 +1,31 @@
+"""The one registry of detector kinds: ``kind`` in a rule → pure function + parameter model."""
+
+from __future__ import annotations
+
+from sentinel.rules import (
+    band,
+    divergence,
+    drop,
+    forecast,
+    nonfinite,
+    oscillation,
+    plateau,
+    spike,
+    stall,
+    threshold,
+)
+from sentinel.rules.base import DetectorSpec
+
+DETECTORS: dict[str, DetectorSpec] = {
+    "threshold": DetectorSpec(threshold.detect, threshold.ThresholdParams),
+    "band": DetectorSpec(band.detect, band.BandParams),
+    "nonfinite": DetectorSpec(nonfinite.detect, nonfinite.NonFiniteParams),
+    "spike": DetectorSpec(spike.detect, spike.SpikeParams),
+    "divergence": DetectorSpec(divergence.detect, divergence.DivergenceParams),
+    "oscillation": DetectorSpec(oscillation.detect, oscillation.OscillationParams),
+    "plateau": DetectorSpec(plateau.detect, plateau.PlateauParams),
+    "forecast": DetectorSpec(forecast.detect, forecast.ForecastParams),
+    "drop": DetectorSpec(drop.detect, drop.DropParams),
+    "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
+}
+"""Every detector kind a rule may name."""

@@ -1,0 +1,86 @@
+"""``spike``: the latest sample jumped far above a robust rolling baseline.
+
+The baseline is the median of the previous ``window`` samples and its spread the scaled
+median absolute deviation (MAD), both on a log scale for positive series, so a loss of
+2.0 → 6.0 and a gradient norm of 1.0 → 3.0 are the same size of event. A sample fires
+only when it is both ``factor`` times the baseline *and* ``z`` robust standard deviations
+above it:
+
+- the factor keeps a very steady series from firing on small moves;
+- the z-score keeps a very noisy series from firing on its ordinary extremes;
+- a slow ramp never fires, because the median follows it: the latest sample of a ramp
+  is only a few percent above the middle of its own recent past.
+
+Samples before ``ctx.since_step`` (warm-up, the last learning-rate change) are not part of
+the baseline, so an lr decay or the first steps' fast fall never form a baseline that a
+later sample seems to "spike" from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import Field
+
+from sentinel.engine.store import Window
+from sentinel.rules.base import Context, Params, Verdict, robust_center, since
+
+
+class SpikeParams(Params):
+    """Parameters of :func:`detect`.
+
+    Attributes:
+        window: samples before the latest that form the baseline.
+        min_samples: fewer baseline samples than this give no verdict.
+        factor: the latest must be at least ``factor × baseline``.
+        z: ... and at least this many robust standard deviations above it.
+        log: use a log scale when all samples are positive.
+        min_spread: floor of the spread, relative (log scale) or as a fraction of
+            ``|baseline|`` (linear), so a perfectly flat series has a finite z-score.
+    """
+
+    window: int = Field(50, ge=3)
+    min_samples: int = Field(10, ge=3)
+    factor: float = Field(10.0, gt=1.0)
+    z: float = Field(6.0, gt=0.0)
+    log: bool = True
+    min_spread: float = Field(0.05, gt=0.0)
+
+    def samples(self) -> int:
+        return self.window + 1
+
+
+def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
+    """Fire when the latest sample is a spike over the baseline of the samples before it.
+
+    Returns:
+        None with too few finite baseline samples or a non-finite latest sample
+        (non-finite values are the ``nonfinite`` rule's). Otherwise a verdict whose
+        value is the latest sample, threshold ``factor × baseline`` and baseline the
+        median.
+    """
+    w = since(window, ctx.since_step)
+    if len(w) < params.min_samples + 1:
+        return None
+    last = float(w.values[-1])
+    if not math.isfinite(last):
+        return None
+    base_arr = w.values[-params.window - 1 : -1]
+    base_arr = base_arr[np.isfinite(base_arr)]
+    if len(base_arr) < params.min_samples:
+        return None
+    if params.log and last > 0.0 and float(base_arr.min()) > 0.0:
+        med, spread = robust_center(np.log(base_arr).tolist())
+        spread = max(spread, params.min_spread)
+        baseline = math.exp(med)
+        z = (math.log(last) - med) / spread
+    else:
+        baseline, spread = robust_center(base_arr.tolist())
+        spread = max(spread, params.min_spread * abs(baseline), 1e-12)
+        z = (last - baseline) / spread
+    threshold = baseline + (params.factor - 1.0) * abs(baseline)
+    firing = last >= threshold and z >= params.z
+    ratio = last / baseline if baseline > 0 else math.inf
+    detail = f"{ratio:.3g}× the baseline {baseline:.3g}" if baseline > 0 else ""
+    return Verdict(firing, last, threshold, baseline=baseline, detail=detail)

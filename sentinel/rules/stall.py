@@ -1,0 +1,52 @@
+"""``stall``: no new step from a rank for ``max(min_seconds, factor × median step time)``.
+
+Time-based: the rule engine evaluates it on ``tick(now)`` with ``ctx.now`` the current
+time, and on every ingested frame of the rank (which is the "it moved again" that
+resolves it). The window is any per-step series of the rank (``sentinel_step``); only its
+sample times are read.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from sentinel.engine.store import Window
+from sentinel.rules.base import Context, Params, Verdict, median
+
+
+class StallParams(Params):
+    """Parameters of :func:`detect`.
+
+    Attributes:
+        min_seconds: never fire before this much silence: evaluation loops, checkpoint
+            saves and data-loader restarts legitimately pause the steps for minutes.
+        factor: the silence must also exceed this many median inter-frame times.
+        window: frames whose spacing gives the median.
+    """
+
+    min_seconds: float = Field(600.0, gt=0.0)
+    factor: float = Field(20.0, gt=0.0)
+    window: int = Field(50, ge=2)
+
+    def samples(self) -> int:
+        return self.window
+
+
+def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
+    """Fire when ``ctx.now`` is more than the limit past the latest sample's time.
+
+    Returns:
+        None for an empty window. The verdict's value is the silence in seconds, its
+        threshold the limit, its baseline the median frame spacing (when known).
+    """
+    if len(window) == 0:
+        return None
+    times = window.times.tolist()
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
+    typical = median(gaps) if gaps else None
+    limit = params.min_seconds
+    if typical is not None:
+        limit = max(limit, params.factor * typical)
+    silence = max(0.0, ctx.now - times[-1])
+    detail = f"no step for {silence:.0f} s (limit {limit:.0f} s)"
+    return Verdict(silence > limit, silence, limit, baseline=typical, detail=detail)

@@ -1,0 +1,87 @@
+"""``threshold``: the latest value (or a reduction of the last few) compared with a constant.
+
+"For K steps" is not this detector's business: the rule's ``for_steps`` counts
+consecutive failing evaluations in the life cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import PositiveInt
+
+from sentinel.engine.store import Window
+from sentinel.rules.base import Context, Params, Verdict, median
+
+Op = Literal[">", ">=", "<", "<="]
+
+
+class ThresholdParams(Params):
+    """Parameters of :func:`detect`.
+
+    Attributes:
+        op: how the value must compare with ``value`` for the rule to fail.
+        value: the constant threshold.
+        reduce: ``last`` compares the latest sample; the others reduce the last
+            ``window`` finite samples first.
+        window: samples reduced when ``reduce`` is not ``last``.
+        skip_zero: an exact 0.0 gives no verdict. For per-group gradient norms an exact
+            zero means "no gradient reached this group" (frozen or unused parameters),
+            which is not a vanishing gradient.
+    """
+
+    op: Op = ">"
+    value: float
+    reduce: Literal["last", "mean", "median", "min", "max"] = "last"
+    window: PositiveInt = 1
+    skip_zero: bool = False
+
+    def samples(self) -> int:
+        return 1 if self.reduce == "last" else self.window
+
+
+def compare(value: float, op: Op, threshold: float) -> bool:
+    """``value <op> threshold``."""
+    if op == ">":
+        return value > threshold
+    if op == ">=":
+        return value >= threshold
+    if op == "<":
+        return value < threshold
+    return value <= threshold
+
+
+def check(value: float, params: ThresholdParams) -> Verdict | None:
+    """The verdict for one already reduced value; None for NaN or a skipped zero.
+
+    NaN gives no verdict: non-finite values are the ``nonfinite`` detector's to report,
+    and a NaN must neither fire nor resolve a threshold rule. ±inf compares normally.
+    """
+    if math.isnan(value) or (params.skip_zero and value == 0.0):
+        return None
+    return Verdict(compare(value, params.op, params.value), value, params.value)
+
+
+def detect(window: Window, params: ThresholdParams, ctx: Context) -> Verdict | None:
+    """Compare the latest sample, or a reduction of the last ``window`` samples.
+
+    Returns:
+        None when the window is empty or holds no usable value.
+    """
+    if len(window) == 0:
+        return None
+    if params.reduce == "last":
+        return check(float(window.values[-1]), params)
+    vals = [v for v in window.values[-params.window :].tolist() if not math.isnan(v)]
+    if not vals:
+        return None
+    if params.reduce == "mean":
+        value = sum(vals) / len(vals)
+    elif params.reduce == "median":
+        value = median(vals)
+    elif params.reduce == "min":
+        value = min(vals)
+    else:
+        value = max(vals)
+    return check(value, params)

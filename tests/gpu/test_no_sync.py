@@ -1,0 +1,68 @@
+"""On CUDA, the hot path never synchronises the host with the device.
+
+Runs only where a GPU is present (``@pytest.mark.gpu``); skipped cleanly otherwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sentinel
+from sentinel.demo.model import TinyGPT, loss_fn, synthetic_batch
+from tests.helpers import make_monitor
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _train(mon: sentinel.Monitor | None, model: torch.nn.Module, opt: torch.optim.Optimizer,
+           steps: int, sync_check: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    batches = [synthetic_batch(gen, 8, 64, 256, "cuda") for _ in range(steps)]
+    torch.cuda.synchronize()
+    if sync_check:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in batches:
+            loss = loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=False)  # set_to_none=True would be fine too; keeps grads resident
+            loss.backward()
+            opt.step()
+            if mon is not None:
+                mon.log(loss=loss)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_training_under_sync_debug_mode_error() -> None:
+    torch.manual_seed(0)
+    model = TinyGPT(dim=128, depth=4, seq=64).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    _train(None, model, opt, 2, sync_check=False)  # warm-up: lazy state allocation syncs inside torch
+    mon, sender = make_monitor(model, opt, update_every=2, state_every=3, health_every=2, memory_every=2)
+    _train(mon, model, opt, 12, sync_check=True)
+    assert mon.errors == 0, mon.guard.failures  # a sync inside a probe would raise and be counted
+    mon.close()
+    steps = sender.steps()
+    assert len(steps) >= 11  # all but at most the in-flight ones were read without waiting
+    assert [f["step"] for f in steps] == sorted(f["step"] for f in steps)
+
+
+def test_cuda_memory_metrics_exported() -> None:
+    torch.manual_seed(0)
+    model = TinyGPT(dim=64, depth=2, seq=64).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt, memory_every=1)
+    _train(mon, model, opt, 3, sync_check=False)
+    mon.close()
+    labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    store = sender.engine.store
+    total = store.last("sentinel_cuda_memory_total_bytes", labels)
+    alloc = store.last("sentinel_cuda_memory_allocated_bytes", labels)
+    peak = store.last("sentinel_cuda_memory_peak_bytes", labels)
+    reserved = store.last("sentinel_cuda_memory_reserved_bytes", labels)
+    assert total and alloc and peak and reserved
+    assert 0 < alloc[2] <= peak[2] <= total[2] and alloc[2] <= reserved[2]
+    assert store.counter("sentinel_cuda_ooms_total", labels) == 0
+    assert "sentinel_cuda_alloc_retries_total" in store.names()

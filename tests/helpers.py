@@ -1,0 +1,87 @@
+"""Shared fixtures: small real models, a frame-capturing sender, a wait helper."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from sentinel import wire
+from sentinel.engine.engine import Engine
+from sentinel.instrument.monitor import Monitor
+from sentinel.instrument.options import from_kwargs
+
+
+class CaptureSender:
+    """Keeps every frame and feeds it to a real engine, in the training thread."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.engine = Engine()
+        self.dropped = 0
+
+    def send(self, data: bytes) -> bool:
+        self.frames.append(wire.decode(data))
+        self.engine.feed(data)
+        return True
+
+    def close(self) -> None:
+        pass
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [f for f in self.frames if f["kind"] == "step"]
+
+
+class MLP(nn.Module):
+    """Three blocks in a ModuleList plus a head: groups layers.0, layers.1, layers.2, head."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(3))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def make_monitor(model: nn.Module | None, opts: list[torch.optim.Optimizer] | torch.optim.Optimizer,
+                 **options: Any) -> tuple[Monitor, CaptureSender]:
+    sender = CaptureSender()
+    optimizers = opts if isinstance(opts, list) else [opts]
+    options.setdefault("engine", "off")
+    return Monitor(model, optimizers, from_kwargs(options), sender=sender), sender
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int, mon: Monitor | None = None,
+                seed: int = 0, before_step: Callable[[int], None] | None = None) -> None:
+    """A plain loop on a fixed regression task."""
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(steps):
+        x = torch.randn(8, 16, generator=gen)
+        y = x.sum(dim=1, keepdim=True)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if before_step is not None:
+            before_step(i)
+        opt.step()
+        if mon is not None:
+            mon.log(loss=loss)

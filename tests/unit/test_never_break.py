@@ -1,0 +1,107 @@
+"""A failing probe never changes or stops training; failures are counted and switch it off."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sentinel.instrument import monitor as monitor_mod
+from sentinel.instrument import probes, stats
+from sentinel.instrument.readback import Readback
+from tests.helpers import MLP, make_monitor, train_steps
+
+
+def _boom(*_: object, **__: object) -> None:
+    raise RuntimeError("injected probe failure")
+
+
+# every probe, by the function it calls
+PROBES = [
+    (stats.GroupedTensors, "grad_sums"),
+    (stats.GroupedTensors, "param_sumsq"),
+    (stats.UpdateSnapshot, "take"),
+    (stats.UpdateSnapshot, "delta_sumsq"),
+    (monitor_mod, "adam_saturation"),
+    (probes, "state_bytes"),
+    (probes, "learning_rates"),
+    (probes, "host_memory"),
+    (Readback, "submit"),
+    (Readback, "poll"),
+    (monitor_mod.wire, "encode"),
+    (monitor_mod.Monitor, "_log"),
+]
+
+
+def _trained(monitored: bool, monkeypatch: pytest.MonkeyPatch | None = None,
+             target: tuple[object, str] | None = None) -> tuple[list[torch.Tensor], object]:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mon = None
+    if monitored:
+        if target is not None and monkeypatch is not None:
+            monkeypatch.setattr(target[0], target[1], _boom)
+        mon, _ = make_monitor(model, opt, update_every=2, state_every=3, health_every=2, memory_every=2)
+    train_steps(model, opt, 12, mon)
+    if mon is not None:
+        mon.close()
+    return [p.detach().clone() for p in model.parameters()], mon
+
+
+@pytest.mark.parametrize("target", PROBES, ids=[f"{getattr(o, '__name__', o)}.{a}" for o, a in PROBES])
+def test_failing_probe_leaves_training_bit_identical(monkeypatch: pytest.MonkeyPatch,
+                                                     target: tuple[object, str]) -> None:
+    reference, _ = _trained(False)
+    weights, mon = _trained(True, monkeypatch, target)
+    assert all(torch.equal(a, b) for a, b in zip(reference, weights))
+    assert mon.errors >= 1  # type: ignore[attr-defined]
+    assert mon.guard.disabled  # type: ignore[attr-defined]  # switched off after repeated failures
+
+
+def test_monitored_run_is_bit_identical_without_failures() -> None:
+    reference, _ = _trained(False)
+    weights, mon = _trained(True)
+    assert all(torch.equal(a, b) for a, b in zip(reference, weights))
+    assert mon.errors == 0  # type: ignore[attr-defined]
+
+
+def test_errors_reach_the_exported_counter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probes, "host_memory", _boom)
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, memory_every=1, max_errors=3)
+    train_steps(model, opt, 6, mon)
+    mon.close()
+    labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    assert sender.engine.store.counter("sentinel_instrument_errors_total", labels) == 3
+    assert "memory" in mon.guard.disabled
+
+
+def test_dead_engine_costs_only_counted_drops() -> None:
+    from sentinel.instrument.sender import QueueSender
+
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sender = QueueSender(maxsize=3)  # nobody reads it: a dead engine
+    from sentinel.instrument.monitor import Monitor
+    from sentinel.instrument.options import from_kwargs
+
+    mon = Monitor(model, [opt], from_kwargs({"engine": "off"}), sender=sender)
+    train_steps(model, opt, 10, mon)
+    mon.close()
+    assert sender.sent == 3
+    assert mon.frames_dropped == 10 * 2 + 1 - 3  # 10 step + 10 log frames + bye, 3 fit the queue
+    assert mon.errors == 0
+
+
+def test_instrument_imports_no_daemon_side_modules() -> None:
+    code = ("import sys, sentinel, sentinel.instrument; "
+            "bad = [m for m in ('prometheus_client', 'apprise', 'sqlite3', 'http.server', 'pydantic') "
+            "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr

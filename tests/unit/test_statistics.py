@@ -1,0 +1,217 @@
+"""The statistics equal references computed independently with torch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers import MLP, make_monitor, train_steps
+
+
+def test_global_grad_norm_equals_torch(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    expected: list[float] = []
+
+    def capture(_: int) -> None:
+        grads = [p.grad for p in mlp.parameters() if p.grad is not None]
+        expected.append(float(torch.nn.utils.get_total_norm(grads)))
+
+    mon, sender = make_monitor(mlp, opt)
+    train_steps(mlp, opt, 5, mon, before_step=capture)
+    mon.close()
+    got = [math.sqrt(math.fsum(f["grad_sumsq"])) for f in sender.steps()]
+    assert got == pytest.approx(expected, rel=1e-5)
+    # and the engine exports the same number
+    w = sender.engine.store.window("sentinel_grad_norm", (("job", "train"), ("rank", "0"), ("run", mon.options.run)))
+    assert w is not None and list(w.values) == pytest.approx(expected, rel=1e-5)
+
+
+def test_group_grad_and_param_norms(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    ref: dict[str, float] = {}
+
+    def capture(_: int) -> None:
+        ref.clear()
+        for name, p in mlp.named_parameters():
+            g = name.rsplit(".", 2)[0] if name.startswith("layers") else "head"
+            ref[g] = ref.get(g, 0.0) + float(p.grad.double().pow(2).sum())
+
+    mon, sender = make_monitor(mlp, opt, update_every=1)
+    train_steps(mlp, opt, 3, mon, before_step=capture)
+    mon.close()
+    frame = sender.steps()[-1]
+    assert frame["groups"] == ["layers.0", "layers.1", "layers.2", "head"]
+    assert dict(zip(frame["groups"], frame["grad_sumsq"])) == pytest.approx(ref, rel=1e-5)
+    pref = {g: 0.0 for g in ref}
+    for name, p in mlp.named_parameters():
+        g = name.rsplit(".", 2)[0] if name.startswith("layers") else "head"
+        pref[g] += float(p.detach().double().pow(2).sum())
+    assert dict(zip(frame["groups"], frame["param_sumsq"])) == pytest.approx(pref, rel=1e-5)
+
+
+@pytest.mark.parametrize("budget", [2**30, 1])  # everything at once; one group at a time (rotating)
+def test_update_ratio_matches_manual_snapshot(mlp: MLP, budget: int) -> None:
+    opt = torch.optim.Adam(mlp.parameters(), lr=1e-2)
+    snap: dict[str, torch.Tensor] = {}
+    manual: list[dict[str, tuple[float, float]]] = []
+
+    def before(_: int) -> None:
+        snap.clear()
+        snap.update({n: p.detach().clone() for n, p in mlp.named_parameters()})
+
+    class Recorder:
+        def __call__(self, *_: object) -> None:
+            by_group: dict[str, tuple[float, float]] = {}
+            for n, p in mlp.named_parameters():
+                g = n.rsplit(".", 2)[0] if n.startswith("layers") else "head"
+                d, w = by_group.get(g, (0.0, 0.0))
+                by_group[g] = (d + float((p.detach() - snap[n]).double().pow(2).sum()),
+                               w + float(p.detach().double().pow(2).sum()))
+            manual.append(by_group)
+
+    opt.register_step_post_hook(Recorder())
+    mon, sender = make_monitor(mlp, opt, update_every=1, update_snapshot_bytes=budget)
+    train_steps(mlp, opt, 8, mon, before_step=before)
+    mon.close()
+    seen: set[str] = set()
+    for frame, ref in zip(sender.steps(), manual):
+        sampled = [(g, d, p) for g, d, p in zip(frame["groups"], frame["delta_sumsq"], frame["param_sumsq"])
+                   if d is not None]
+        assert sampled, "every update step samples at least one group"
+        for g, d, p in sampled:
+            seen.add(g)
+            assert math.sqrt(d) / math.sqrt(p) == pytest.approx(math.sqrt(ref[g][0] / ref[g][1]), rel=1e-4)
+    assert seen == {"layers.0", "layers.1", "layers.2", "head"}
+    if budget == 1:  # rotation: one group per sampling step
+        assert all(sum(d is not None for d in f["delta_sumsq"]) == 1 for f in sender.steps())
+        assert mon._snapshots[0].buffer_bytes <= max(mon._snapshots[0].group_bytes)
+    # the exported global ratio is sqrt(sum d)/sqrt(sum p) over the sampled groups
+    labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    assert sender.engine.store.last("sentinel_update_ratio", labels) is not None
+
+
+def test_update_ratio_guards_zero_weights() -> None:
+    model = nn.Sequential(nn.Linear(4, 4))
+    with torch.no_grad():
+        model[0].weight.zero_()
+        model[0].bias.zero_()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # weights stay exactly 0
+    mon, sender = make_monitor(model, opt, update_every=1)
+    for _ in range(2):
+        loss = model(torch.randn(2, 4)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    mon.close()
+    store = sender.engine.store
+    assert store.labelsets("sentinel_group_update_ratio") == []  # no ratio, and no ZeroDivisionError
+    assert store.labelsets("sentinel_update_ratio") == []
+    assert mon.errors == 0
+
+
+def _state_reference(opt: torch.optim.Optimizer) -> dict[str, int]:
+    ref: dict[str, int] = {}
+    for st in opt.state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                ref[k] = ref.get(k, 0) + v.numel() * v.element_size()
+    return ref
+
+
+@pytest.mark.parametrize(("make", "keys"), [
+    (lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), {"momentum_buffer"}),
+    (lambda ps: torch.optim.Adam(ps, lr=1e-3), {"exp_avg", "exp_avg_sq", "step"}),
+    (lambda ps: torch.optim.AdamW(ps, lr=1e-3), {"exp_avg", "exp_avg_sq", "step"}),
+    (lambda ps: torch.optim.Adafactor(ps, lr=1e-2), {"row_var", "col_var", "variance", "step"}),
+])
+def test_optimizer_state_bytes(mlp: MLP, make: object, keys: set[str]) -> None:
+    opt = make(mlp.parameters())  # type: ignore[operator]
+    mon, sender = make_monitor(mlp, opt, state_every=3)
+    train_steps(mlp, opt, 4, mon)
+    mon.close()
+    with_state = [f for f in sender.steps() if "state_bytes" in f]
+    assert [f["step"] for f in with_state] == [1, 3]  # the first step, then every state_every
+    ref = _state_reference(opt)
+    assert with_state[-1]["state_bytes"] == ref
+    assert set(ref) <= keys | {"step"} and keys <= set(ref) | {"variance", "row_var", "col_var"}
+    param_bytes = sum(p.numel() * p.element_size() for p in mlp.parameters())
+    assert with_state[-1]["param_bytes"] == param_bytes
+    labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    ratio = sender.engine.store.last("sentinel_optimizer_state_param_ratio", labels)
+    assert ratio is not None and ratio[2] == pytest.approx(sum(ref.values()) / param_bytes)
+
+
+def test_state_bytes_reported_after_load_state_dict(mlp: MLP) -> None:
+    opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+    mon, sender = make_monitor(mlp, opt, state_every=1000)
+    train_steps(mlp, opt, 3, mon)
+    opt.load_state_dict(opt.state_dict())
+    train_steps(mlp, opt, 1, mon)
+    mon.close()
+    assert [f["step"] for f in sender.steps() if "state_bytes" in f] == [1, 4]
+
+
+def test_nan_in_one_layer_names_its_group(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+
+    def poison(i: int) -> None:
+        if i == 2:
+            mlp.layers[1][0].weight.grad[0, 0] = float("nan")
+
+    mon, sender = make_monitor(mlp, opt)
+    train_steps(mlp, opt, 3, mon, before_step=poison)
+    frame = sender.steps()[2]
+    bad = [g for g, v in zip(frame["groups"], frame["grad_sumsq"]) if not math.isfinite(v)]
+    assert bad == ["layers.1"]
+    ctx = sender.engine.ingest(frame)
+    assert ctx["nonfinite_groups"]["grad"] == ["layers.1"]
+    labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run), ("source", "grad"))
+    assert sender.engine.store.counter("sentinel_nonfinite_total", labels) >= 1
+    mon.close()
+
+
+def test_learning_rate_per_param_group_and_two_optimizers(mlp: MLP) -> None:
+    opt_a = torch.optim.SGD([{"params": mlp.layers.parameters(), "lr": 0.1},
+                             {"params": [], "lr": 0.2}], lr=0.1)
+    opt_b = torch.optim.Adam(mlp.head.parameters(), lr=1e-3)
+    mon, sender = make_monitor(mlp, [opt_a, opt_b])
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x = torch.randn(4, 16, generator=gen)
+        loss = mlp(x).pow(2).mean()
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+        loss.backward()
+        opt_a.step()
+        opt_b.step()
+        mon.log(loss=loss)
+    mon.close()
+    steps = sender.steps()
+    assert [f["step"] for f in steps] == [1, 2, 3]  # one report per training step, not per optimizer
+    assert steps[-1]["lr"] == [0.1, 0.2, 1e-3]
+    all_grads = [p.grad for p in mlp.parameters()]
+    assert math.sqrt(math.fsum(steps[-1]["grad_sumsq"])) == pytest.approx(
+        float(torch.nn.utils.get_total_norm(all_grads)), rel=1e-5)
+
+
+def test_snr_and_saturation_values(mlp: MLP) -> None:
+    opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+    grads: list[torch.Tensor] = []
+
+    def capture(_: int) -> None:
+        grads[:] = [torch.cat([p.grad.reshape(-1) for p in mlp.parameters()]).double()]
+
+    mon, sender = make_monitor(mlp, opt, health_every=2, state_every=2, saturation_threshold=1e-6)
+    train_steps(mlp, opt, 2, mon, before_step=capture)
+    mon.close()
+    g = grads[0].abs()
+    snr = float(g.mean() / g.std(unbiased=False))
+    labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    got = sender.engine.store.last("sentinel_gradient_snr", labels)
+    assert got is not None and got[2] == pytest.approx(snr, rel=1e-4)
+    v = torch.cat([st["exp_avg_sq"].reshape(-1) for st in opt.state.values()])
+    sat = sender.engine.store.last("sentinel_optimizer_state_saturation_ratio", labels)
+    assert sat is not None and sat[2] == pytest.approx(float((v > 1e-6).double().mean()))
