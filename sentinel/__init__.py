@@ -1,6 +1,6 @@
 """Sentinel: a runtime training-health monitor for PyTorch."""
 
-from sentinel.instrument import Monitor, watch
+from sentinel.instrument import Monitor, TrainingHalted, watch
 
-__all__ = ["Monitor", "watch"]
+__all__ = ["Monitor", "TrainingHalted", "watch"]
 __version__ = "0.1.0"

@@ -1,10 +1,12 @@
-"""The engine: decode → store → rules. One code path for the embedded engine and the daemon."""
+"""The engine: decode → store → rules → alerts. One code path for the embedded engine and
+the daemon."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,24 +14,36 @@ from sentinel import wire
 from sentinel.engine.exporter import Row
 from sentinel.engine.ingest import Ingestor
 from sentinel.engine.store import Store
+from sentinel.rules.config import RulePack, load_pack
+from sentinel.rules.evaluator import RuleEngine
+from sentinel.rules.lifecycle import Transition
 
 log = logging.getLogger("sentinel")
 
+Listener = Callable[[Transition], None]
+
 
 class Engine:
-    """Accepts encoded frames and keeps the series and alert state.
+    """Accepts encoded frames, keeps the series, evaluates the rules, hands out transitions.
 
     Args:
         store: the series store (a fresh one by default).
+        pack: the rule pack (the built-in defaults by default).
         clock: wall clock, for tests.
+        history: transitions kept in memory for the API.
     """
 
-    def __init__(self, store: Store | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store | None = None, pack: RulePack | None = None,
+                 clock: Callable[[], float] = time.time, history: int = 500) -> None:
         self.store = store or Store()
         self.clock = clock
         self.ingestor = Ingestor(self.store)
+        self.rules = RuleEngine(pack if pack is not None else load_pack(), self.store, clock)
+        self.listeners: list[Listener] = []
+        self.transitions: deque[Transition] = deque(maxlen=history)
         self.frames_received = 0
         self.frames_malformed = 0
+        self.listener_errors = 0
         self.finished: set[tuple[str, str, int]] = set()
         self._lock = threading.Lock()
 
@@ -48,16 +62,47 @@ class Engine:
             return True
 
     def ingest(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """Record a decoded frame; returns the rules' context."""
-        key = (frame["job"], frame["run"], frame["rank"])
-        if frame["kind"] == "bye":
-            self.finished.add(key)
-        else:
-            self.finished.discard(key)
-        return self.ingestor.ingest(frame)
+        """Record a decoded frame and evaluate the rules; returns the rules' context."""
+        job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
+        ctx = self.ingestor.ingest(frame)
+        if kind == "bye":
+            self.finished.add((job, run, rank))
+            self._publish(self.rules.retire(job, run, rank))
+        elif kind in ("step", "log"):
+            self.finished.discard((job, run, rank))
+            self._publish(self.rules.evaluate(job, run, rank, frame["step"], float(frame["t"]), ctx))
+        return ctx
+
+    def tick(self, now: float | None = None) -> list[Transition]:
+        """Time-based rules (stalls) and group waits; call about once a second."""
+        with self._lock:
+            out = self.rules.tick(now)
+            self._publish(out)
+            return out
+
+    def _publish(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            self.transitions.append(t)
+            log.info("sentinel alert %s: %s", t.state_to, t.summary)
+            for listener in self.listeners:
+                try:
+                    listener(t)
+                except Exception:
+                    self.listener_errors += 1
+                    log.warning("sentinel engine: alert listener failed", exc_info=True)
+
+    def alerts_json(self) -> list[dict[str, Any]]:
+        """Active (pending, firing) then recently resolved alerts, as the HTTP API shows them."""
+        return self.rules.active() + self.rules.recent()
+
+    def api_alerts(self) -> dict[str, Any]:
+        """The body of ``GET /api/v1/alerts``."""
+        return {"status": "success", "data": {"alerts": self.alerts_json()}}
 
     def health_rows(self) -> Iterator[Row]:
-        """The engine's own metrics, for the exporter."""
+        """The engine's own metrics and the firing alerts, for the exporter."""
         yield ("sentinel_daemon_up", "gauge", (), 1.0)
         yield ("sentinel_daemon_frames_received_total", "counter", (), float(self.frames_received))
         yield ("sentinel_daemon_frames_malformed_total", "counter", (), float(self.frames_malformed))
+        for labels, value in self.rules.firing_series():
+            yield ("sentinel_alert_firing", "gauge", tuple(sorted(labels.items())), value)

@@ -30,6 +30,7 @@ class Ingestor:
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
         self._scalar_names: set[str] = set()
+        self._scale_last: dict[Labels, float] = {}
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame.
@@ -47,6 +48,9 @@ class Ingestor:
         if "dropped" in f:
             self.store.set_counter("sentinel_frames_dropped_total", base, float(f["dropped"]))
         kind = f["kind"]
+        amp = f.get("amp")
+        if isinstance(amp, dict) and isinstance(amp.get("scale"), (int, float)):
+            self._amp(float(amp["scale"]), add, base)
         if kind == "log":
             self._scalars(f.get("scalars") or {}, add, base, ctx)
         elif kind == "step":
@@ -136,12 +140,15 @@ class Ingestor:
         mem = f.get("mem")
         if isinstance(mem, dict):
             self._memory(mem, add, base)
-        amp = f.get("amp")
-        if isinstance(amp, dict):
-            if isinstance(amp.get("scale"), (int, float)):
-                add("sentinel_amp_loss_scale", float(amp["scale"]))
-            if isinstance(amp.get("skipped"), (int, float)):
-                store.set_counter("sentinel_amp_skipped_steps_total", base, float(amp["skipped"]))
+
+    def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
+        # GradScaler halves the scale exactly when it skips a step for inf/NaN grads, so each
+        # decrease seen is one skipped step (frames come at least once per iteration via log)
+        add("sentinel_amp_loss_scale", scale)
+        prev = self._scale_last.get(base)
+        skipped = prev is not None and scale < prev
+        self.store.inc("sentinel_amp_skipped_steps_total", base, float(skipped))
+        self._scale_last[base] = scale
 
     def _update_ratio(self, groups: list[str], psq: list[float], dsq: list[Any],
                       add: Callable[..., None]) -> None:

@@ -38,6 +38,11 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+class TrainingHalted(RuntimeError):
+    """Raised at the next optimizer step (before any weight changes) after an alert that the
+    config's ``actions.stop_on`` names has fired, so the script can checkpoint and exit."""
+
+
 class Monitor:
     """A handle on one watched training loop. Use :func:`watch` to make one.
 
@@ -46,9 +51,14 @@ class Monitor:
     """
 
     def __init__(self, model: torch.nn.Module | None, optimizers: Sequence[torch.optim.Optimizer],
-                 options: WatchOptions, sender: Sender | None = None) -> None:
+                 options: WatchOptions, sender: Sender | None = None, *, scaler: Any = None,
+                 on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
+                 ) -> None:
         self.options = o = options
         self.optimizers = list(optimizers)
+        self.scaler = scaler
+        self.on_alert = [on_alert] if callable(on_alert) else list(on_alert)
+        self._halt: str | None = None
         self.guard = Guard(o.max_errors)
         self.rank, self.world = _rank_world()
         self.steps = 0
@@ -123,6 +133,16 @@ class Monitor:
         if self.engine is not None:
             self.guard.run("engine", self.engine.stop)
 
+    def request_stop(self, reason: str) -> None:
+        """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""
+        if self._halt is None:
+            self._halt = reason
+
+    def _alert(self, alert: dict[str, Any]) -> None:
+        """Called by the engine (its thread) for every firing or resolved transition."""
+        for cb in self.on_alert:
+            self.guard.run("on_alert", cb, alert)
+
     def __enter__(self) -> Monitor:
         return self
 
@@ -142,6 +162,8 @@ class Monitor:
 
     def _make_pre(self, k: int) -> Callable[..., None]:
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if self._halt is not None:  # opt-in stop action: deliberately raised into the loop
+                raise TrainingHalted(self._halt)
             t0 = time.perf_counter()
             if k in self._contributed:  # this optimizer steps again: a new report begins
                 self.guard.run("report", self._finalize)
@@ -221,9 +243,16 @@ class Monitor:
             mem = self.guard.run("memory", self._memory)
             if mem:
                 meta["mem"] = mem
+        self._add_amp_scale(self._segs)
         segs, self._segs = self._segs, {}
         self._readback.submit(meta, segs)
         self._emit_ready(False)
+
+    def _add_amp_scale(self, segs: Segs) -> None:
+        """The GradScaler's scale tensor, read back with the report (``get_scale()`` would sync)."""
+        scale = getattr(self.scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor) and getattr(self.scaler, "_enabled", True):
+            segs.setdefault(scale.device, {})["amp_scale"] = scale.detach().reshape(1).to(torch.float32)
 
     def _memory(self) -> dict[str, float]:
         mem = probes.host_memory()
@@ -243,6 +272,7 @@ class Monitor:
                     dev.setdefault(t.device, {})[f"s:{name}"] = t
             else:
                 host[name] = float(v)
+        self._add_amp_scale(dev)
         meta = {"kind": "log", "step": self.steps, "t": time.time(), "scalars": host}
         self._readback.submit(meta, dev)
         self._emit_ready(False)
@@ -255,6 +285,8 @@ class Monitor:
 
     def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:
         frame = dict(meta)
+        if values.get("amp_scale"):
+            frame["amp"] = {"scale": values["amp_scale"][0]}
         if frame["kind"] == "log":
             scalars = dict(frame["scalars"])
             for name, vals in values.items():
@@ -292,12 +324,16 @@ class Monitor:
     def _start_engine(self) -> Sender:
         if self.options.engine == "off":
             return NullSender()
-        try:
-            from sentinel.engine.embedded import start_embedded  # daemon side, loaded lazily
+        from sentinel.rules.config import ConfigError  # daemon side, loaded lazily
 
-            self.engine, sender = start_embedded(self.options)
+        try:
+            from sentinel.engine.embedded import start_embedded
+
+            self.engine, sender = start_embedded(self.options, self)
             self.url = self.engine.url
             return sender
+        except ConfigError:
+            raise  # loud at construction: a bad config is the user's to fix now
         except Exception:
             log.warning("sentinel: embedded engine failed to start; training continues unmonitored",
                         exc_info=True)
@@ -306,12 +342,17 @@ class Monitor:
 
 def watch(model: torch.nn.Module | None,
           optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+          *, scaler: Any = None,
+          on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
           **options: Any) -> Monitor:
     """Watch a training loop: one line, then ``mon.log(loss=loss)`` each step.
 
     Args:
         model: the module whose parameter names define the groups (may be None).
         optimizer: one optimizer or several; a report closes when each has stepped once.
+        scaler: a ``torch.amp.GradScaler``, to export its scale and count skipped steps.
+        on_alert: callables given each firing/resolved alert (a dict, as in
+            ``/api/v1/alerts``); they run on the engine's thread and must not block.
         **options: any field of :class:`~sentinel.instrument.options.WatchOptions`, e.g.
             ``listen="127.0.0.1:9400"``, ``run="exp-42"``, ``update_every=10``.
 
@@ -326,4 +367,4 @@ def watch(model: torch.nn.Module | None,
     optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
     if not optimizers:
         raise ValueError("optimizer: at least one optimizer is required")
-    return Monitor(model, optimizers, opts)
+    return Monitor(model, optimizers, opts, scaler=scaler, on_alert=on_alert)

@@ -47,9 +47,12 @@ class Verdict:
     groups: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Context:
-    """What a detector may know besides its window.
+    """What a detector may know besides its window. Detectors must not modify it.
+
+    (Not frozen only because frozen dataclasses cost ~1 µs more to build, and the rule
+    engine builds one per rule evaluation.)
 
     Attributes:
         step: the step being evaluated.
@@ -93,11 +96,16 @@ class DetectorSpec:
         fn: the detector.
         params: its parameter model.
         time_based: evaluated on ``tick(now)`` rather than on each ingested step.
+        idle: optional shortcut ``(latest value, params) -> bool``; True promises that
+            ``fn`` would not fire on any window ending in that value. While a rule has
+            no open alert only firing verdicts matter, so the engine then skips reading
+            the window at all.
     """
 
     fn: Detector
     params: type[Params]
     time_based: bool = False
+    idle: Callable[[float, Any], bool] | None = None
 
 
 def since(window: Window, step: int) -> Window:
@@ -121,23 +129,6 @@ def median(values: Sequence[float]) -> float:
     return quantile(sorted(values), 0.5)
 
 
-def robust_center(values: Sequence[float]) -> tuple[float, float]:
-    """``(median, scaled MAD)``: a centre and a Gaussian-consistent spread robust to outliers."""
-    med = median(values)
-    mad = median([abs(v - med) for v in values]) * 1.4826
-    return med, mad
-
-
 def finite(values: Sequence[float]) -> list[float]:
     """The finite values, in order."""
     return [v for v in values if math.isfinite(v)]
-
-
-def chunk_medians(values: Sequence[float], chunk: int) -> list[float]:
-    """Medians of consecutive chunks of ``chunk`` samples, aligned to the newest sample.
-
-    The oldest partial chunk, if any, is dropped, so the last chunk always ends at the
-    newest sample.
-    """
-    start = len(values) % chunk
-    return [median(values[i : i + chunk]) for i in range(start, len(values), chunk)]

@@ -89,6 +89,30 @@ class Rule(BaseModel):
 
     Build rules through :func:`load_pack` or :func:`parse_rule`, which validate
     ``params`` against the kind's model and name every bad key.
+
+    Attributes:
+        name: the alert name (a contract for built-in rules).
+        kind: a key of :data:`~sentinel.rules.registry.DETECTORS`.
+        metric: the series read; with a list, the first one the rank reports.
+        reference: a metric of the same rank whose latest value is ``ctx.reference``.
+        per: ``rank`` reads every series of the metric for the rank (one, or one per
+            extra label such as ``source``); ``group`` reads only series with a
+            ``group`` label, and the alert lists the groups.
+        severity: ``info``, ``warning`` or ``critical``.
+        for_steps: consecutive failing evaluations before a series counts (0/1: first).
+        resolve_after: consecutive OK evaluations before a series stops counting.
+        cooldown_seconds: a re-fire this soon after a resolve is recorded, not notified.
+        warmup_steps: no evaluation before this step, unless the rule is critical;
+            baselines never use samples from before it.
+        every_steps: evaluate at most every this many steps (for heavy detectors).
+            ``for_steps``/``resolve_after`` count evaluations, not steps.
+        lr_grace_steps: no evaluation for this many steps from a learning-rate change.
+        group_wait_seconds: how long a new alert waits for more ranks before firing
+            (it fires at once when every known rank fails).
+        params: the detector's parameters.
+        summary: a ``str.format`` template over :data:`SUMMARY_FIELDS`.
+        causes, checks, runbook: shown with the alert.
+        enabled: a disabled rule is never evaluated.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -98,7 +122,7 @@ class Rule(BaseModel):
     metric: str | list[str] = Field(
         description="series name; a list means the first one the rank reports"
     )
-    reference: str | None = Field(None, description="metric passed as ctx.reference")
+    reference: str | None = Field(default=None, description="metric passed as ctx.reference")
     per: Literal["rank", "group"] = "rank"
     severity: Severity = "warning"
     for_steps: NonNegativeInt = 1
@@ -201,7 +225,8 @@ def parse_rule(raw: object, loc: Sequence[str | int]) -> tuple[Rule | None, list
         return None, [f"{dotted(loc)}: Input should be a valid dictionary"]
     data = dict(raw)
     problems: list[str] = []
-    spec = DETECTORS.get(data.get("kind")) if isinstance(data.get("kind"), str) else None
+    kind = data.get("kind")
+    spec = DETECTORS.get(kind) if isinstance(kind, str) else None
     raw_params = data.get("params", {})
     params: Params | None = None
     if spec is not None:

@@ -8,10 +8,11 @@ that keeps climbing, or jumped and stayed up, ends up ``factor`` times its best 
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from sentinel.engine.store import Window
-from sentinel.rules.base import Context, Params, Verdict, chunk_medians, finite, median, since
+from sentinel.rules.base import Context, Params, Verdict, median, since
 
 
 class DivergenceParams(Params):
@@ -27,12 +28,12 @@ class DivergenceParams(Params):
             so a loss resting at ~0 does not "double" on noise.
     """
 
-    window: int = Field(400, ge=10)
-    recent: int = Field(20, ge=1)
-    chunk: int = Field(20, ge=1)
-    factor: float = Field(2.0, gt=1.0)
-    min_samples: int = Field(80, ge=2)
-    min_rise: float = Field(1e-6, ge=0.0)
+    window: int = Field(default=400, ge=10)
+    recent: int = Field(default=20, ge=1)
+    chunk: int = Field(default=20, ge=1)
+    factor: float = Field(default=2.0, gt=1.0)
+    min_samples: int = Field(default=80, ge=2)
+    min_rise: float = Field(default=1e-6, ge=0.0)
 
     @model_validator(mode="after")
     def _fits(self) -> DivergenceParams:
@@ -54,11 +55,13 @@ def detect(window: Window, params: DivergenceParams, ctx: Context) -> Verdict | 
         The verdict's value is the current level, its baseline the best level.
     """
     w = since(window, ctx.since_step)
-    vals = finite(w.values.tolist())
+    vals = w.values[np.isfinite(w.values)]
     if len(vals) < params.min_samples:
         return None
-    current = median(vals[-params.recent :])
-    best = min(chunk_medians(vals[: -params.recent], params.chunk))
+    current = median(vals[-params.recent :].tolist())
+    older = vals[: -params.recent]
+    n = len(older) // params.chunk * params.chunk  # whole chunks, ending at the newest
+    best = float(np.median(older[len(older) - n :].reshape(-1, params.chunk), axis=1).min())
     threshold = best + max((params.factor - 1.0) * abs(best), params.min_rise)
     firing = current > threshold
     detail = f"{current / best:.3g}× the best level {best:.3g}" if best > 0 else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from pydantic import Field
 
 from sentinel.engine.store import Window
@@ -28,10 +29,10 @@ class DropParams(Params):
             drop; the floor applies from the first sample.
     """
 
-    window: int = Field(200, ge=2)
-    factor: float = Field(16.0, gt=1.0)
+    window: int = Field(default=200, ge=2)
+    factor: float = Field(default=16.0, gt=1.0)
     floor: float | None = None
-    min_samples: int = Field(2, ge=1)
+    min_samples: int = Field(default=2, ge=1)
 
     def samples(self) -> int:
         return self.window
@@ -51,12 +52,12 @@ def detect(window: Window, params: DropParams, ctx: Context) -> Verdict | None:
         return None
     below_floor = params.floor is not None and last < params.floor
     w = since(window, ctx.since_step)
-    vals = [v for v in w.values.tolist() if math.isfinite(v)]
+    vals = w.values[np.isfinite(w.values)]
     if len(vals) < params.min_samples:
         if below_floor:
             return Verdict(True, last, params.floor or 0.0, detail=f"below {params.floor:g}")
         return None
-    peak = max(vals)
+    peak = float(vals.max())
     threshold = peak / params.factor
     dropped = last <= threshold
     fold = peak / last if last > 0 else math.inf

@@ -40,6 +40,12 @@ class _Compiled:
     samples: int
     offset: int  # phase of every_steps, so heavy rules don't all land on the same step
     fast: bool  # threshold on the latest value: no window needed
+    # flattened for the hot loop
+    name: str
+    gate_until: int  # no verdict before this step (warm-up; 0 for critical rules)
+    every: int
+    grace: int
+    params: Any
 
 
 @dataclass
@@ -54,7 +60,11 @@ def _compile(idx: int, rule: Rule) -> _Compiled:
     p = rule.params
     fast = isinstance(p, ThresholdParams) and p.reduce == "last"
     offset = zlib.crc32(rule.name.encode()) % rule.every_steps
-    return _Compiled(idx, rule, spec, max(1, p.samples()), offset, fast)
+    gate = 0 if rule.severity == "critical" else rule.warmup_steps
+    return _Compiled(
+        idx, rule, spec, max(1, p.samples()), offset, fast,
+        rule.name, gate, rule.every_steps, rule.lr_grace_steps, p,
+    )  # fmt: skip
 
 
 class RuleEngine:
@@ -93,6 +103,7 @@ class RuleEngine:
         self._labels: dict[tuple[str, str, int], Labels] = {}
         self._amp: dict[tuple[str, str, int], float] = {}
         self._sel: dict[tuple[int, str, str, int], _Selection] = {}
+        self._done: dict[tuple[int, Labels], int] = {}  # last step judged, per rule and series
 
     def evaluate(
         self,
@@ -129,35 +140,46 @@ class RuleEngine:
             amp_skipped = skips > self._amp.get(rk, 0.0)
             self._amp[rk] = skips
             touched: list[str] = []
+            sels, refresh, done = self._sel, self._refresh, self._done
             for c in self._step_rules:
-                r = c.rule
-                if step < r.warmup_steps and r.severity != "critical":
+                if step < c.gate_until:
                     continue
-                if r.every_steps > 1 and (step + c.offset) % r.every_steps:
+                if c.every > 1 and (step + c.offset) % c.every:
                     continue
-                if lr_change is not None and lr_change <= step < lr_change + r.lr_grace_steps:
+                if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                     continue
-                sel = self._select(c, job, run, rank, labels, step)
-                if sel.metric is None:
-                    continue
-                base: Context | None = None
+                sel = sels.get((c.idx, job, run, rank))
+                if sel is None or sel.metric is None or not 0 <= step - sel.refreshed < refresh:
+                    sel = self._select(c, job, run, rank, labels, step)
+                    if sel.metric is None:
+                        continue
+                name, params, metric = c.name, c.params, sel.metric
+                # with no open alert only a firing verdict changes anything, so a value
+                # that cannot fire (spec.idle) needs no window and no verdict
+                idle = None if life.is_open(name, job, run) else c.spec.idle
                 for series_labels, extra in sel.series:
-                    last = store.last(sel.metric, series_labels)
+                    last = store.last(metric, series_labels)
                     if last is None or last[0] != step:
                         continue  # no new sample of this series at this step
+                    if idle is not None and idle(last[2], params):
+                        continue
+                    done_key = (c.idx, series_labels)
+                    if done.get(done_key) == step:
+                        continue  # a second frame for the same step (e.g. a late log frame)
+                    done[done_key] = step
                     verdict: Verdict | None
                     if c.fast:
-                        verdict = check(last[2], r.params)  # type: ignore[arg-type]
+                        verdict = check(last[2], params)
                     else:
-                        window = store.window(sel.metric, series_labels, c.samples)
+                        window = store.window(metric, series_labels, c.samples)
                         if window is None:
                             continue
-                        if base is None or extra:
-                            base = self._context(r, labels, step, t, lr_change, extra,
-                                                 nonfinite, amp_skipped)  # fmt: skip
-                        verdict = c.spec.fn(window, r.params, base)
-                    life.observe(r, job, run, rank, extra, verdict, step, now)
-                touched.append(r.name)
+                        cctx = self._context(
+                            c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped
+                        )
+                        verdict = c.spec.fn(window, params, cctx)
+                    life.observe(c.rule, job, run, rank, extra, verdict, step, now)
+                touched.append(name)
             for c in self._time_rules:
                 # a new frame ends any stall of this rank: judge it now, not at the next tick
                 if life.tracks(c.rule.name, job, run, rank):
@@ -184,7 +206,7 @@ class RuleEngine:
                 for c in self._time_rules:
                     for rank in sorted(ranks):
                         rk = (job, run, rank)
-                        if c.rule.warmup_steps > self._last_step.get(rk, 0) and c.rule.severity != "critical":
+                        if self._last_step.get(rk, 0) < c.gate_until:
                             continue
                         self._time_eval(c, job, run, rank, self._rank_labels(rk), now, now)
                     if self._life.is_open(c.rule.name, job, run):
@@ -192,7 +214,9 @@ class RuleEngine:
             out += self._life.flush(now)
             return out
 
-    def retire(self, job: str, run: str, rank: int | None = None, now: float | None = None) -> list[Transition]:
+    def retire(
+        self, job: str, run: str, rank: int | None = None, now: float | None = None
+    ) -> list[Transition]:
         """Stop watching one rank (or the whole run) that ended; resolve its alerts.
 
         Without this, a run that finished cleanly would look stalled.
@@ -207,10 +231,15 @@ class RuleEngine:
                 self._runs.pop((job, run), None)
             for r in gone:
                 rk = (job, run, r)
-                for d in (self._last_step, self._labels, self._amp):
-                    d.pop(rk, None)  # type: ignore[attr-defined]
+                self._last_step.pop(rk, None)
+                self._labels.pop(rk, None)
+                self._amp.pop(rk, None)
             for k in [k for k in self._sel if k[1] == job and k[2] == run and k[3] in gone]:
                 del self._sel[k]
+            gone_pairs = {("rank", str(r)) for r in gone}
+            for dk in [k for k in self._done if ("job", job) in k[1] and ("run", run) in k[1]]:
+                if any(p in gone_pairs for p in dk[1]):
+                    del self._done[dk]
             return out
 
     def active(self) -> list[dict[str, Any]]:
@@ -261,24 +290,29 @@ class RuleEngine:
             amp_skipped=amp_skipped,
         )
 
-    def _time_eval(self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, t: float, now: float) -> None:
+    def _time_eval(
+        self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, t: float, now: float
+    ) -> None:
         step = self._last_step.get((job, run, rank), 0)
-        sel = self._select(c, job, run, rank, labels, step)
+        sel = self._sel.get((c.idx, job, run, rank))
+        if sel is None or sel.metric is None or not 0 <= step - sel.refreshed < self._refresh:
+            sel = self._select(c, job, run, rank, labels, step)
         if sel.metric is None:
             return
         for series_labels, extra in sel.series:
             window = self.store.window(sel.metric, series_labels, c.samples)
             if window is None:
                 continue
-            verdict = c.spec.fn(window, c.rule.params, Context(step=step, now=t, series=dict(extra)))
+            cctx = Context(step=step, now=t, series=dict(extra))
+            verdict = c.spec.fn(window, c.rule.params, cctx)
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)
 
-    def _select(self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, step: int) -> _Selection:
-        """The series of ``c.rule`` for one rank: the first of its metrics the rank reports."""
+    def _select(
+        self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, step: int
+    ) -> _Selection:
+        """Look up (again) the series of ``c.rule`` for one rank: those of the first of
+        its metrics the rank reports. Cached in ``self._sel``."""
         key = (c.idx, job, run, rank)
-        sel = self._sel.get(key)
-        if sel is not None and sel.metric is not None and 0 <= step - sel.refreshed < self._refresh:
-            return sel
         store, r = self.store, c.rule
         rank_pair, run_pair, job_pair = ("rank", str(rank)), ("run", run), ("job", job)
         sel = _Selection(step, None, [])

@@ -3,16 +3,17 @@
 The capacity is the rule's ``reference`` metric (``sentinel_memory_capacity_bytes``: the
 CUDA device total, or a configured limit), passed in as ``ctx.reference``.
 
-The trend must be a steady climb, not a step: the window is cut in thirds and their
-medians must rise strictly from one third to the next. The first optimizer step
-allocating Adam's state is one jump, which leaves two equal thirds and no forecast; a
-leak raises all three. The slope is the rise between the first and last thirds' medians
-over the time between their middles.
+The trend must be a steady climb, not a step: the window is cut into ``segments`` equal
+parts whose medians must rise strictly from each part to the next. A jump (the first
+optimizer step allocating Adam's state, a bigger batch) moves at most one part's median
+between the levels on either side, so with six parts up to three jumps never look like a
+trend; a leak raises every part. The slope is the rise between the first and last parts'
+medians over the time between their middles.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sentinel.engine.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median, since
@@ -28,13 +29,21 @@ class ForecastParams(Params):
         min_samples: fewer samples (since warm-up) give no forecast.
         min_ratio: forecasts count only once usage is above this fraction, so a small
             job's early growth is not extrapolated.
+        segments: parts of the window whose medians must rise strictly.
     """
 
-    ratio: float = Field(0.9, gt=0.0, le=1.0)
-    horizon_seconds: float = Field(1800.0, gt=0.0)
-    window: int = Field(60, ge=6)
-    min_samples: int = Field(12, ge=6)
-    min_ratio: float = Field(0.5, ge=0.0, le=1.0)
+    ratio: float = Field(default=0.9, gt=0.0, le=1.0)
+    horizon_seconds: float = Field(default=1800.0, gt=0.0)
+    window: int = Field(default=60, ge=6)
+    min_samples: int = Field(default=12, ge=6)
+    min_ratio: float = Field(default=0.5, ge=0.0, le=1.0)
+    segments: int = Field(default=6, ge=4)
+
+    @model_validator(mode="after")
+    def _fits(self) -> ForecastParams:
+        if self.min_samples < 2 * self.segments or self.min_samples > self.window:
+            raise ValueError("min_samples must be between 2 × segments and window")
+        return self
 
     def samples(self) -> int:
         return self.window
@@ -57,12 +66,15 @@ def detect(window: Window, params: ForecastParams, ctx: Context) -> Verdict | No
     w = since(window, ctx.since_step)
     if len(w) < params.min_samples or frac < params.min_ratio:
         return Verdict(False, frac, params.ratio, baseline=cap)
-    third = len(w) // 3
-    vals, times = w.values.tolist(), w.times.tolist()
-    m1, m2, m3 = (median(vals[i * third : (i + 1) * third]) for i in range(3))
-    t1 = median(times[:third])
-    t3 = median(times[2 * third : 3 * third])
-    if not (m1 < m2 < m3) or t3 <= t1:
+    k = params.segments
+    size = len(w) // k
+    vals, times = w.values.tolist()[-size * k :], w.times.tolist()[-size * k :]
+    levels = [median(vals[i * size : (i + 1) * size]) for i in range(k)]
+    if any(b <= a for a, b in zip(levels, levels[1:])):
+        return Verdict(False, frac, params.ratio, baseline=cap)
+    t1, t3 = median(times[:size]), median(times[-size:])
+    m1, m3 = levels[0], levels[-1]
+    if t3 <= t1:
         return Verdict(False, frac, params.ratio, baseline=cap)
     slope = (m3 - m1) / (t3 - t1)
     eta = (cap - last) / slope

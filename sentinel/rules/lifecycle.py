@@ -9,7 +9,8 @@ Each (rule, job, run) has at most one open :class:`Alert`. It gathers every *ser
 - the alert is *pending* while some series fails but none has failed long enough, or
   while it waits up to ``group_wait_seconds`` for the other ranks to join — it fires at
   once when every known rank fails — so eight ranks going NaN together give one message
-  that says "ranks 0–7";
+  that says "ranks 0–7". A series that held and recovered within the wait is still
+  reported (fired and resolved at once);
 - it is *firing* from then until no series fails, then *resolved* and kept, bounded, in
   :meth:`Lifecycle.recent`;
 - a re-fire within ``cooldown_seconds`` of the last resolve is recorded with
@@ -228,7 +229,8 @@ class Alert:
         self.detail = ", ".join(details)
         if latest is not None and latest.last is not None:
             v = latest.last
-            self.step, self.value, self.threshold, self.baseline = latest.step, v.value, v.threshold, v.baseline
+            self.step, self.value, self.threshold = latest.step, v.value, v.threshold
+            self.baseline = v.baseline
 
 
 class Lifecycle:
@@ -308,7 +310,8 @@ class Lifecycle:
                 alert fires without waiting for ``group_wait_seconds``.
 
         Returns:
-            The transitions made (at most one).
+            The transitions made: none, one, or a firing and its resolve when the
+            condition held and cleared while waiting for other ranks.
         """
         key = (name, job, run)
         a = self._open.get(key)
@@ -321,9 +324,13 @@ class Lifecycle:
             a._refresh(active)
             return []
         if not active:
-            a._active_since = None
+            if a._active_since is not None:
+                # held for for_steps but recovered while waiting for other ranks: it
+                # happened, so report it, and its end
+                fired = self._fire(key, a, now)
+                return [fired, self._resolve(key, a, now)]
             if not a.series:
-                del self._open[key]  # cleared before it fired: quietly back to inactive
+                del self._open[key]  # never held for for_steps: quietly back to inactive
                 return []
             a._refresh(list(a.series.values()))
             a._seen_pending = True
@@ -343,7 +350,8 @@ class Lifecycle:
         out = []
         for key, a in list(self._open.items()):
             since = a._active_since
-            if a.state == "pending" and since is not None and now - since >= a.rule.group_wait_seconds:
+            waited = since is not None and now - since >= a.rule.group_wait_seconds
+            if a.state == "pending" and waited:
                 out += self.settle(*key, now=now)
         return out
 
@@ -358,6 +366,8 @@ class Lifecycle:
                 continue
             for skey in [k for k in a.series if rank is None or k[0] == rank]:
                 del a.series[skey]
+            if a.state == "pending" and not any(s.active for s in a.series.values()):
+                a._active_since = None  # the ranks that held it are gone: nothing to report
             out += self.settle(*key, now=now)
         return out
 
@@ -379,7 +389,9 @@ class Lifecycle:
         for a in [*self._recent, *self._open.values()]:
             if a.state == "pending":
                 continue
-            labels = {"alertname": a.rule.name, "severity": a.rule.severity, "job": a.job, "run": a.run}
+            labels = {
+                "alertname": a.rule.name, "severity": a.rule.severity, "job": a.job, "run": a.run
+            }  # fmt: skip
             key = (a.rule.name, a.job, a.run)
             out[key] = (labels, 1.0 if a.state == "firing" else 0.0)
         return list(out.values())

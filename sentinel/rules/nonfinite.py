@@ -27,6 +27,11 @@ class NonFiniteParams(Params):
     max_groups: int = 8
 
 
+def idle(flag: float, params: NonFiniteParams) -> bool:
+    """True when the latest flag is 0.0: nothing to fire on."""
+    return flag == 0.0
+
+
 def detect(window: Window, params: NonFiniteParams, ctx: Context) -> Verdict | None:
     """Fire when the latest sample flags a non-finite value (any non-zero, or NaN).
 

@@ -1,9 +1,10 @@
 """``plateau``: the loss has not improved by ``min_delta`` (relative) over a long window.
 
-Per-batch loss is noisy, so levels are medians of consecutive ``chunk``-sample chunks: the
-first chunk of the window is compared with the best chunk after it. Only samples since
-warm-up or the last learning-rate change count, and the window must be full: a plateau is
-judged over the whole ``window``.
+Per-batch loss is noisy, so levels are medians of ``chunk`` samples: the level at the
+start of the window is compared with the level at its end. (The minimum over many noisy
+levels would be biased low, and would find "improvement" in a flat series.) Only samples
+since warm-up or the last learning-rate change count, and the window must be full: a
+plateau is judged over the whole ``window``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from pydantic import Field, model_validator
 
 from sentinel.engine.store import Window
-from sentinel.rules.base import Context, Params, Verdict, chunk_medians, finite, since
+from sentinel.rules.base import Context, Params, Verdict, finite, median, since
 
 
 class PlateauParams(Params):
@@ -21,13 +22,13 @@ class PlateauParams(Params):
 
     Attributes:
         window: samples judged; must not exceed the store's capacity per series.
-        chunk: samples per level estimate.
-        min_delta: the best later level must be at least this fraction below the first.
+        chunk: samples per level estimate (the first and the last ``chunk`` samples).
+        min_delta: the end level must be at least this fraction below the start level.
     """
 
-    window: int = Field(500, ge=4)
-    chunk: int = Field(25, ge=1)
-    min_delta: float = Field(0.01, ge=0.0)
+    window: int = Field(default=500, ge=4)
+    chunk: int = Field(default=100, ge=1)
+    min_delta: float = Field(default=0.01, ge=0.0)
 
     @model_validator(mode="after")
     def _fits(self) -> PlateauParams:
@@ -50,12 +51,12 @@ def detect(window: Window, params: PlateauParams, ctx: Context) -> Verdict | Non
     vals = finite(w.values.tolist())
     if len(vals) < params.window:
         return None
-    levels = chunk_medians(vals[-params.window :], params.chunk)
-    first, best = levels[0], min(levels[1:])
+    vals = vals[-params.window :]
+    first, best = median(vals[: params.chunk]), median(vals[-params.chunk :])
     if first == 0.0:
         return None
     improvement = (first - best) / abs(first)
     if not math.isfinite(improvement):
         return None
-    detail = f"best level {best:.4g} vs {first:.4g} {params.window} samples ago"
+    detail = f"level {best:.4g} vs {first:.4g} {params.window} samples ago"
     return Verdict(improvement < params.min_delta, improvement, params.min_delta, first, detail)

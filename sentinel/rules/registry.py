@@ -17,9 +17,9 @@ from sentinel.rules import (
 from sentinel.rules.base import DetectorSpec
 
 DETECTORS: dict[str, DetectorSpec] = {
-    "threshold": DetectorSpec(threshold.detect, threshold.ThresholdParams),
+    "threshold": DetectorSpec(threshold.detect, threshold.ThresholdParams, idle=threshold.idle),
     "band": DetectorSpec(band.detect, band.BandParams),
-    "nonfinite": DetectorSpec(nonfinite.detect, nonfinite.NonFiniteParams),
+    "nonfinite": DetectorSpec(nonfinite.detect, nonfinite.NonFiniteParams, idle=nonfinite.idle),
     "spike": DetectorSpec(spike.detect, spike.SpikeParams),
     "divergence": DetectorSpec(divergence.detect, divergence.DivergenceParams),
     "oscillation": DetectorSpec(oscillation.detect, oscillation.OscillationParams),

@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import Field
 
 from sentinel.engine.store import Window
-from sentinel.rules.base import Context, Params, Verdict, robust_center, since
+from sentinel.rules.base import Context, Params, Verdict, quantile, since
 
 
 class SpikeParams(Params):
@@ -40,12 +40,12 @@ class SpikeParams(Params):
             ``|baseline|`` (linear), so a perfectly flat series has a finite z-score.
     """
 
-    window: int = Field(50, ge=3)
-    min_samples: int = Field(10, ge=3)
-    factor: float = Field(10.0, gt=1.0)
-    z: float = Field(6.0, gt=0.0)
+    window: int = Field(default=50, ge=3)
+    min_samples: int = Field(default=10, ge=3)
+    factor: float = Field(default=10.0, gt=1.0)
+    z: float = Field(default=6.0, gt=0.0)
     log: bool = True
-    min_spread: float = Field(0.05, gt=0.0)
+    min_spread: float = Field(default=0.05, gt=0.0)
 
     def samples(self) -> int:
         return self.window + 1
@@ -70,17 +70,19 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
     base_arr = base_arr[np.isfinite(base_arr)]
     if len(base_arr) < params.min_samples:
         return None
-    if params.log and last > 0.0 and float(base_arr.min()) > 0.0:
-        med, spread = robust_center(np.log(base_arr).tolist())
-        spread = max(spread, params.min_spread)
-        baseline = math.exp(med)
+    base = sorted(base_arr.tolist())
+    baseline = quantile(base, 0.5)
+    threshold = baseline + (params.factor - 1.0) * abs(baseline)
+    if last < threshold:  # the common case: no need for the spread (nor the detail)
+        return Verdict(False, last, threshold, baseline=baseline)
+    detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}" if baseline > 0 else ""
+    if params.log and last > 0.0 and base[0] > 0.0:
+        med = math.log(baseline)
+        dev = sorted(abs(x - med) for x in np.log(base_arr).tolist())
+        spread = max(quantile(dev, 0.5) * 1.4826, params.min_spread)
         z = (math.log(last) - med) / spread
     else:
-        baseline, spread = robust_center(base_arr.tolist())
-        spread = max(spread, params.min_spread * abs(baseline), 1e-12)
+        dev = sorted(abs(x - baseline) for x in base)
+        spread = max(quantile(dev, 0.5) * 1.4826, params.min_spread * abs(baseline), 1e-12)
         z = (last - baseline) / spread
-    threshold = baseline + (params.factor - 1.0) * abs(baseline)
-    firing = last >= threshold and z >= params.z
-    ratio = last / baseline if baseline > 0 else math.inf
-    detail = f"{ratio:.3g}× the baseline {baseline:.3g}" if baseline > 0 else ""
-    return Verdict(firing, last, threshold, baseline=baseline, detail=detail)
+    return Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail)

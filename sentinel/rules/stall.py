@@ -24,9 +24,9 @@ class StallParams(Params):
         window: frames whose spacing gives the median.
     """
 
-    min_seconds: float = Field(600.0, gt=0.0)
-    factor: float = Field(20.0, gt=0.0)
-    window: int = Field(50, ge=2)
+    min_seconds: float = Field(default=600.0, gt=0.0)
+    factor: float = Field(default=20.0, gt=0.0)
+    window: int = Field(default=50, ge=2)
 
     def samples(self) -> int:
         return self.window

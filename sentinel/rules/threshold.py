@@ -63,6 +63,13 @@ def check(value: float, params: ThresholdParams) -> Verdict | None:
     return Verdict(compare(value, params.op, params.value), value, params.value)
 
 
+def idle(value: float, params: ThresholdParams) -> bool:
+    """True when the latest value alone cannot fire (exact for ``reduce: last``)."""
+    if params.reduce != "last":
+        return False
+    return math.isnan(value) or not compare(value, params.op, params.value)
+
+
 def detect(window: Window, params: ThresholdParams, ctx: Context) -> Verdict | None:
     """Compare the latest sample, or a reduction of the last ``window`` samples.
 

@@ -1,0 +1,101 @@
+"""The sentinel config file (YAML), validated by pydantic, with ``SENTINEL_*`` overrides.
+
+Example::
+
+    rules:
+      LossSpike: {enabled: false}
+      GradientSpike: {params: {factor: 20}}
+    extra_rules: []
+    notify:
+      urls: ["slack://T000/B000/XXXX"]
+      min_severity: warning
+    actions:
+      stop_on: [critical]       # raise sentinel.TrainingHalted at the next step
+
+Errors are :class:`~sentinel.rules.config.ConfigError`, one ``dotted.key: message`` line each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sentinel.rules.config import ConfigError, RulePack, format_errors, load_pack
+
+Severity = Literal["info", "warning", "critical"]
+
+
+class NotifyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    urls: list[SecretStr] = []
+    """apprise URLs; each is a secret and is never logged in full."""
+    min_severity: Severity = "warning"
+
+
+class ActionsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stop_on: list[str] = []
+    """Alert names or severities whose firing stops training at the next step (opt-in)."""
+
+
+class SentinelConfig(BaseSettings):
+    """The whole config file. ``SENTINEL_NOTIFY__URLS='["json://…"]'`` style env overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="SENTINEL_", env_nested_delimiter="__", extra="forbid")
+    rules: dict[str, dict[str, Any]] = {}
+    extra_rules: list[dict[str, Any]] = []
+    notify: NotifyConfig = NotifyConfig()
+    actions: ActionsConfig = ActionsConfig()
+
+
+def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[SentinelConfig, RulePack]:
+    """Read, validate and merge a config file (or mapping) with the default rule pack.
+
+    Args:
+        source: a YAML file path, an already-parsed mapping, or None for the defaults.
+
+    Returns:
+        The config and the effective rule pack.
+
+    Raises:
+        ConfigError: every problem found, as ``dotted.key: message`` lines.
+    """
+    raw: Any = {}
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        try:
+            raw = yaml.safe_load(path.read_text("utf-8")) or {}
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" (line {where.line + 1})" if where is not None else ""
+            raise ConfigError([f"{path}: not valid YAML{at}"]) from None
+    elif isinstance(source, dict):
+        raw = source
+    if not isinstance(raw, dict):
+        raise ConfigError(["<root>: the config must be a mapping"])
+    problems: list[str] = []
+    cfg: SentinelConfig | None = None
+    try:
+        cfg = SentinelConfig(**raw)
+    except ValidationError as exc:
+        problems += format_errors(exc)
+    pack: RulePack | None = None
+    try:  # the rules are checked even when another section is wrong: report everything at once
+        pack = load_pack({"rules": raw.get("rules"), "extra_rules": raw.get("extra_rules")}
+                         if cfg is None else {"rules": cfg.rules, "extra_rules": cfg.extra_rules})
+    except ConfigError as exc:
+        problems += [p for p in exc.problems if p not in problems]
+    severities = {"info", "warning", "critical"}
+    names = set(pack.names()) if pack is not None else set()
+    for i, target in enumerate(cfg.actions.stop_on if cfg is not None else []):
+        if target not in severities and pack is not None and target not in names:
+            problems.append(f"actions.stop_on.{i}: {target!r} is neither a severity nor a rule name")
+    if problems or pack is None or cfg is None:
+        raise ConfigError(problems)
+    return cfg, pack

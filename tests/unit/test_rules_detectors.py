@@ -1,0 +1,400 @@
+"""Table-driven tests of the pure detectors on synthetic series, must-not-fire cases included."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sentinel.engine.store import Window
+from sentinel.rules import DETECTORS
+from sentinel.rules.base import Context, finite, median, quantile, since
+from sentinel.rules.band import BandParams
+from sentinel.rules.divergence import DivergenceParams
+from sentinel.rules.drop import DropParams
+from sentinel.rules.forecast import ForecastParams
+from sentinel.rules.nonfinite import NonFiniteParams
+from sentinel.rules.oscillation import OscillationParams
+from sentinel.rules.plateau import PlateauParams
+from sentinel.rules.spike import SpikeParams
+from sentinel.rules.stall import StallParams
+from sentinel.rules.threshold import ThresholdParams
+
+RNG = np.random.default_rng(1234)
+
+
+def win(values: Any, start: int = 0, dt: float = 1.0) -> Window:
+    v = np.asarray(values, dtype=np.float64)
+    steps = np.arange(start, start + len(v), dtype=np.int64)
+    return Window(steps, steps.astype(np.float64) * dt, v)
+
+
+def ctx(**kw: Any) -> Context:
+    kw.setdefault("step", 0)
+    kw.setdefault("now", 0.0)
+    return Context(**kw)
+
+
+def fires(kind: str, w: Window, params: Any, c: Context) -> bool | None:
+    """The detector's firing flag, or None for no verdict."""
+    v = DETECTORS[kind].fn(w, params, c)
+    return None if v is None else v.firing
+
+
+def noisy(level: float, rel: float, n: int) -> list[float]:
+    """A flat series with Gaussian relative noise ``rel``."""
+    return list(level * (1.0 + rel * RNG.standard_normal(n)).clip(0.05))
+
+
+def sgd_loss(n: int, rel: float = 0.08, start: float = 2.0, tau: float = 800.0) -> list[float]:
+    """A healthy, slowly falling per-batch loss with ``rel`` relative noise."""
+    t = np.arange(n)
+    trend = 0.4 + (start - 0.4) * np.exp(-t / tau)
+    return list(trend * (1.0 + rel * RNG.standard_normal(n)).clip(0.05))
+
+
+def test_registry_names_every_kind() -> None:
+    assert set(DETECTORS) == {
+        "threshold", "band", "nonfinite", "spike", "divergence", "oscillation", "plateau",
+        "forecast", "drop", "stall",
+    }  # fmt: skip
+    assert [k for k, s in DETECTORS.items() if s.time_based] == ["stall"]
+
+
+# -- threshold ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "params", "fires"),
+    [
+        ([1.0, 2000.0], {"op": ">", "value": 1000.0}, True),
+        ([2000.0, 5.0], {"op": ">", "value": 1000.0}, False),
+        ([1e-9], {"op": "<", "value": 1e-7}, True),
+        ([1e-3], {"op": "<", "value": 1e-7}, False),
+        ([0.5], {"op": ">=", "value": 0.5}, True),
+        ([0.5], {"op": ">", "value": 0.5}, False),
+        ([math.inf], {"op": ">", "value": 1000.0}, True),
+        ([0.2, 0.9, 0.9], {"op": ">", "value": 0.5, "reduce": "median", "window": 3}, True),
+        ([0.2, 0.2, 0.9], {"op": ">", "value": 0.5, "reduce": "mean", "window": 3}, False),
+        ([0.2, 0.2, 0.9], {"op": ">", "value": 0.5, "reduce": "max", "window": 3}, True),
+        ([0.9, 0.9, 0.2], {"op": ">", "value": 0.5, "reduce": "min", "window": 3}, False),
+    ],
+)
+def test_threshold(values: list[float], params: dict[str, Any], fires: bool) -> None:
+    v = DETECTORS["threshold"].fn(win(values), ThresholdParams(**params), ctx())
+    assert v is not None and v.firing is fires
+
+
+@pytest.mark.parametrize(
+    ("values", "params"),
+    [
+        ([], {"value": 1.0}),
+        ([math.nan], {"value": 1.0}),  # NaN is the nonfinite rule's, neither fires nor resolves
+        ([0.0], {"op": "<", "value": 1e-7, "skip_zero": True}),  # frozen group: no gradient
+    ],
+)
+def test_threshold_no_verdict(values: list[float], params: dict[str, Any]) -> None:
+    assert DETECTORS["threshold"].fn(win(values), ThresholdParams(**params), ctx()) is None
+
+
+# -- band -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "params", "fires"),
+    [
+        ([5.0, 5.0, 5.0], {"low": 1.0, "high": 4.0, "consecutive": 3}, True),
+        ([5.0, 2.0, 5.0], {"low": 1.0, "high": 4.0, "consecutive": 3}, False),
+        ([0.5, 0.1, 0.2], {"low": 1.0, "consecutive": 2}, True),
+        ([2.0], {"low": 1.0, "high": 4.0}, False),
+    ],
+)
+def test_band(values: list[float], params: dict[str, Any], fires: bool) -> None:
+    v = DETECTORS["band"].fn(win(values), BandParams(**params), ctx())
+    assert v is not None and v.firing is fires
+
+
+def test_band_needs_enough_samples_and_ordered_bounds() -> None:
+    assert DETECTORS["band"].fn(win([9.0]), BandParams(high=4.0, consecutive=3), ctx()) is None
+    with pytest.raises(ValueError, match="low must be below high"):
+        BandParams(low=2.0, high=1.0)
+
+
+# -- nonfinite ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "source", "amp_skipped", "fires"),
+    [
+        (1.0, "loss", False, True),
+        (1.0, "param", False, True),
+        (1.0, "grad", False, True),
+        (0.0, "grad", False, False),
+        (math.nan, "loss", False, True),
+        (1.0, "grad", True, False),  # normal fp16 overflow: GradScaler skips the step
+        (1.0, "param", True, True),  # but params going NaN is never normal
+    ],
+)
+def test_nonfinite(flag: float, source: str, amp_skipped: bool, fires: bool) -> None:
+    c = ctx(series={"source": source}, amp_skipped=amp_skipped,
+            nonfinite_groups={source: ["layers.3", "layers.4"]})  # fmt: skip
+    v = DETECTORS["nonfinite"].fn(win([0.0, flag]), NonFiniteParams(), c)
+    assert v is not None and v.firing is fires
+    assert v.groups == (("layers.3", "layers.4") if fires else ())
+    assert v.detail == source
+
+
+# -- spike ----------------------------------------------------------------------------
+
+_SPIKE: dict[str, Any] = {"window": 50, "min_samples": 20, "factor": 10.0, "z": 6.0}
+
+
+@pytest.mark.parametrize(
+    ("values", "params", "fires"),
+    [
+        # the seeds' example: grad norm 1.0 → 50.0
+        ([1.0] * 60 + [50.0], _SPIKE, True),
+        (noisy(1.0, 0.1, 60) + [50.0], _SPIKE, True),
+        (noisy(1.0, 0.1, 60) + [3.0], _SPIKE, False),  # 3× is not a 10× spike
+        # slow ramps never fire: the median follows them
+        (list(np.linspace(1.0, 5.0, 300)), _SPIKE, False),
+        (list(np.geomspace(1.0, 100.0, 300)), _SPIKE, False),
+        # very noisy series: its ordinary extremes are not spikes
+        (list(np.exp(1.0 * RNG.standard_normal(60))) + [12.0], _SPIKE, False),
+        # loss spike 3×
+        (noisy(2.0, 0.08, 60) + [7.0], {"factor": 3.0, "z": 6.0, "min_samples": 20}, True),
+        (noisy(2.0, 0.08, 60) + [3.0], {"factor": 3.0, "z": 6.0, "min_samples": 20}, False),
+        # non-positive series: linear scale
+        ([-1.0, 1.0] * 30 + [40.0], {"factor": 10.0, "z": 6.0, "min_samples": 20}, True),
+    ],
+)
+def test_spike(values: list[float], params: dict[str, Any], fires: bool) -> None:
+    v = DETECTORS["spike"].fn(win(values), SpikeParams(**params), ctx())
+    assert v is not None and v.firing is fires
+
+
+def test_spike_reports_value_baseline_threshold() -> None:
+    v = DETECTORS["spike"].fn(win([1.0] * 60 + [50.0]), SpikeParams(**_SPIKE), ctx())
+    assert v is not None
+    assert (v.value, v.baseline, v.threshold) == pytest.approx((50.0, 1.0, 10.0))
+
+
+@pytest.mark.parametrize(
+    ("values", "since_step"),
+    [
+        ([1.0] * 5 + [50.0], 0),  # too few samples
+        ([1.0] * 60 + [math.nan], 0),  # non-finite latest: the nonfinite rule's
+        # warm-up: a fast fall from 100 to 1 in the first steps is not a baseline
+        (list(np.geomspace(100.0, 1.0, 30)) + [1.0] * 10 + [30.0], 30),
+    ],
+)
+def test_spike_no_verdict(values: list[float], since_step: int) -> None:
+    v = DETECTORS["spike"].fn(win(values), SpikeParams(**_SPIKE), ctx(since_step=since_step))
+    assert v is None
+
+
+def test_spike_ignores_baseline_before_lr_change() -> None:
+    # lr decayed 10× at step 100: the update-sized series drops 10×, then recovers a bit
+    values = noisy(1.0, 0.05, 100) + noisy(0.1, 0.05, 30) + [1.2]
+    p = SpikeParams(**_SPIKE)
+    assert DETECTORS["spike"].fn(win(values), p, ctx(since_step=100)) is not None
+    # with the pre-decay samples trimmed, 1.2 is a 12× spike over the new level
+    assert fires("spike", win(values), p, ctx(since_step=100)) is True
+    # a decay *down* never fires a spike, with or without trimming
+    down = noisy(1.0, 0.05, 100) + noisy(0.1, 0.05, 30)
+    assert fires("spike", win(down), p, ctx()) is False
+
+
+# -- divergence -----------------------------------------------------------------------
+
+_DIV: dict[str, Any] = {"window": 400, "recent": 20, "chunk": 20, "factor": 2.0, "min_samples": 80}
+
+
+@pytest.mark.parametrize(
+    ("values", "fires"),
+    [
+        (sgd_loss(400), False),
+        (sgd_loss(400, rel=0.2), False),  # very noisy but healthy
+        (noisy(1.0, 0.05, 300) + list(np.geomspace(1.0, 4.0, 100)), True),  # sustained climb
+        (noisy(1.0, 0.05, 350) + noisy(3.0, 0.05, 50), True),  # jumped and stayed
+        (noisy(1.0, 0.05, 390) + [9.0] * 3 + noisy(1.0, 0.05, 7), False),  # a few bad batches
+        (noisy(1.0, 0.05, 200) + list(np.linspace(1.0, 1.5, 200)), False),  # mild drift
+    ],
+)
+def test_divergence(values: list[float], fires: bool) -> None:
+    v = DETECTORS["divergence"].fn(win(values), DivergenceParams(**_DIV), ctx())
+    assert v is not None and v.firing is fires
+
+
+def test_divergence_respects_lr_change() -> None:
+    # lr raised at step 300 (warm restart): loss rises 2.5× then settles; baseline restarts
+    values = noisy(1.0, 0.05, 300) + noisy(2.5, 0.05, 100)
+    p = DivergenceParams(**_DIV)
+    assert fires("divergence", win(values), p, ctx()) is True
+    assert DETECTORS["divergence"].fn(win(values), p, ctx(since_step=300)) is not None
+    assert fires("divergence", win(values), p, ctx(since_step=300)) is False
+    assert DETECTORS["divergence"].fn(win(values[:50]), p, ctx()) is None
+
+
+# -- oscillation ----------------------------------------------------------------------
+
+_OSC: dict[str, Any] = {"window": 100, "min_samples": 50, "amplitude": 0.3}
+_t = np.arange(100)
+
+
+@pytest.mark.parametrize(
+    ("values", "fires"),
+    [
+        (noisy(1.0, 0.05, 100), False),
+        (noisy(1.0, 0.10, 100), False),  # the seeds: within 10 % is acceptable
+        (sgd_loss(100, rel=0.1, tau=200), False),
+        (list(0.3 + 2.0 * np.exp(-_t / 20)), False),  # fast fall with a floor: a bend, not swings
+        (list(1.0 + 0.4 * np.where(_t % 2 == 0, 1, -1)), True),  # lr too high: zig-zag ±40 %
+        (list(1.0 + 0.45 * np.sin(2 * np.pi * _t / 25)), True),  # unshuffled data: periodic
+        (list((1.0 + 0.45 * np.sin(2 * np.pi * _t / 10)) * np.exp(-_t / 100)), True),
+        (list(1.0 + 0.2 * np.where(_t % 2 == 0, 1, -1)), False),  # ±20 %: below 30 %
+    ],
+)
+def test_oscillation(values: list[float], fires: bool) -> None:
+    v = DETECTORS["oscillation"].fn(win(values), OscillationParams(**_OSC), ctx())
+    assert v is not None and v.firing is fires
+
+
+def test_oscillation_amplitude_is_relative_half_width() -> None:
+    values = list(1.0 + 0.3 * np.where(_t % 2 == 0, 1, -1))
+    v = DETECTORS["oscillation"].fn(win(values), OscillationParams(**_OSC), ctx())
+    assert v is not None and v.value == pytest.approx(0.3, abs=0.02)
+
+
+def test_oscillation_ignores_lr_decay_step() -> None:
+    # lr decayed at step 60: loss drops from 1.0 to 0.4 — a step, not oscillation
+    values = noisy(1.0, 0.03, 60) + noisy(0.4, 0.03, 40)
+    w = win(values)
+    p = OscillationParams(window=100, min_samples=30, amplitude=0.3)
+    assert DETECTORS["oscillation"].fn(w, p, ctx(since_step=60)) is not None
+    assert fires("oscillation", w, p, ctx(since_step=60)) is False
+
+
+def test_oscillation_min_amplitude_guards_tiny_losses() -> None:
+    values = list(1e-4 * (1.0 + 0.5 * np.where(_t % 2 == 0, 1, -1)))
+    p = OscillationParams(**_OSC, min_amplitude=1e-3)
+    assert fires("oscillation", win(values), p, ctx()) is False
+
+
+# -- forecast -------------------------------------------------------------------------
+
+GB = 1e9
+_FC: dict[str, Any] = {"ratio": 0.9, "horizon_seconds": 600.0, "window": 60, "min_samples": 12, "min_ratio": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("values", "capacity", "fires"),
+    [
+        ([9.5 * GB], 10 * GB, True),  # the seeds: peak > 90 % of capacity
+        ([5.0 * GB] * 60, 10 * GB, False),
+        (list(np.linspace(6.0, 8.5, 60) * GB), 10 * GB, True),  # a leak: full in ~ a minute
+        (list(np.linspace(6.0, 6.06, 60) * GB), 10 * GB, False),  # slow: full in hours
+        (list(np.linspace(1.0, 3.0, 60) * GB), 10 * GB, False),  # below min_ratio
+        ([2.0 * GB] * 30 + [7.0 * GB] * 30, 10 * GB, False),  # one step (Adam state): no trend
+        ([8.0 * GB] * 60, 10 * GB, False),
+    ],
+)
+def test_forecast(values: list[float], capacity: float, fires: bool) -> None:
+    v = DETECTORS["forecast"].fn(win(values), ForecastParams(**_FC), ctx(reference=capacity))
+    assert v is not None and v.firing is fires
+
+
+def test_forecast_needs_capacity() -> None:
+    assert DETECTORS["forecast"].fn(win([9.9 * GB]), ForecastParams(), ctx()) is None
+    assert DETECTORS["forecast"].fn(win([9.9 * GB]), ForecastParams(), ctx(reference=0.0)) is None
+
+
+# -- plateau --------------------------------------------------------------------------
+
+_PL: dict[str, Any] = {"window": 500, "chunk": 100, "min_delta": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("values", "fires"),
+    [
+        (sgd_loss(500, tau=300), False),
+        (noisy(0.7, 0.02, 500), True),
+        (noisy(0.7, 0.08, 300) + list(np.linspace(0.7, 1.0, 200)), True),  # got worse
+    ],
+)
+def test_plateau(values: list[float], fires: bool) -> None:
+    v = DETECTORS["plateau"].fn(win(values), PlateauParams(**_PL), ctx())
+    assert v is not None and v.firing is fires
+
+
+def test_plateau_needs_full_window_since_lr_change() -> None:
+    values = noisy(0.7, 0.08, 500)
+    p = PlateauParams(**_PL)
+    assert DETECTORS["plateau"].fn(win(values[:400]), p, ctx()) is None
+    assert DETECTORS["plateau"].fn(win(values), p, ctx(since_step=100)) is None
+
+
+# -- drop (AMP loss scale) ------------------------------------------------------------
+
+_DROP: dict[str, Any] = {"window": 200, "factor": 16.0, "floor": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("values", "fires"),
+    [
+        ([65536.0] * 100, False),
+        ([65536.0] * 100 + [32768.0] * 50, False),  # one normal overflow halves the scale
+        ([65536.0] * 50 + [32768.0] * 50 + [65536.0] * 50 + [32768.0] * 50, False),
+        ([65536.0] * 50 + [65536.0 / 2**k for k in range(1, 6)], True),  # keeps halving
+        ([4.0] * 10 + [0.5], True),  # below the floor
+    ],
+)
+def test_drop(values: list[float], fires: bool) -> None:
+    v = DETECTORS["drop"].fn(win(values), DropParams(**_DROP), ctx())
+    assert v is not None and v.firing is fires
+
+
+def test_drop_ignores_the_scalers_calibration_in_warmup() -> None:
+    # GradScaler starts at 65536 and halves until it fits, in the first steps
+    values = [65536.0 / 2**k for k in range(8)] + [512.0] * 200
+    p = DropParams(**_DROP)
+    assert fires("drop", win(values[:60]), p, ctx()) is True
+    assert fires("drop", win(values[:60]), p, ctx(since_step=50)) is False
+
+
+# -- stall ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dt", "silence", "params", "fires"),
+    [
+        (1.0, 30.0, {"min_seconds": 60, "factor": 20}, False),
+        (1.0, 61.0, {"min_seconds": 60, "factor": 20}, True),
+        (10.0, 150.0, {"min_seconds": 60, "factor": 20}, False),  # slow steps: 20 × 10 s
+        (10.0, 210.0, {"min_seconds": 60, "factor": 20}, True),
+    ],
+)
+def test_stall(dt: float, silence: float, params: dict[str, Any], fires: bool) -> None:
+    w = win(list(range(50)), dt=dt)
+    v = DETECTORS["stall"].fn(w, StallParams(**params), ctx(now=float(w.times[-1]) + silence))
+    assert v is not None and v.firing is fires
+    assert v.value == pytest.approx(silence)
+
+
+def test_stall_with_one_frame_uses_min_seconds() -> None:
+    v = DETECTORS["stall"].fn(win([0.0]), StallParams(min_seconds=5), ctx(now=6.0))
+    assert v is not None and v.firing and v.threshold == 5
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def test_helpers() -> None:
+    w = win([1.0, 2.0, 3.0, 4.0], start=10)
+    assert list(since(w, 12).values) == [3.0, 4.0]
+    assert since(w, 0) is w
+    assert quantile([0.0, 10.0], 0.5) == 5.0
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert finite([1.0, math.nan, math.inf, 2.0]) == [1.0, 2.0]
