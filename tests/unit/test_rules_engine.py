@@ -53,7 +53,7 @@ class Sim:
             else None,
             "sentinel_learning_rate": self.lr,
             "sentinel_optimizer_state_saturation_ratio": 0.05,
-            "sentinel_cuda_memory_peak_bytes": (3e9 if step == 0 else 6e9) + 1e6 * n(),
+            "sentinel_memory_used_bytes": (3e9 if step == 0 else 6e9) + 1e6 * n(),
             "sentinel_memory_capacity_bytes": CAPACITY,
             "sentinel_amp_loss_scale": self.scale[rank],
             "nonfinite": {"loss": 0.0, "grad": 0.0, "param": 0.0},
@@ -196,7 +196,7 @@ def test_diverging_loss_fires_divergence() -> None:
 
 def test_memory_leak_fires_oom_risk() -> None:
     def leak(step: int, rank: int, v: dict[str, Any]) -> None:
-        v["sentinel_cuda_memory_peak_bytes"] = 6e9 + 5e6 * step  # ~10 MB/s at 0.5 s/step
+        v["sentinel_memory_used_bytes"] = 6e9 + 5e6 * step  # ~10 MB/s at 0.5 s/step
 
     out = Sim(ranks=1).run(0, 300, fault=leak)
     assert fired(out) == ["OOMRisk"]
