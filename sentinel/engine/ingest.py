@@ -199,9 +199,9 @@ class Ingestor:
                           ("cuda_ooms", "sentinel_cuda_ooms_total")):
             if isinstance(mem.get(key), (int, float)):
                 self.store.set_counter(name, base, float(mem[key]))
-        if mem.get("cuda_total"):
-            add("sentinel_memory_capacity_bytes", float(mem["cuda_total"]))
-            add("sentinel_memory_used_bytes", float(mem.get("cuda_reserved", 0.0)))
-        elif mem.get("host_rss") and mem.get("host_limit"):
-            add("sentinel_memory_capacity_bytes", float(mem["host_limit"]))
-            add("sentinel_memory_used_bytes", float(mem["host_rss"]))
+        on_cuda = bool(mem.get("cuda_total"))
+        used = mem.get("cuda_reserved") if on_cuda else mem.get("host_rss")
+        capacity = mem.get("capacity") or (mem.get("cuda_total") if on_cuda else mem.get("host_limit"))
+        if isinstance(used, (int, float)) and isinstance(capacity, (int, float)) and capacity > 0:
+            add("sentinel_memory_capacity_bytes", float(capacity))
+            add("sentinel_memory_used_bytes", float(used))

@@ -258,6 +258,8 @@ class Monitor:
         mem = probes.host_memory()
         if any(d.type == "cuda" for d in self.devices):
             mem.update(probes.cuda_memory(self.devices))
+        if self.options.memory_capacity_bytes > 0:
+            mem["capacity"] = float(self.options.memory_capacity_bytes)
         return mem
 
     def _log(self, scalars: dict[str, Any]) -> None:

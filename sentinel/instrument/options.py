@@ -33,6 +33,9 @@ class WatchOptions:
     health_every: int = 10
     """Gradient SNR (one extra fused L1 read of the gradients), every N steps."""
     memory_every: int = 10
+    memory_capacity_bytes: int = 0
+    """Memory the OOM rule compares usage to; 0 = the CUDA devices' total, else the host or
+    cgroup limit."""
     saturation_threshold: float = 1e-3
     saturation_max_tensors: int = 32
     max_errors: int = 3
