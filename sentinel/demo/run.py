@@ -132,8 +132,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     fault = _Fault(cfg, model, opt)
     gen = torch.Generator().manual_seed(cfg.seed)
+    # thread mode: the live view reads the engine's store directly
     watch_opts: dict[str, Any] = {"listen": cfg.listen, "run": cfg.run or f"demo-{cfg.fault}",
-                                  "job": "demo", **cfg.extra_watch}
+                                  "job": "demo", "engine": "thread", **cfg.extra_watch}
     if cfg.config:
         watch_opts["config"] = cfg.config
     mon = sentinel.watch(model, opt, **watch_opts)

@@ -63,6 +63,8 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_frames_received_total": Spec(C, "Frames received by the engine."),
     "sentinel_daemon_frames_malformed_total": Spec(C, "Frames rejected as malformed, oversized or of a wrong version."),
     "sentinel_daemon_up": Spec(G, "1 while the engine runs."),
+    "sentinel_daemon_queue_depth": Spec(G, "Frames waiting for ingest."),
+    "sentinel_daemon_frames_dropped_total": Spec(C, "Frames dropped because the ingest queue was full."),
     "sentinel_alert_firing": Spec(G, "1 for each alert that is firing.", ("alertname", "severity")),
     "sentinel_notifications_total": Spec(C, "Alert notifications by delivery result.", ("result",)),
 }

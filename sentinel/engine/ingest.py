@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -51,10 +50,10 @@ class Ingestor:
         amp = f.get("amp")
         if isinstance(amp, dict) and isinstance(amp.get("scale"), (int, float)):
             self._amp(float(amp["scale"]), add, base)
-        if kind == "log":
-            self._scalars(f.get("scalars") or {}, add, base, ctx)
-        elif kind == "step":
+        if kind == "step":
             self._step(f, add, base, ctx)
+        if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
+            self._scalars(f["scalars"], add, base, ctx)
         return ctx
 
     def _adder(self, base: Labels, step: int, t: float) -> Callable[..., None]:
@@ -170,9 +169,11 @@ class Ingestor:
         vals = [v for v in w.values.tolist() if math.isfinite(v)]
         if len(vals) < 10:
             return
-        mean = statistics.fmean(vals)
+        n = len(vals)
+        mean = math.fsum(vals) / n
         if mean > 0:
-            add("sentinel_gradient_variance_ratio", statistics.pvariance(vals, mean) / (mean * mean))
+            var = math.fsum((v - mean) ** 2 for v in vals) / n
+            add("sentinel_gradient_variance_ratio", var / (mean * mean))
 
     def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:
         if not isinstance(lrs, list):

@@ -75,6 +75,7 @@ class Monitor:
         self._sat_cursor = 0
         self._contributed: set[int] = set()
         self._segs: Segs = {}
+        self._open: tuple[dict[str, Any], Segs] | None = None  # finalized, waiting for log()
         self._meta_groups: set[int] = set()
         self._grad_count = 0
 
@@ -127,21 +128,18 @@ class Monitor:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.guard.run("report", self._submit_open)
         self.guard.run("emit", self._emit_ready, True)
         self.guard.run("emit", self._send, {"kind": "bye", "step": self.steps, "t": time.time()})
-        self.sender.close()
         if self.engine is not None:
             self.guard.run("engine", self.engine.stop)
+            self.guard.run("messages", self._messages)  # the last alerts reach on_alert too
+        self.sender.close()
 
     def request_stop(self, reason: str) -> None:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""
         if self._halt is None:
             self._halt = reason
-
-    def _alert(self, alert: dict[str, Any]) -> None:
-        """Called by the engine (its thread) for every firing or resolved transition."""
-        for cb in self.on_alert:
-            self.guard.run("on_alert", cb, alert)
 
     def __enter__(self) -> Monitor:
         return self
@@ -162,9 +160,12 @@ class Monitor:
 
     def _make_pre(self, k: int) -> Callable[..., None]:
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            t0 = time.perf_counter()
+            self.guard.run("messages", self._messages)
             if self._halt is not None:  # opt-in stop action: deliberately raised into the loop
                 raise TrainingHalted(self._halt)
-            t0 = time.perf_counter()
+            if self._open is not None:  # no log() since the last step: send it without a loss
+                self.guard.run("report", self._submit_open)
             if k in self._contributed:  # this optimizer steps again: a new report begins
                 self.guard.run("report", self._finalize)
             step = self.steps + 1
@@ -243,8 +244,16 @@ class Monitor:
             mem = self.guard.run("memory", self._memory)
             if mem:
                 meta["mem"] = mem
-        self._add_amp_scale(self._segs)
-        segs, self._segs = self._segs, {}
+        if self._open is not None:
+            self._submit_open()
+        self._open, self._segs = (meta, self._segs), {}
+
+    def _submit_open(self) -> None:
+        """Start the readback of the finalized report (with any scalars log() added)."""
+        if self._open is None:
+            return
+        (meta, segs), self._open = self._open, None
+        self._add_amp_scale(segs)
         self._readback.submit(meta, segs)
         self._emit_ready(False)
 
@@ -263,8 +272,10 @@ class Monitor:
         return mem
 
     def _log(self, scalars: dict[str, Any]) -> None:
+        # the common loop logs right after the step: ride on that step's report (one frame)
+        merge = self._open is not None and self._open[0]["step"] == self.steps
         host: dict[str, float] = {}
-        dev: dict[torch.device, dict[str, torch.Tensor]] = {}
+        dev: Segs = self._open[1] if merge and self._open is not None else {}
         for name, v in scalars.items():
             if isinstance(v, torch.Tensor):
                 t = v.detach().reshape(-1)[:1].to(torch.float32)
@@ -274,6 +285,10 @@ class Monitor:
                     dev.setdefault(t.device, {})[f"s:{name}"] = t
             else:
                 host[name] = float(v)
+        if merge and self._open is not None:
+            self._open[0].setdefault("scalars", {}).update(host)
+            self._submit_open()
+            return
         self._add_amp_scale(dev)
         meta = {"kind": "log", "step": self.steps, "t": time.time(), "scalars": host}
         self._readback.submit(meta, dev)
@@ -289,13 +304,10 @@ class Monitor:
         frame = dict(meta)
         if values.get("amp_scale"):
             frame["amp"] = {"scale": values["amp_scale"][0]}
-        if frame["kind"] == "log":
-            scalars = dict(frame["scalars"])
-            for name, vals in values.items():
-                if name.startswith("s:") and vals:
-                    scalars[name[2:]] = vals[0]
-            frame["scalars"] = scalars
-        else:
+        dev_scalars = {name[2:]: vals[0] for name, vals in values.items() if name.startswith("s:") and vals}
+        if dev_scalars or "scalars" in frame:
+            frame["scalars"] = {**frame.get("scalars", {}), **dev_scalars}
+        if frame["kind"] == "step":
             g = len(self.groups)
             frame["grad_sumsq"] = values.get("grad_sumsq") or [0.0] * g
             if "param_sumsq" in values:
@@ -324,22 +336,44 @@ class Monitor:
         self._report_drops += 1
 
     def _start_engine(self) -> Sender:
-        if self.options.engine == "off":
+        mode = self.options.engine
+        if mode == "off":
             return NullSender()
-        from sentinel.rules.config import ConfigError  # daemon side, loaded lazily
+        if self.options.config:
+            from sentinel.config import load_config  # validate now: loud at construction
 
+            load_config(self.options.config)
         try:
-            from sentinel.engine.embedded import start_embedded
+            if mode == "thread":
+                from sentinel.engine.embedded import EngineThread
 
-            self.engine, sender = start_embedded(self.options, self)
+                self.engine = EngineThread(self.options.listen, self.options.config)
+            else:
+                from sentinel.instrument.link import EngineProcess
+
+                self.engine = EngineProcess(self.options.listen, self.options.config)
             self.url = self.engine.url
-            return sender
-        except ConfigError:
-            raise  # loud at construction: a bad config is the user's to fix now
-        except Exception:
-            log.warning("sentinel: embedded engine failed to start; training continues unmonitored",
+            return self.engine.sender
+        except Exception as exc:
+            from sentinel.rules.config import ConfigError
+
+            if isinstance(exc, ConfigError):
+                raise
+            log.warning("sentinel: the engine failed to start; training continues unmonitored",
                         exc_info=True)
             return NullSender()
+
+    def _messages(self) -> None:
+        """Act on what the engine said: alert callbacks and the stop action (training thread)."""
+        if self.engine is None:
+            return
+        for msg in self.engine.poll():
+            if msg.get("kind") == "stop":
+                self.request_stop(str(msg.get("reason", "sentinel stop action")))
+            elif msg.get("kind") == "alert":
+                alert = {k: v for k, v in msg.items() if k != "kind"}
+                for cb in self.on_alert:
+                    self.guard.run("on_alert", cb, alert)
 
 
 def watch(model: torch.nn.Module | None,
@@ -354,7 +388,8 @@ def watch(model: torch.nn.Module | None,
         optimizer: one optimizer or several; a report closes when each has stepped once.
         scaler: a ``torch.amp.GradScaler``, to export its scale and count skipped steps.
         on_alert: callables given each firing/resolved alert (a dict, as in
-            ``/api/v1/alerts``); they run on the engine's thread and must not block.
+            ``/api/v1/alerts``). They run in the training thread at the next optimizer
+            step (or at ``close()``); an exception in one is caught and counted.
         **options: any field of :class:`~sentinel.instrument.options.WatchOptions`, e.g.
             ``listen="127.0.0.1:9400"``, ``run="exp-42"``, ``update_every=10``.
 

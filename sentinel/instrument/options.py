@@ -44,8 +44,9 @@ class WatchOptions:
     """Reports in flight from device to host; older ones are dropped and counted."""
     config: str | None = None
     """Path of a sentinel config file (rules, notifications) for the embedded engine."""
-    engine: str = "embedded"
-    """``embedded`` (run the engine in a thread of this process) or ``off``."""
+    engine: str = "process"
+    """Where the engine runs when no daemon is reachable: ``process`` (a child process,
+    off this process's GIL), ``thread`` (a thread of this process) or ``off``."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,6 +58,8 @@ class WatchOptions:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
         parse_listen(self.listen)
+        if self.engine not in ("process", "thread", "off"):
+            raise ValueError(f"engine: must be process, thread or off, got {self.engine!r}")
 
 
 def default_run_name() -> str:

@@ -23,7 +23,7 @@ Segments = dict[str, "torch.Tensor"]
 class _Pending:
     meta: dict[str, Any]
     layout: list[tuple[str, int]]
-    parts: list[tuple[torch.Tensor, Any]]  # (host tensor, cuda event or None)
+    parts: list[tuple[Any, Any]]  # (pinned host tensor, cuda event) or (values list, None)
 
 
 class Readback:
@@ -54,23 +54,28 @@ class Readback:
             for name, t in segs.items():
                 lengths[name] = max(lengths.get(name, 0), t.numel())
         layout = sorted(lengths.items())
-        parts: list[tuple[torch.Tensor, Any]] = []
+        parts: list[tuple[Any, Any]] = []
         for device, segs in per_device.items():
+            if device.type != "cuda":
+                # values on the host are ready now: no concatenation, no copy
+                vals: list[float] = []
+                for name, n in layout:
+                    t = segs.get(name)
+                    vals.extend(t.reshape(-1).tolist() if t is not None else [0.0] * n)
+                parts.append((vals, None))
+                continue
             pieces = []
             for name, n in layout:
                 t = segs.get(name)
-                if t is None or t.numel() != n:
-                    t = torch.zeros(n, dtype=torch.float32, device=device) if t is None else t
+                if t is None:
+                    t = torch.zeros(n, dtype=torch.float32, device=device)
                 pieces.append(t.reshape(-1).to(torch.float32))
             vec = torch.cat(pieces) if pieces else torch.zeros(0, device=device)
-            if device.type == "cuda":
-                host = self._take_pinned(vec.numel())
-                host.copy_(vec, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-                parts.append((host, event))
-            else:
-                parts.append((vec.to("cpu"), None))
+            host = self._take_pinned(vec.numel())
+            host.copy_(vec, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            parts.append((host, event))
         self._pending.append(_Pending(meta, layout, parts))
         while len(self._pending) > self.max_pending:
             self._pending.popleft()  # its pinned buffers may still be in use: not recycled
@@ -95,7 +100,7 @@ class Readback:
             self._pending.popleft()
             total: list[float] | None = None
             for host, _ in p.parts:
-                vals = host.tolist()
+                vals = host if isinstance(host, list) else host.tolist()
                 total = vals if total is None else [a + b for a, b in zip(total, vals)]
             values: dict[str, list[float]] = {}
             off = 0
@@ -117,5 +122,5 @@ class Readback:
 
     def _release(self, p: _Pending) -> None:
         for host, ev in p.parts:
-            if ev is not None:
+            if ev is not None and isinstance(host, torch.Tensor):
                 self._pinned.setdefault(host.numel(), []).append(host)

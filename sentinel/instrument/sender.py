@@ -6,7 +6,9 @@ missing, slow or full; it never raises.
 
 from __future__ import annotations
 
+import errno
 import queue
+import socket
 from typing import Protocol
 
 
@@ -61,3 +63,36 @@ class QueueSender:
 
     def close(self) -> None:
         self.closed = True
+
+
+class DatagramSender:
+    """Sends frames as Unix datagrams to the engine's socket, never blocking.
+
+    The socket is unconnected and every frame names the path, so a restarted engine is
+    reached again with no reconnect logic; while it is gone, frames are dropped and counted.
+
+    Args:
+        path: the engine's socket path.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.dropped = 0
+        self.sent = 0
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+
+    def send(self, data: bytes) -> bool:
+        try:
+            self._sock.sendto(data, self.path)
+        except OSError as exc:  # gone (ENOENT, ECONNREFUSED) or full (EAGAIN): drop it
+            self.dropped += 1
+            if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.ENOBUFS,
+                                 errno.EMSGSIZE):
+                raise
+            return False
+        self.sent += 1
+        return True
+
+    def close(self) -> None:
+        self._sock.close()

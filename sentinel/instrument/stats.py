@@ -15,13 +15,21 @@ Tensor = torch.Tensor
 
 
 class _Bucket:
-    __slots__ = ("params", "groups", "device", "_index_cache")
+    __slots__ = ("params", "groups", "device", "_index_cache", "sparse", "_all")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.params: list[Tensor] = []
         self.groups: list[int] = []
         self._index_cache: dict[tuple[int, ...], Tensor] = {}
+        self.sparse: bool | None = None
+        self._all: tuple[int, ...] | None = None
+
+    @property
+    def all_positions(self) -> tuple[int, ...]:
+        if self._all is None or len(self._all) != len(self.params):
+            self._all = tuple(range(len(self.params)))
+        return self._all
 
     def index(self, positions: tuple[int, ...]) -> Tensor:
         """Group index tensor (on the bucket's device) for a subset of its params."""
@@ -57,24 +65,25 @@ class GroupedTensors:
         self.param_bytes = sum(p.numel() * p.element_size() for p in params)
 
     def _grads(self, b: _Bucket) -> tuple[list[Tensor], tuple[int, ...]]:
-        grads: list[Tensor] = []
-        pos: list[int] = []
-        for i, p in enumerate(b.params):
-            g = p.grad
-            if g is not None:
-                if g.is_sparse:
-                    g = g.coalesce()._values()
-                grads.append(g)
-                pos.append(i)
-        return grads, tuple(pos)
+        grads = [p.grad for p in b.params]
+        if any(g is None for g in grads):  # not `None in grads`: that calls Tensor.__eq__
+            pos = tuple(i for i, g in enumerate(grads) if g is not None)
+            present: list[Tensor] = [g for g in grads if g is not None]
+        else:
+            pos, present = b.all_positions, grads  # type: ignore[assignment]
+        if b.sparse is None:  # sparse grads (nn.Embedding(sparse=True)) stay sparse: check once
+            b.sparse = any(g.is_sparse for g in present)
+        if b.sparse:
+            present = [g.coalesce()._values() if g.is_sparse else g for g in present]
+        return present, pos
 
     def _fold(self, out: dict[torch.device, Tensor], b: _Bucket, norms: Sequence[Tensor],
               pos: tuple[int, ...], square: bool) -> None:
         if not norms:
             return
-        v = torch.stack(list(norms))
+        v = torch.stack(norms)  # type: ignore[arg-type]
         if square:
-            v = v * v
+            v.square_()
         acc = out.get(b.device)
         if acc is None:
             acc = out[b.device] = torch.zeros(self.n_groups, dtype=torch.float32, device=b.device)

@@ -1,0 +1,66 @@
+"""The engine process that ``sentinel.watch`` starts by default (``engine="process"``).
+
+Running the engine in a process of its own keeps its Python work (decode, rules, HTTP)
+off the training process's GIL. It receives frames on a private Unix datagram socket,
+sends ``ready``, ``alert`` and ``stop`` messages back to the training process's reply
+socket, and exits when its standard input closes, i.e. when the training process ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from sentinel.config import load_config
+from sentinel.engine.listener import DatagramListener
+from sentinel.engine.service import Service
+
+log = logging.getLogger("sentinel")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sentinel.engine.child")
+    p.add_argument("--socket", required=True)
+    p.add_argument("--reply", required=True)
+    p.add_argument("--listen", required=True)
+    p.add_argument("--config", default=None)
+    args = p.parse_args(argv)
+    # the training job comes first when they share cores: a lower priority, and a batch
+    # policy so that a frame's arrival does not preempt the sender mid-hook
+    try:
+        os.nice(10)
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
+    logging.basicConfig(level=logging.WARNING, format="sentinel engine: %(levelname)s %(message)s")
+    reply = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reply.setblocking(False)
+
+    def tell(msg: dict[str, Any]) -> None:
+        try:
+            reply.sendto(msgpack.packb(msg, use_bin_type=True), args.reply)
+        except OSError:
+            pass  # the training process is gone or busy: its loss, never ours
+
+    cfg, pack = load_config(args.config)
+    service = Service(cfg, pack, args.listen, on_message=tell)
+    listener = DatagramListener(args.socket, service.submit)
+    tell({"kind": "ready", "url": service.url})
+    try:
+        sys.stdin.buffer.read()  # returns at EOF: the training process closed us or died
+    except KeyboardInterrupt:
+        pass  # Ctrl-C reaches the whole process group; finish the same way
+    listener.close()
+    service.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The engine's end of the local transport: a Unix datagram socket, private to its user.
+
+The socket lives in a 0700 directory and is itself 0600. Every datagram carries its
+sender's credentials (``SO_PASSCRED``); frames from another uid are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+
+from sentinel.wire import MAX_FRAME_BYTES
+
+log = logging.getLogger("sentinel")
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class DatagramListener:
+    """Receives frames on ``path`` and hands each to ``handle`` from a thread of its own.
+
+    Args:
+        path: socket path; its directory is created 0700 if missing.
+        handle: called with each accepted datagram.
+    """
+
+    def __init__(self, path: str, handle: Callable[[bytes], object]) -> None:
+        self.path = path
+        self.handle = handle
+        self.foreign = 0  # datagrams from another uid
+        self.oversized = 0
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.stat(directory)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            os.chmod(directory, 0o700)
+        if os.path.exists(path):
+            os.unlink(path)  # a stale socket of an engine that died
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self._sock.settimeout(0.5)  # lets close() end the thread promptly
+        self._closed = False
+        self._draining = False
+        self._thread = threading.Thread(target=self._loop, name="sentinel-listener", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        uid = os.getuid()
+        space = socket.CMSG_SPACE(_UCRED.size)
+        while not self._closed:
+            try:
+                data, anc, flags, _ = self._sock.recvmsg(MAX_FRAME_BYTES + 1, space)
+            except TimeoutError:
+                if self._draining:
+                    return  # nothing left in the socket: every frame sent before close is in
+                continue
+            except OSError:
+                if self._closed:
+                    return
+                continue
+            peer_uid = None
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    peer_uid = _UCRED.unpack(payload[: _UCRED.size])[1]
+            if peer_uid != uid:
+                self.foreign += 1
+                if self.foreign == 1:
+                    log.warning("sentinel: refused a frame from uid %s (only uid %s may report)", peer_uid, uid)
+                continue
+            if flags & socket.MSG_TRUNC or len(data) > MAX_FRAME_BYTES:
+                self.oversized += 1
+                continue
+            try:
+                self.handle(data)
+            except Exception:
+                log.warning("sentinel listener: handler failed", exc_info=True)
+
+    def close(self) -> None:
+        """Receive what is already queued in the socket, then close it."""
+        self._sock.settimeout(0.05)
+        self._draining = True
+        self._thread.join(5.0)
+        self._closed = True
+        self._sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

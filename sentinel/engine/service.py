@@ -1,0 +1,151 @@
+"""The engine as a running service: intake queue, rules, notifications, HTTP, ticks.
+
+One class serves every mode: the child process that ``sentinel.watch`` starts by default,
+the in-process thread mode, and ``sentinel daemon``. Transports only differ in how bytes
+reach :meth:`Service.submit`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sentinel.config import SentinelConfig
+from sentinel.engine.engine import Engine
+from sentinel.engine.exporter import Row, StoreCollector, make_registry
+from sentinel.engine.http import HttpServer
+from sentinel.engine.status import status_page
+from sentinel.instrument.options import parse_listen
+from sentinel.notify import AppriseNotifier, Dispatcher
+from sentinel.rules.config import RulePack
+from sentinel.rules.lifecycle import Transition
+
+log = logging.getLogger("sentinel")
+
+Message = dict[str, Any]
+"""What the service tells the training process: ``{"kind": "alert", …}`` or ``{"kind": "stop", "reason": …}``."""
+
+
+class Service:
+    """Engine, notification dispatcher and HTTP server, fed by a worker thread.
+
+    Args:
+        config: the validated config.
+        pack: the effective rule pack.
+        listen: ``HOST:PORT`` for HTTP; a busy port falls back to a free one.
+        on_message: receives alert and stop messages for the training process.
+        queue_size: frames waiting for ingest at most; past that they are dropped, counted.
+    """
+
+    def __init__(self, config: SentinelConfig, pack: RulePack, listen: str,
+                 on_message: Callable[[Message], None] | None = None, queue_size: int = 8192) -> None:
+        self.config = config
+        self.engine = Engine(pack=pack)
+        self.on_message = on_message
+        notifiers = [AppriseNotifier(config.notify.urls, config.notify.min_severity)] if config.notify.urls else []
+        self.dispatcher = Dispatcher(notifiers)
+        self.engine.listeners += [self.dispatcher.submit, self._actions]
+        self.registry = make_registry(StoreCollector(self.engine.store, extra=self._rows))
+        host, port = parse_listen(listen)
+        serve: dict[str, Any] = dict(registry=self.registry, healthy=self._alive, alerts=self.engine.api_alerts,
+                                     status_page=lambda: status_page(self.engine))
+        try:
+            self.http = HttpServer(host, port, **serve)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or port == 0:
+                raise
+            log.warning("sentinel: %s:%d is in use (another run?); serving on a free port instead", host, port)
+            self.http = HttpServer(host, 0, **serve)
+        self.url = self.http.url
+        self.received = 0
+        self.processed = 0
+        self.dropped = 0
+        self._queue: queue.Queue[bytes | None] = queue.Queue(queue_size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sentinel-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, data: bytes) -> bool:
+        """Queue one encoded frame for ingest; never blocks. False if dropped."""
+        try:
+            self._queue.put_nowait(data)
+        except queue.Full:
+            self.dropped += 1
+            return False
+        self.received += 1
+        return True
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every frame submitted so far has been ingested; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self.processed < self.received:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stop(self) -> None:
+        """Ingest what is queued, deliver queued notifications, stop serving."""
+        self.flush()
+        self._stop.set()
+        try:
+            self._queue.put_nowait(None)  # wake the worker now rather than at its timeout
+        except queue.Full:
+            pass
+        self._thread.join(2.0)
+        self.dispatcher.stop()
+        self.http.stop()
+
+    def _loop(self) -> None:
+        next_tick = time.monotonic() + 1.0
+        while True:
+            if time.monotonic() >= next_tick:  # stalls are noticed even when no frame comes
+                next_tick = time.monotonic() + 1.0
+                try:
+                    self.engine.tick()
+                except Exception:
+                    log.warning("sentinel engine: error in the rule tick", exc_info=True)
+            try:
+                data = self._queue.get(timeout=0.25)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            if data is None:
+                if self._stop.is_set():
+                    return
+                continue
+            try:
+                self.engine.feed(data)
+            except Exception:  # a bug in the engine must not kill the worker silently
+                log.warning("sentinel engine: error ingesting a frame", exc_info=True)
+            finally:
+                self.processed += 1
+
+    def _actions(self, t: Transition) -> None:
+        """Alert messages for the training process, and the opt-in stop action."""
+        if self.on_message is None:
+            return
+        self.on_message({"kind": "alert", **t.to_json()})
+        stop_on = self.config.actions.stop_on
+        if t.state_to == "firing" and (t.severity in stop_on or t.alertname in stop_on):
+            self.on_message({"kind": "stop", "reason": (
+                f"sentinel stopped training: {t.alertname} ({t.severity}) fired at step {t.step} "
+                f"of run {t.run}: {t.summary}. Save a checkpoint and exit; first checks: "
+                + "; ".join(t.checks[:3]))})
+
+    def _rows(self) -> Iterator[Row]:
+        yield from self.engine.health_rows()
+        yield ("sentinel_daemon_queue_depth", "gauge", (), float(self._queue.qsize()))
+        yield ("sentinel_daemon_frames_dropped_total", "counter", (), float(self.dropped))
+        d = self.dispatcher
+        for result, n in (("sent", d.sent), ("failed", d.failed), ("dropped", d.dropped)):
+            yield ("sentinel_notifications_total", "counter", (("result", result),), float(n))
+
+    def _alive(self) -> bool:
+        return self._thread.is_alive()

@@ -1,0 +1,97 @@
+"""The training process's side of the engine process: spawn it, read its messages.
+
+Only the standard library and msgpack: the engine's own imports happen in the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from typing import Any
+
+import msgpack
+
+from sentinel.instrument.sender import DatagramSender
+
+log = logging.getLogger("sentinel")
+
+
+class EngineProcess:
+    """A child process running the engine, with its frame socket and a reply socket.
+
+    Args:
+        listen: HTTP address for the engine.
+        config: config file path, or None.
+        timeout: seconds to wait for the child to be ready.
+
+    Raises:
+        RuntimeError: the child did not become ready in time (its stderr says why).
+    """
+
+    def __init__(self, listen: str, config: str | None, timeout: float = 30.0) -> None:
+        self.dir = tempfile.mkdtemp(prefix="sentinel-")  # 0700
+        self.socket_path = os.path.join(self.dir, "engine.sock")
+        reply_path = os.path.join(self.dir, "reply.sock")
+        self._reply = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._reply.bind(reply_path)
+        os.chmod(reply_path, 0o600)
+        self._reply.setblocking(False)
+        self.messages: deque[dict[str, Any]] = deque(maxlen=1000)
+        cmd = [sys.executable, "-m", "sentinel.engine.child", "--socket", self.socket_path,
+               "--reply", reply_path, "--listen", listen]
+        if config:
+            cmd += ["--config", config]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     start_new_session=False)
+        self.url: str | None = None
+        deadline = time.monotonic() + timeout
+        while self.url is None:
+            self.poll()
+            if self.url is not None:
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"sentinel engine process did not start (exit status {self.proc.returncode})")
+            time.sleep(0.02)
+        self.sender = DatagramSender(self.socket_path)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Messages from the engine received since the last poll (never blocks)."""
+        out: list[dict[str, Any]] = []
+        for _ in range(100):
+            try:
+                data = self._reply.recv(65536)
+            except (BlockingIOError, OSError):
+                break
+            try:
+                msg = msgpack.unpackb(data, raw=False)
+            except Exception:
+                continue
+            if isinstance(msg, dict):
+                if msg.get("kind") == "ready":
+                    self.url = str(msg.get("url"))
+                else:
+                    out.append(msg)
+        return out
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Let the engine ingest what it has and exit; kill it if it does not."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(2)
+        except Exception:
+            pass
+        self._reply.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
