@@ -1,8 +1,8 @@
 """Overhead of ``sentinel.watch`` on a ~6M-parameter GPT-like model trained with AdamW.
 
 Two identical copies of the model and optimizer train side by side in one process: one
-watched by sentinel (embedded engine and metrics server on a free loopback port, so the
-background ingest thread is part of the cost), one not. Blocks of steps alternate between
+watched by sentinel with its defaults (the engine in a child process serving metrics on a
+free loopback port, so its CPU use on shared cores is part of the cost), one not. Blocks of steps alternate between
 them (ABBA order across repeats, so drift and thermal effects cancel), at 512 and 2048
 tokens per step. A third kind of block, on the unwatched copy, times the floor: one fused
 read of all gradients (``torch._foreach_norm``), and the naive per-parameter ``.item()``
@@ -79,7 +79,7 @@ class Bench:
         self.mon_model = copy.deepcopy(self.base_model)
         self.base_opt = torch.optim.AdamW(self.base_model.parameters(), lr=3e-4)
         self.mon_opt = torch.optim.AdamW(self.mon_model.parameters(), lr=3e-4)
-        self.mon = sentinel.watch(self.mon_model, self.mon_opt, listen="127.0.0.1:0", engine="embedded")
+        self.mon = sentinel.watch(self.mon_model, self.mon_opt, listen="127.0.0.1:0")
         self.params = [p for p in self.base_model.parameters() if p.requires_grad]
         self.gen = torch.Generator().manual_seed(seed)
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -143,8 +143,9 @@ class Bench:
 
     def settle(self) -> None:
         """Between blocks, untimed: let the engine ingest what was sent, collect garbage."""
-        if self.mon.engine is not None:
-            self.mon.engine.flush()
+        flush = getattr(self.mon.engine, "flush", None)
+        if flush is not None:
+            flush()
         gc.collect()
 
     def close(self) -> None:
@@ -231,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{n_params / 1e6:.2f}M parameters in {n_tensors} tensors, AdamW")
     print(f"device: {device}; torch {torch.__version__}; torch threads: {torch.get_num_threads()} "
           f"(= cores available to this process)")
-    print(f"sentinel: engine=embedded at {b.mon.url}; groups={len(b.mon.groups)}; "
+    print(f"sentinel: engine={b.mon.options.engine} at {b.mon.url}; groups={len(b.mon.groups)}; "
           f"update_every={b.mon.options.update_every}; health_every={b.mon.options.health_every}")
     print(f"blocks: {args.steps} steps x {args.repeats} repeats per config, warmup {args.warmup}; "
           f"medians over steps pooled across repeats", flush=True)

@@ -33,10 +33,33 @@ def demo(
     if fault not in FAULTS:
         typer.echo(f"fault: must be one of {', '.join(FAULTS)}; got {fault!r}", err=True)
         raise typer.Exit(2)
+    if config:
+        _load_or_exit(config)
     summary = run_demo(DemoConfig(fault=fault, steps=steps, listen=listen, fault_step=fault_step,
                                   delay=delay, config=config))
     fired = ", ".join(summary["alerts"]) or "none"
     typer.echo(f"done: {summary['steps']} steps, alerts: {fired}, instrument errors: {summary['errors']}")
+
+
+def _load_or_exit(path: str | None) -> tuple[object, object]:
+    """Validate a config file; on error print ``dotted.key: message`` lines and exit 2."""
+    from sentinel.config import load_config
+    from sentinel.rules.config import ConfigError
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        for line in exc.problems:
+            typer.echo(f"config error: {line}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("check-config")
+def check_config(path: str = typer.Argument(..., help="The YAML config file.")) -> None:
+    """Validate a config file and print the effective rules."""
+    _, pack = _load_or_exit(path)
+    enabled = [r.name for r in pack.enabled()]  # type: ignore[attr-defined]
+    typer.echo(f"ok: {len(enabled)} rules enabled: {', '.join(enabled)}")
 
 
 def main() -> None:

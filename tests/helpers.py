@@ -85,3 +85,34 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int, mon: M
         opt.step()
         if mon is not None:
             mon.log(loss=loss)
+
+
+class Receiver:
+    """A real HTTP server on loopback that records every POSTed JSON body (apprise json://)."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.bodies: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                n = int(self.headers.get("Content-Length", "0"))
+                outer.bodies.append(json.loads(self.rfile.read(n) or b"{}"))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"json://127.0.0.1:{self.port}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,144 @@
+"""Alerts reach people and programs: apprise chat, the HTTP API, /metrics, callbacks, stop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+import sentinel
+from tests.helpers import MLP, Receiver, train_steps, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _poison_at(model: MLP, step: int) -> Any:
+    def before(i: int) -> None:
+        if i >= step:
+            model.layers[1][0].weight.grad[0, 0] = float("nan")
+    return before
+
+
+@pytest.fixture
+def receiver() -> Any:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def _config(tmp_path: Path, **doc: Any) -> str:
+    path = tmp_path / "sentinel.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("engine", ["process", "thread"])
+def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiver, engine: str) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = _config(tmp_path, notify={"urls": [receiver.url], "min_severity": "warning"})
+    mon = sentinel.watch(model, opt, listen="127.0.0.1:0", run="nan-run", job="ci", config=cfg, engine=engine)
+    try:
+        train_steps(model, opt, 12, mon, before_step=_poison_at(model, 8))
+        body = wait_for(lambda: next((b for b in receiver.bodies if "TrainingNonFinite" in b.get("title", "")), None),
+                        what="the chat message")
+        text = body["title"] + "\n" + body["message"]
+        for needle in ("FIRING", "TrainingNonFinite", "critical", "run nan-run", "rank 0", "layers.1",
+                       "step: 9", "threshold:", "first checks:", "1. "):
+            assert needle in text, f"{needle!r} missing from:\n{text}"
+        with urllib.request.urlopen(mon.url + "/api/v1/alerts", timeout=5) as r:
+            alerts = json.load(r)["data"]["alerts"]
+        [a] = [a for a in alerts if a["alertname"] == "TrainingNonFinite"]
+        assert a["state"] == "firing" and a["severity"] == "critical" and a["run"] == "nan-run"
+        assert a["ranks"] == [0] and "layers.1" in a["groups"] and a["step"] >= 9
+        for field in ("value", "threshold", "summary", "started_at", "resolved_at"):
+            assert field in a
+        with urllib.request.urlopen(mon.url + "/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        assert 'sentinel_alert_firing{alertname="TrainingNonFinite"' in metrics
+    finally:
+        mon.close()
+    # closing the run resolves the alert, and the resolution is delivered too
+    wait_for(lambda: any("RESOLVED" in b.get("title", "") for b in receiver.bodies), what="the resolved message")
+
+
+def test_unreachable_webhook_is_counted_and_training_goes_on(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = _config(tmp_path, notify={"urls": ["json://127.0.0.1:9/"]})  # discard port: refused
+    mon = sentinel.watch(model, opt, listen="127.0.0.1:0", config=cfg, engine="thread")
+    train_steps(model, opt, 10, mon, before_step=_poison_at(model, 5))
+    service = mon.engine.service  # type: ignore[union-attr]
+    wait_for(lambda: service.dispatcher.failed >= 1, what="a failed delivery")
+    with urllib.request.urlopen(mon.url + "/metrics", timeout=5) as r:
+        assert 'sentinel_notifications_total{result="failed"} 1.0' in r.read().decode()
+    mon.close()
+    assert mon.steps == 10
+
+
+def test_on_alert_callback_and_stop_action(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: list[dict[str, Any]] = []
+    cfg = _config(tmp_path, actions={"stop_on": ["critical"]})
+    mon = sentinel.watch(model, opt, listen="127.0.0.1:0", config=cfg, on_alert=seen.append)
+    gen = torch.Generator().manual_seed(0)
+    halted_at = None
+    snapshot: list[torch.Tensor] = []
+    try:
+        for i in range(2000):  # the engine process answers within a few steps
+            x = torch.randn(8, 16, generator=gen)
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            opt.zero_grad()
+            loss.backward()
+            if i == 3:
+                model.head.weight.grad.fill_(float("inf"))
+            snapshot = [p.detach().clone() for p in model.parameters()]
+            try:
+                opt.step()
+            except sentinel.TrainingHalted as exc:
+                halted_at = i
+                message = str(exc)
+                break
+            mon.log(loss=loss)
+    finally:
+        mon.close()
+    assert halted_at is not None and halted_at > 3, "the stop action must raise at a later step"
+    assert "TrainingNonFinite" in message and "checkpoint" in message
+    # raised before the optimizer touched the weights
+    assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(snapshot, model.parameters()))
+    assert any(a["alertname"] == "TrainingNonFinite" and a["state_to"] == "firing" for a in seen)
+
+
+def test_bad_config_fails_loudly_at_construction(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, rules={"GradientSpike": {"params": {"factor": "big"}}, "NoSuchRule": {}})
+    from sentinel.rules.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        sentinel.watch(MLP(), torch.optim.SGD(MLP().parameters(), lr=0.1), config=cfg, listen="127.0.0.1:0")
+    lines = str(err.value).splitlines()
+    assert any(line.startswith("rules.GradientSpike.params.factor: ") for line in lines)
+    assert any(line.startswith("rules.NoSuchRule: unknown rule") for line in lines)
+
+
+def test_cli_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, notify={"urls": "not-a-list"}, rules={"LossSpike": {"for_steps": -1}})
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "check-config", cfg],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "notify.urls: " in out.stderr and "rules.LossSpike.for_steps: " in out.stderr
+    ok = _config(tmp_path, rules={"LossSpike": {"enabled": False}})
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "check-config", ok],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("ok: ") and "LossSpike" not in out.stdout
