@@ -63,6 +63,8 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_frames_received_total": Spec(C, "Frames received by the engine."),
     "sentinel_daemon_frames_malformed_total": Spec(C, "Frames rejected as malformed, oversized or of a wrong version."),
     "sentinel_daemon_up": Spec(G, "1 while the engine runs."),
+    "sentinel_daemon_frames_refused_total": Spec(C, "Frames refused because they came from another uid."),
+    "sentinel_daemon_frames_oversized_total": Spec(C, "Frames larger than the maximum frame size."),
     "sentinel_daemon_queue_depth": Spec(G, "Frames waiting for ingest."),
     "sentinel_daemon_frames_dropped_total": Spec(C, "Frames dropped because the ingest queue was full."),
     "sentinel_alert_firing": Spec(G, "1 for each alert that is firing.", ("alertname", "severity")),

@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, pack = load_config(args.config)
     service = Service(cfg, pack, args.listen, on_message=tell)
     listener = DatagramListener(args.socket, service.submit)
+    service.extra_rows.append(listener.rows)
     tell({"kind": "ready", "url": service.url})
     try:
         sys.stdin.buffer.read()  # returns at EOF: the training process closed us or died

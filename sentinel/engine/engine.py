@@ -53,12 +53,13 @@ class Engine:
             self.frames_received += 1
             try:
                 frame = wire.decode(data)
-            except wire.FrameError as exc:
+                self.ingest(frame)
+            except Exception as exc:  # FrameError, or a field of a valid frame with a bad value
                 self.frames_malformed += 1
                 if self.frames_malformed == 1:
-                    log.warning("sentinel engine: dropped a bad frame (%s); further ones are only counted", exc)
+                    log.warning("sentinel engine: dropped a bad frame (%s: %s); further ones are only counted",
+                                type(exc).__name__, exc)
                 return False
-            self.ingest(frame)
             return True
 
     def ingest(self, frame: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from sentinel.wire import MAX_FRAME_BYTES
 
@@ -84,6 +84,11 @@ class DatagramListener:
                 self.handle(data)
             except Exception:
                 log.warning("sentinel listener: handler failed", exc_info=True)
+
+    def rows(self) -> Iterator[tuple[str, str, tuple[()], float]]:
+        """The listener's counters, for the exporter."""
+        yield ("sentinel_daemon_frames_refused_total", "counter", (), float(self.foreign))
+        yield ("sentinel_daemon_frames_oversized_total", "counter", (), float(self.oversized))
 
     def close(self) -> None:
         """Receive what is already queued in the socket, then close it."""

@@ -62,6 +62,8 @@ class Service:
             log.warning("sentinel: %s:%d is in use (another run?); serving on a free port instead", host, port)
             self.http = HttpServer(host, 0, **serve)
         self.url = self.http.url
+        self.extra_rows: list[Callable[[], Iterator[Row]]] = []
+        """More rows for /metrics, e.g. the transport's counters."""
         self.received = 0
         self.processed = 0
         self.dropped = 0
@@ -143,6 +145,8 @@ class Service:
         yield from self.engine.health_rows()
         yield ("sentinel_daemon_queue_depth", "gauge", (), float(self._queue.qsize()))
         yield ("sentinel_daemon_frames_dropped_total", "counter", (), float(self.dropped))
+        for extra in self.extra_rows:
+            yield from extra()
         d = self.dispatcher
         for result, n in (("sent", d.sent), ("failed", d.failed), ("dropped", d.dropped)):
             yield ("sentinel_notifications_total", "counter", (("result", result),), float(n))
