@@ -1,6 +1,23 @@
-"""Sentinel: a runtime training-health monitor for PyTorch."""
+"""Sentinel: a runtime training-health monitor for PyTorch.
 
-from sentinel.instrument import Monitor, TrainingHalted, watch
+``import sentinel`` is cheap: torch is imported when :func:`watch` is first used, so the
+launcher shim costs nothing in Pythons that never train.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sentinel.instrument.monitor import Monitor, TrainingHalted, watch
 
 __all__ = ["Monitor", "TrainingHalted", "watch"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from sentinel.instrument import monitor
+
+        return getattr(monitor, name)
+    raise AttributeError(f"module 'sentinel' has no attribute {name!r}")

@@ -62,6 +62,38 @@ def check_config(path: str = typer.Argument(..., help="The YAML config file.")) 
     typer.echo(f"ok: {len(enabled)} rules enabled: {', '.join(enabled)}")
 
 
+@app.command()
+def daemon(
+    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
+    socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
+) -> None:
+    """Run the engine standalone (a sidecar or a systemd unit) until SIGINT/SIGTERM."""
+    from sentinel.engine.daemon import Daemon, default_socket_path, serve_forever
+
+    cfg, pack = _load_or_exit(config)
+    path = socket_path or default_socket_path()
+    d = Daemon(cfg, pack, listen, path)  # type: ignore[arg-type]
+    typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}")
+    serve_forever(d)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
+) -> None:
+    """Run CMD (python, torchrun, ...) with zero-code instrumentation: sentinel run -- CMD ..."""
+    from sentinel.run import run_command
+
+    if not ctx.args:
+        typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] -- CMD ...", err=True)
+        raise typer.Exit(2)
+    cfg, pack = _load_or_exit(config)
+    raise typer.Exit(run_command(list(ctx.args), cfg, pack, listen))  # type: ignore[arg-type]
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

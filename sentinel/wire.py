@@ -60,7 +60,7 @@ def encode(frame: dict[str, Any]) -> bytes:
     return data
 
 
-_REQUIRED = {"kind": str, "run": str, "job": str, "rank": int, "step": int, "t": (int, float)}
+_REQUIRED: dict[str, type | tuple[type, ...]] = {"kind": str, "run": str, "job": str, "rank": int, "step": int, "t": (int, float)}
 
 
 def decode(data: bytes) -> dict[str, Any]:

@@ -66,14 +66,14 @@ class HttpServer:
         self.status_page = status_page
         self.healthy = healthy
         self._server = _Server((host, port), Handler)
-        self.host, self.port = self._server.server_address[:2]
+        self.host, self.port = str(self._server.server_address[0]), int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="sentinel-http",
                                         daemon=True)
         self._thread.start()
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in str(self.host) else self.host
+        host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
     @staticmethod

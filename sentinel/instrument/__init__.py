@@ -1,5 +1,18 @@
 """What runs inside training. Imports only the standard library, torch and msgpack."""
 
-from sentinel.instrument.monitor import Monitor, TrainingHalted, watch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sentinel.instrument.monitor import Monitor, TrainingHalted, watch
 
 __all__ = ["Monitor", "TrainingHalted", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from sentinel.instrument import monitor
+
+        return getattr(monitor, name)
+    raise AttributeError(f"module 'sentinel.instrument' has no attribute {name!r}")

@@ -339,6 +339,12 @@ class Monitor:
         mode = self.options.engine
         if mode == "off":
             return NullSender()
+        daemon_socket = os.environ.get("SENTINEL_SOCKET")
+        if daemon_socket and mode == "process":  # a daemon runs (sentinel run / sidecar): report to it
+            from sentinel.instrument.sender import DatagramSender
+
+            self.url = os.environ.get("SENTINEL_URL")
+            return DatagramSender(daemon_socket)
         if self.options.config:
             from sentinel.config import load_config  # validate now: loud at construction
 

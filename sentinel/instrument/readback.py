@@ -60,16 +60,16 @@ class Readback:
                 # values on the host are ready now: no concatenation, no copy
                 vals: list[float] = []
                 for name, n in layout:
-                    t = segs.get(name)
-                    vals.extend(t.reshape(-1).tolist() if t is not None else [0.0] * n)
+                    seg = segs.get(name)
+                    vals.extend(seg.reshape(-1).tolist() if seg is not None else [0.0] * n)
                 parts.append((vals, None))
                 continue
             pieces = []
             for name, n in layout:
-                t = segs.get(name)
-                if t is None:
-                    t = torch.zeros(n, dtype=torch.float32, device=device)
-                pieces.append(t.reshape(-1).to(torch.float32))
+                piece = segs.get(name)
+                if piece is None:
+                    piece = torch.zeros(n, dtype=torch.float32, device=device)
+                pieces.append(piece.reshape(-1).to(torch.float32))
             vec = torch.cat(pieces) if pieces else torch.zeros(0, device=device)
             host = self._take_pinned(vec.numel())
             host.copy_(vec, non_blocking=True)

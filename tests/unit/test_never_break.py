@@ -100,8 +100,19 @@ def test_dead_engine_costs_only_counted_drops() -> None:
 
 
 def test_instrument_imports_no_daemon_side_modules() -> None:
-    code = ("import sys, sentinel, sentinel.instrument; "
+    code = ("import sys, sentinel, sentinel.instrument.monitor; "
             "bad = [m for m in ('prometheus_client', 'apprise', 'sqlite3', 'http.server', 'pydantic') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_shim_does_not_import_torch_in_pythons_that_never_train() -> None:
+    import os
+
+    hooks = os.path.join(os.path.dirname(__file__), "..", "..", "hooks")
+    env = {**os.environ, "SENTINEL_AUTO": "1", "PYTHONPATH": hooks}
+    code = ("import sys; assert 'sitecustomize' in sys.modules; print('torch' in sys.modules); "
+            "import torch, sentinel.instrument.auto as a; print(a._installed)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr

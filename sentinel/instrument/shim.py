@@ -1,0 +1,77 @@
+"""What ``hooks/sitecustomize.py`` calls: gated, idempotent, and never fatal."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+log = logging.getLogger("sentinel")
+_done = False
+
+
+def initialize(shim_file: str) -> None:
+    """Install zero-code instrumentation if ``SENTINEL_AUTO=1``, then run the
+    ``sitecustomize`` this shim shadows, if any. Safe to call more than once."""
+    global _done
+    if _done:
+        return
+    _done = True
+    if os.environ.get("SENTINEL_AUTO") == "1":
+        if "torch" in sys.modules:
+            _install()
+        else:  # most Pythons a launcher starts never import torch: don't make them pay for it
+            sys.meta_path.insert(0, _AfterTorch())
+    _chain(shim_file)
+
+
+def _install() -> None:
+    try:
+        from sentinel.instrument import auto
+
+        auto.install()
+    except Exception:
+        log.warning("sentinel: zero-code instrumentation failed to install", exc_info=True)
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Runs :func:`_install` right after ``import torch`` completes, whoever imports it."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            original(module)
+            _install()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _chain(shim_file: str) -> None:
+    here = os.path.dirname(os.path.abspath(shim_file))
+    for entry in sys.path:
+        folder = os.path.abspath(entry or os.getcwd())
+        if folder == here:
+            continue
+        candidate = os.path.join(folder, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            try:
+                spec = importlib.util.spec_from_file_location("_sentinel_shadowed_sitecustomize", candidate)
+                if spec is not None and spec.loader is not None:
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+            except Exception:
+                log.warning("sentinel: the shadowed sitecustomize %s failed", candidate, exc_info=True)
+            return

@@ -1,0 +1,58 @@
+"""``sentinel run -- CMD``: a daemon for the job, CMD instrumented without code changes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from types import FrameType
+
+import sentinel_hooks
+from sentinel.config import SentinelConfig
+from sentinel.engine.daemon import Daemon
+from sentinel.rules.config import RulePack
+
+log = logging.getLogger("sentinel")
+
+
+def child_env(socket_path: str, url: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that switches instrumentation on in every Python that CMD starts."""
+    env = dict(os.environ if base is None else base)
+    hooks_dir = os.path.dirname(os.path.abspath(sentinel_hooks.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks_dir, env.get("PYTHONPATH", "")) if p)
+    env.update(SENTINEL_AUTO="1", SENTINEL_SOCKET=socket_path, SENTINEL_URL=url)
+    return env
+
+
+def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str) -> int:
+    """Start a daemon, run ``cmd`` under it, forward SIGINT/SIGTERM, return its exit status
+    (128 + N when it died by signal N, as a shell reports it)."""
+    folder = tempfile.mkdtemp(prefix="sentinel-run-")  # 0700
+    daemon = Daemon(config, pack, listen, os.path.join(folder, "engine.sock"))
+    print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
+    try:
+        proc = subprocess.Popen(cmd, env=child_env(daemon.socket_path, daemon.url))
+    except OSError as exc:
+        daemon.stop()
+        print(f"sentinel: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    daemon.stop()
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
+    return 128 - rc if rc < 0 else rc

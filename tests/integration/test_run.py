@@ -1,0 +1,57 @@
+"""``sentinel run -- CMD``: a script with no sentinel import is monitored; exit status passes through."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def test_unmodified_script_is_monitored(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                             sys.executable, str(SCRIPTS / "plain_train.py"), "30", str(release)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:  # type: ignore[union-attr]
+            m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url is not None
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "trained"
+        def stepped() -> str | None:
+            text = _metrics(url)
+            return text if re.search(r"sentinel_step\{[^}]*\} 30.0", text) else None
+
+        text = wait_for(stepped, what="30 steps on /metrics")
+        assert re.search(r'sentinel_step\{job="train",rank="0",run="[^"]+"\} 30.0', text)
+        assert "sentinel_loss{" in text and "sentinel_group_grad_norm{group=\"0\"" in text
+        release.touch()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize(("code", "expected"), [("raise SystemExit(3)", 3),
+                                                ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137)])
+def test_exit_status_passes_through(code: str, expected: int) -> None:
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == expected, out.stderr
