@@ -13,6 +13,7 @@ from types import FrameType
 import sentinel_hooks
 from sentinel.config import SentinelConfig
 from sentinel.engine.daemon import Daemon
+from sentinel.instrument.options import default_run_name
 from sentinel.rules.config import RulePack
 
 log = logging.getLogger("sentinel")
@@ -24,6 +25,7 @@ def child_env(socket_path: str, url: str, base: dict[str, str] | None = None) ->
     hooks_dir = os.path.dirname(os.path.abspath(sentinel_hooks.__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks_dir, env.get("PYTHONPATH", "")) if p)
     env.update(SENTINEL_AUTO="1", SENTINEL_SOCKET=socket_path, SENTINEL_URL=url)
+    env.setdefault("SENTINEL_RUN", default_run_name())  # one name for every rank of the job
     return env
 
 

@@ -16,6 +16,17 @@ pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # type: ignore[union-attr]
+        m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
+        if m:
+            return proc, m.group(1)
+    proc.kill()
+    raise AssertionError("sentinel run printed no metrics address")
+
+
 def _metrics(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         return r.read().decode()
@@ -55,3 +66,27 @@ def test_exit_status_passes_through(code: str, expected: int) -> None:
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
                           sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == expected, out.stderr
+
+
+def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    proc, url = _start([torchrun, "--standalone", "--nproc-per-node", "2",
+                        str(SCRIPTS / "ddp_train.py"), "20", str(release)])
+    try:
+        def both() -> str | None:
+            text = _metrics(url)
+            ranks = set(re.findall(r'sentinel_step\{job="train",rank="(\d)",run="[^"]+"\} 20.0', text))
+            return text if ranks == {"0", "1"} else None
+
+        text = wait_for(both, timeout=60, what="both ranks at step 20")
+        runs = set(re.findall(r'sentinel_step\{job="train",rank="\d",run="([^"]+)"\}', text))
+        assert len(runs) == 1, f"ranks must agree on the run name: {runs}"
+        # DDP grads are all-reduced: the replicated grad norms of the two ranks agree
+        norms = dict(re.findall(r'sentinel_grad_norm\{job="train",rank="(\d)",run="[^"]+"\} (\S+)', text))
+        assert float(norms["0"]) == pytest.approx(float(norms["1"]), rel=1e-6)
+        release.touch()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
