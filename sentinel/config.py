@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sentinel.rules.config import ConfigError, RulePack, format_errors, load_pack
@@ -42,6 +42,13 @@ class ActionsConfig(BaseModel):
     """Alert names or severities whose firing stops training at the next step (opt-in)."""
 
 
+class GpuConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    """Poll NVML (needs nvidia-ml-py and a driver; otherwise sentinel_gpu_monitoring_up is 0)."""
+    interval_seconds: float = Field(5.0, gt=0)
+
+
 class SentinelConfig(BaseSettings):
     """The whole config file. ``SENTINEL_NOTIFY__URLS='["json://…"]'`` style env overrides."""
 
@@ -50,6 +57,7 @@ class SentinelConfig(BaseSettings):
     extra_rules: list[dict[str, Any]] = []
     notify: NotifyConfig = NotifyConfig()
     actions: ActionsConfig = ActionsConfig()
+    gpu: GpuConfig = GpuConfig()
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[SentinelConfig, RulePack]:

@@ -59,6 +59,19 @@ CATALOG: dict[str, Spec] = {
     "sentinel_frames_dropped_total": Spec(C, "Frames the training process could not deliver."),
 }
 
+GPU_CATALOG: dict[str, Spec] = {  # node-level: labelled gpu and UUID (as dcgm-exporter), not job/run/rank
+    "sentinel_gpu_monitoring_up": Spec(G, "1 when NVML is available and polled, else 0."),
+    "sentinel_gpu_utilization_ratio": Spec(G, "GPU busy fraction over the last sample period (NVML)."),
+    "sentinel_gpu_memory_used_bytes": Spec(G, "GPU memory in use, all processes (NVML)."),
+    "sentinel_gpu_memory_total_bytes": Spec(G, "GPU memory in total (NVML)."),
+    "sentinel_gpu_temperature_celsius": Spec(G, "GPU core temperature."),
+    "sentinel_gpu_power_watts": Spec(G, "GPU board power draw."),
+    "sentinel_gpu_clock_throttled": Spec(G, "1 while clocks are held down for this reason.", ("reason",)),
+    "sentinel_gpu_ecc_errors_total": Spec(C, "ECC errors since the driver loaded, by type.", ("type",)),
+    "sentinel_gpu_xid_errors_total": Spec(C, "XID critical error events seen."),
+    "sentinel_gpu_last_xid": Spec(G, "Code of the last XID error (see NVIDIA's XID table)."),
+}
+
 DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_frames_received_total": Spec(C, "Frames received by the engine."),
     "sentinel_daemon_frames_malformed_total": Spec(C, "Frames rejected as malformed, oversized or of a wrong version."),
@@ -74,4 +87,5 @@ DAEMON_CATALOG: dict[str, Spec] = {
 
 def spec(name: str) -> Spec:
     """The spec of a metric; unknown names export as untyped-looking gauges."""
-    return CATALOG.get(name) or DAEMON_CATALOG.get(name) or Spec(G, f"Sentinel metric {name}.")
+    return (CATALOG.get(name) or GPU_CATALOG.get(name) or DAEMON_CATALOG.get(name)
+            or Spec(G, f"Sentinel metric {name}."))

@@ -18,6 +18,7 @@ from typing import Any
 from sentinel.config import SentinelConfig
 from sentinel.engine.engine import Engine
 from sentinel.engine.exporter import Row, StoreCollector, make_registry
+from sentinel.engine.gpu import GpuPoller, load_nvml
 from sentinel.engine.http import HttpServer
 from sentinel.engine.status import status_page
 from sentinel.instrument.options import parse_listen
@@ -64,6 +65,10 @@ class Service:
         self.url = self.http.url
         self.extra_rows: list[Callable[[], Iterator[Row]]] = []
         """More rows for /metrics, e.g. the transport's counters."""
+        self.gpu = GpuPoller(self.engine.store, load_nvml() if config.gpu.enabled else None,
+                             config.gpu.interval_seconds)
+        self.extra_rows.append(self.gpu.rows)
+        self.gpu.start()
         self.received = 0
         self.processed = 0
         self.dropped = 0
@@ -100,6 +105,7 @@ class Service:
         except queue.Full:
             pass
         self._thread.join(2.0)
+        self.gpu.stop()
         self.dispatcher.stop()
         self.http.stop()
 
