@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import yaml
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -15,24 +18,58 @@ from rich.text import Text
 
 import sentinel
 from sentinel.demo.model import TinyGPT, loss_fn, synthetic_batch
+from sentinel.instrument import probes
 
 FAULTS = ("none", "nan", "spike", "lr-high", "lr-low", "oscillate", "leak", "hang")
+
+EXPECTED_ALERTS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "nan": ("TrainingNonFinite",),
+    "spike": ("GradientSpike", "LossSpike"),
+    "lr-high": ("UpdateRatioHigh", "LossDivergence", "LossOscillation", "LossSpike"),
+    "lr-low": ("UpdateRatioLow",),
+    "oscillate": ("LossOscillation",),
+    "leak": ("OOMRisk",),
+    "hang": ("TrainingStalled",),
+}
+"""The alerts that match each fault: the demo shows at least one of them (none for ``none``)."""
 
 
 @dataclass
 class DemoConfig:
+    """What the demo runs.
+
+    Attributes:
+        fault: one of :data:`FAULTS`.
+        steps: training steps.
+        fault_step: step at which the fault starts; 0 means at 40 % of the run.
+        listen: HTTP address of the metrics endpoint.
+        delay: seconds of sleep per step, so the live view is watchable.
+        seed: seeds the model and the data.
+        hang_seconds: how long the ``hang`` fault blocks the loop. The stall rule's
+            threshold is lowered to a quarter of it (at least 1 s) for the demo, since
+            its default (10 minutes) suits real jobs, not a one-minute demo.
+        config: a sentinel config file (rules, notifications).
+        run: the run label (default ``demo-<fault>``).
+        extra_watch: more ``sentinel.watch`` options.
+        leak_mib: MiB the ``leak`` fault keeps per step.
+        leak_headroom_mib: for ``leak``, the memory capacity the OOM rule compares with
+            is the process's RSS at start plus this (unless ``extra_watch`` sets
+            ``memory_capacity_bytes``): the host's real limit is far away on most machines.
+    """
+
     fault: str = "none"
     steps: int = 400
     fault_step: int = 0
-    """Step at which the fault starts; 0 means at 40% of the run."""
     listen: str = "127.0.0.1:9400"
     delay: float = 0.04
-    """Seconds of sleep per step, so the live view is watchable."""
     seed: int = 0
     hang_seconds: float = 20.0
     config: str | None = None
     run: str = ""
     extra_watch: dict[str, Any] = field(default_factory=dict)
+    leak_mib: float = 4.0
+    leak_headroom_mib: float = 384.0
 
 
 class _Fault:
@@ -43,6 +80,40 @@ class _Fault:
         self.start = cfg.fault_step or max(1, int(cfg.steps * 0.4))
         self.leak: list[torch.Tensor] = []
         self.base_lr = [g["lr"] for g in opt.param_groups]
+        self._config_file: str | None = None
+
+    def watch_options(self) -> dict[str, Any]:
+        """``sentinel.watch`` options the fault needs to be seen within a demo's length.
+
+        ``leak``: a memory capacity near the current RSS. ``hang``: a config file (the
+        user's, if any, plus this) with the stall rule's threshold within ``hang_seconds``.
+        Call :meth:`close` afterwards to remove the file.
+        """
+        cfg = self.cfg
+        if cfg.fault == "leak" and "memory_capacity_bytes" not in cfg.extra_watch:
+            rss = probes.host_memory().get("host_rss", 0.0)
+            return {"memory_capacity_bytes": int(rss + cfg.leak_headroom_mib * 2**20)}
+        if cfg.fault == "hang":
+            doc: dict[str, Any] = {}
+            if cfg.config:
+                with open(cfg.config, encoding="utf-8") as f:
+                    doc = yaml.safe_load(f) or {}
+            stall = doc.setdefault("rules", {}).setdefault("TrainingStalled", {})
+            params = stall.setdefault("params", {})
+            params.setdefault("min_seconds", max(1.0, cfg.hang_seconds / 4))
+            params.setdefault("factor", 5.0)
+            fd, self._config_file = tempfile.mkstemp(prefix="sentinel-demo-", suffix=".yaml")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                yaml.safe_dump(doc, f)
+            return {"config": self._config_file}
+        return {}
+
+    def close(self) -> None:
+        """Free the leak and remove the config file :meth:`watch_options` wrote."""
+        self.leak.clear()
+        if self._config_file is not None:
+            os.unlink(self._config_file)
+            self._config_file = None
 
     def active(self, step: int) -> bool:
         return self.cfg.fault != "none" and step >= self.start
@@ -72,7 +143,7 @@ class _Fault:
             for g, lr in zip(self.opt.param_groups, self.base_lr):
                 g["lr"] = lr * factor
         if f == "leak" and self.active(step):
-            self.leak.append(torch.ones(4 * 2**20 // 4))  # 4 MiB a step, never freed
+            self.leak.append(torch.ones(int(self.cfg.leak_mib * 2**20) // 4))  # never freed
 
     def hang(self, step: int) -> None:
         if self.cfg.fault == "hang" and step == self.start:
@@ -137,7 +208,12 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
                                   "job": "demo", "engine": "thread", **cfg.extra_watch}
     if cfg.config:
         watch_opts["config"] = cfg.config
-    mon = sentinel.watch(model, opt, **watch_opts)
+    watch_opts.update(fault.watch_options())
+    try:
+        mon = sentinel.watch(model, opt, **watch_opts)
+    except BaseException:
+        fault.close()
+        raise
     t0 = time.monotonic()
     seen: dict[str, dict[str, Any]] = {}
     state = {"step": 0}
@@ -166,5 +242,6 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict[str, Any]:
                 seen.setdefault(a["alertname"], a)
     finally:
         mon.close()
+        fault.close()
         console.print()
     return {"alerts": sorted(seen), "steps": cfg.steps, "errors": mon.errors}

@@ -107,6 +107,10 @@ class Rule(BaseModel):
         every_steps: evaluate at most every this many steps (for heavy detectors).
             ``for_steps``/``resolve_after`` count evaluations, not steps.
         lr_grace_steps: no evaluation for this many steps from a learning-rate change.
+        lr_resets_baseline: baselines (``ctx.since_step``) restart at a learning-rate
+            change, so a level the new rate legitimately brings is not compared with the
+            old one. False keeps the samples from before the change: a loss or gradient
+            that jumps because the rate was just raised too far still counts.
         group_wait_seconds: how long a new alert waits for more ranks before firing
             (it fires at once when every known rank fails).
         params: the detector's parameters.
@@ -131,6 +135,7 @@ class Rule(BaseModel):
     warmup_steps: NonNegativeInt = 0
     every_steps: PositiveInt = 1
     lr_grace_steps: NonNegativeInt = 0
+    lr_resets_baseline: bool = True
     group_wait_seconds: NonNegativeFloat = 2.0
     params: SerializeAsAny[Params]
     summary: str

@@ -5,10 +5,18 @@ rank to the store, and :meth:`RuleEngine.tick` about once a second for the time-
 rules (stalls) and for alerts waiting for other ranks. Both return the transitions made,
 which the caller stores and delivers.
 
-Cost: a rule is evaluated for a series only when that series got a sample at this very
-step (so an update ratio sampled every 10 steps is judged every 10 steps), and every
+Cost: a rule is evaluated for a series only when that series got a new sample at this
+very step (so an update ratio sampled every 10 steps is judged every 10 steps), and every
 ``every_steps`` steps at most; ``threshold`` rules on the latest value skip the window
-entirely. The series a rule reads for a rank are looked up once and refreshed every
+entirely. Each sample is judged once: a second frame for the same step judges only the
+series that got a new sample with it (a log frame after the step frame, or the log frames
+of iterations whose optimizer step the AMP scaler skipped, which repeat the step number).
+
+``every_steps`` is phased per rule (steps where ``(step + offset) % every_steps == 0``) so
+heavy rules don't all land on the same step. A series sampled more sparsely than every
+step (memory every 10 steps) might never have a sample on the rule's phase, so a rule
+also runs whenever ``every_steps`` steps have passed since it last judged a sample for
+the rank. The series a rule reads for a rank are looked up once and refreshed every
 ``refresh_steps`` steps.
 """
 
@@ -103,7 +111,10 @@ class RuleEngine:
         self._labels: dict[tuple[str, str, int], Labels] = {}
         self._amp: dict[tuple[str, str, int], float] = {}
         self._sel: dict[tuple[int, str, str, int], _Selection] = {}
-        self._done: dict[tuple[int, Labels], int] = {}  # last step judged, per rule and series
+        # the last sample judged, as its (step, time), per rule and series
+        self._done: dict[tuple[int, Labels], tuple[int, float]] = {}
+        # the last step at which a rule judged any series of a rank
+        self._judged: dict[tuple[int, str, str, int], int] = {}
 
     def evaluate(
         self,
@@ -140,33 +151,41 @@ class RuleEngine:
             amp_skipped = skips > self._amp.get(rk, 0.0)
             self._amp[rk] = skips
             touched: list[str] = []
-            sels, refresh, done = self._sel, self._refresh, self._done
+            sels, refresh, done, judged = self._sel, self._refresh, self._done, self._judged
             for c in self._step_rules:
                 if step < c.gate_until:
                     continue
                 if c.every > 1 and (step + c.offset) % c.every:
-                    continue
+                    # off its phase: run only to catch up on a sparse series
+                    last_judged = judged.get((c.idx, job, run, rank))
+                    if last_judged is not None and step - last_judged < c.every:
+                        continue
                 if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                     continue
                 sel = sels.get((c.idx, job, run, rank))
                 if sel is None or sel.metric is None or not 0 <= step - sel.refreshed < refresh:
                     sel = self._select(c, job, run, rank, labels, step)
                     if sel.metric is None:
+                        if c.every > 1:  # nothing to judge yet: look again in every_steps
+                            judged[(c.idx, job, run, rank)] = step
                         continue
                 name, params, metric = c.name, c.params, sel.metric
                 # with no open alert only a firing verdict changes anything, so a value
                 # that cannot fire (spec.idle) needs no window and no verdict
                 idle = None if life.is_open(name, job, run) else c.spec.idle
+                sampled = False
                 for series_labels, extra in sel.series:
                     last = store.last(metric, series_labels)
                     if last is None or last[0] != step:
                         continue  # no new sample of this series at this step
+                    sampled = True
                     if idle is not None and idle(last[2], params):
                         continue
                     done_key = (c.idx, series_labels)
-                    if done.get(done_key) == step:
-                        continue  # a second frame for the same step (e.g. a late log frame)
-                    done[done_key] = step
+                    sample = (step, last[1])
+                    if done.get(done_key) == sample:
+                        continue  # judged already, at an earlier frame of this step
+                    done[done_key] = sample
                     verdict: Verdict | None
                     if c.fast:
                         verdict = check(last[2], params)
@@ -179,6 +198,8 @@ class RuleEngine:
                         )
                         verdict = c.spec.fn(window, params, cctx)
                     life.observe(c.rule, job, run, rank, extra, verdict, step, now)
+                if sampled and c.every > 1:
+                    judged[(c.idx, job, run, rank)] = step
                 touched.append(name)
             for c in self._time_rules:
                 # a new frame ends any stall of this rank: judge it now, not at the next tick
@@ -236,6 +257,8 @@ class RuleEngine:
                 self._amp.pop(rk, None)
             for k in [k for k in self._sel if k[1] == job and k[2] == run and k[3] in gone]:
                 del self._sel[k]
+            for jk in [k for k in self._judged if k[1] == job and k[2] == run and k[3] in gone]:
+                del self._judged[jk]
             gone_pairs = {("rank", str(r)) for r in gone}
             for dk in [k for k in self._done if ("job", job) in k[1] and ("run", run) in k[1]]:
                 if any(p in gone_pairs for p in dk[1]):
@@ -283,7 +306,7 @@ class RuleEngine:
         return Context(
             step=step,
             now=t,
-            since_step=max(r.warmup_steps, lr_change or 0),
+            since_step=max(r.warmup_steps, (lr_change or 0) if r.lr_resets_baseline else 0),
             reference=reference,
             series=dict(extra),
             nonfinite_groups=nonfinite,

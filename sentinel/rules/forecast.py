@@ -9,6 +9,13 @@ optimizer step allocating Adam's state, a bigger batch) moves at most one part's
 between the levels on either side, so with six parts up to three jumps never look like a
 trend; a leak raises every part. The slope is the rise between the first and last parts'
 medians over the time between their middles.
+
+A trend is extrapolated at most ``max_extrapolation`` times its own size: the remaining
+headroom must be within that many times the rise seen across the window. Without this, a
+fast-stepping run turns a small creep (allocator and interpreter warm-up on a real CPU run:
++10 MiB, 3 % of usage, over a few seconds) into "full in two minutes" against a capacity
+36× that rise away; a steady leak is seen long before (a rise of 1/12 of the headroom per
+window, as in the engine tests, still fires).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ class ForecastParams(Params):
         min_ratio: forecasts count only once usage is above this fraction, so a small
             job's early growth is not extrapolated.
         segments: parts of the window whose medians must rise strictly.
+        max_extrapolation: forecast only while the headroom left is at most this many
+            times the rise across the window (first to last part).
     """
 
     ratio: float = Field(default=0.9, gt=0.0, le=1.0)
@@ -38,6 +47,7 @@ class ForecastParams(Params):
     min_samples: int = Field(default=12, ge=6)
     min_ratio: float = Field(default=0.5, ge=0.0, le=1.0)
     segments: int = Field(default=6, ge=4)
+    max_extrapolation: float = Field(default=20.0, gt=0.0)
 
     @model_validator(mode="after")
     def _fits(self) -> ForecastParams:
@@ -78,5 +88,5 @@ def detect(window: Window, params: ForecastParams, ctx: Context) -> Verdict | No
         return Verdict(False, frac, params.ratio, baseline=cap)
     slope = (m3 - m1) / (t3 - t1)
     eta = (cap - last) / slope
-    firing = eta <= params.horizon_seconds
+    firing = eta <= params.horizon_seconds and cap - last <= params.max_extrapolation * (m3 - m1)
     return Verdict(firing, frac, params.ratio, baseline=cap, detail=f"full in ~{eta:.0f} s")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
-from tests.integration.test_run import SCRIPTS, _start
+from tests.integration.test_run import SCRIPTS, _end, _start
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")]
@@ -66,5 +66,4 @@ def test_prometheus_scrapes_every_rank(tmp_path: Path) -> None:
         try:
             job.wait(60)
         finally:
-            if job.poll() is None:
-                job.kill()
+            _end(job)

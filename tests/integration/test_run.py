@@ -27,6 +27,17 @@ def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     raise AssertionError("sentinel run printed no metrics address")
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    """Stop a `sentinel run` that is still going: SIGTERM reaches CMD through it, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _metrics(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         return r.read().decode()
@@ -56,8 +67,7 @@ def test_unmodified_script_is_monitored(tmp_path: Path) -> None:
         release.touch()
         assert proc.wait(60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _end(proc)
 
 
 @pytest.mark.parametrize(("code", "expected"), [("raise SystemExit(3)", 3),
@@ -88,5 +98,4 @@ def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
         release.touch()
         assert proc.wait(60) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _end(proc)

@@ -255,6 +255,10 @@ _t = np.arange(100)
         (list(1.0 + 0.45 * np.sin(2 * np.pi * _t / 25)), True),  # unshuffled data: periodic
         (list((1.0 + 0.45 * np.sin(2 * np.pi * _t / 10)) * np.exp(-_t / 100)), True),
         (list(1.0 + 0.2 * np.where(_t % 2 == 0, 1, -1)), False),  # ±20 %: below 30 %
+        # small-batch noise: ±50 % amplitude, but independent from step to step
+        (noisy(1.0, 0.35, 100), False),
+        # unshuffled data: blocks of 4 batches alternate between two levels, plus noise
+        (list((1.0 + 0.4 * np.where((_t // 4) % 2, 1, -1)) * (1 + 0.1 * RNG.standard_normal(100))), True),
     ],
 )
 def test_oscillation(values: list[float], fires: bool) -> None:
@@ -304,6 +308,13 @@ _FC: dict[str, Any] = {"ratio": 0.9, "horizon_seconds": 600.0, "window": 60, "mi
 def test_forecast(values: list[float], capacity: float, fires: bool) -> None:
     v = DETECTORS["forecast"].fn(win(values), ForecastParams(**_FC), ctx(reference=capacity))
     assert v is not None and v.firing is fires
+
+
+def test_forecast_does_not_extrapolate_a_small_creep_far() -> None:
+    creep = win(list(np.linspace(6.0, 6.1, 60) * GB), dt=0.05)  # +1.6 % in 3 s of a fast run
+    c = ctx(reference=10 * GB)
+    assert fires("forecast", creep, ForecastParams(**_FC), c) is False
+    assert fires("forecast", creep, ForecastParams(**_FC, max_extrapolation=100.0), c) is True
 
 
 def test_forecast_needs_capacity() -> None:

@@ -241,6 +241,49 @@ def test_loss_scale_collapse() -> None:
     assert fired(out) == ["LossScaleCollapse"]
 
 
+def test_sparse_series_is_judged_off_its_rules_phase() -> None:
+    # memory comes every 10 steps; OOMRisk runs every 5 steps on a phase that may never
+    # land on a multiple of 10: it must still judge each sample
+    def sparse(step: int, rank: int, v: dict[str, Any]) -> None:
+        if step % 10:
+            v["sentinel_memory_used_bytes"] = v["sentinel_memory_capacity_bytes"] = None
+        elif step >= 200:
+            v["sentinel_memory_used_bytes"] = 9.5e9
+
+    out = Sim(ranks=1).run(0, 300, fault=sparse)
+    assert fired(out) == ["OOMRisk"] and 200 <= out[0].step <= 240
+
+
+def test_new_samples_at_a_frozen_step_are_judged() -> None:
+    # the AMP scaler skips every step: the step number stands still while log frames keep
+    # bringing a halved loss scale
+    sim = Sim(ranks=1)
+    sim.run(0, 300)
+    labels = labels_of(job="job", run="run", rank=0)
+    out: list[Transition] = []
+    for _ in range(6):
+        sim.t += 0.5
+        sim.scale[0] /= 2
+        sim.store.add("sentinel_amp_loss_scale", labels, 299, sim.t, sim.scale[0])
+        sim.store.inc("sentinel_amp_skipped_steps_total", labels)
+        out += sim.engine.evaluate("job", "run", 0, 299, sim.t)
+    assert fired(out) == ["LossScaleCollapse"]
+
+
+@pytest.mark.parametrize(("resets", "fires"), [(False, True), (True, False)])
+def test_a_loss_jump_at_an_lr_raise_is_a_spike_unless_baselines_reset(resets: bool, fires: bool) -> None:
+    user = {"rules": {"LossSpike": {"lr_resets_baseline": resets}}}
+
+    def raised(step: int, rank: int, v: dict[str, Any]) -> None:
+        if step == 300:
+            sim.lr_change = 300
+        if step >= 300:
+            v["sentinel_loss"] *= 20.0
+
+    sim = Sim(ranks=1, user=user)
+    assert ("LossSpike" in fired(sim.run(0, 310, fault=raised))) is fires
+
+
 def test_stall_fires_on_tick_resolves_on_next_step_and_retire_stops_it() -> None:
     sim = Sim(ranks=2)
     sim.run(0, 100)
