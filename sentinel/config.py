@@ -46,7 +46,7 @@ class GpuConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
     """Poll NVML (needs nvidia-ml-py and a driver; otherwise sentinel_gpu_monitoring_up is 0)."""
-    interval_seconds: float = Field(5.0, gt=0)
+    interval_seconds: float = Field(default=5.0, gt=0)
 
 
 class SentinelConfig(BaseSettings):

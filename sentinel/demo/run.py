@@ -132,9 +132,10 @@ class _Fault:
 
     def after_backward(self, step: int) -> None:
         if self.cfg.fault == "nan" and step == self.start:
-            p = next(self.model.layers[1].mlp.parameters())
-            assert p.grad is not None
-            p.grad.view(-1)[0] = float("nan")
+            # one element of layers.1's MLP gradient: the alert names group layers.1
+            grad = self.model.get_parameter("layers.1.mlp.0.weight").grad
+            assert grad is not None
+            grad.view(-1)[0] = float("nan")
 
     def before_step(self, step: int) -> None:
         f = self.cfg.fault

@@ -29,7 +29,7 @@ CATALOG: dict[str, Spec] = {
     "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key.", ("state",)),
     "sentinel_param_bytes": Spec(G, "Bytes of the watched parameters."),
     "sentinel_optimizer_state_param_ratio": Spec(G, "Optimizer state bytes divided by parameter bytes."),
-    "sentinel_nonfinite": Spec(G, "1 when the last report of this source held a NaN or Inf, else 0.",
+    "sentinel_nonfinite_detected": Spec(G, "1 when the last report of this source held a NaN or Inf, else 0.",
                                ("source",)),
     "sentinel_nonfinite_total": Spec(C, "Steps at which the loss, a gradient or a parameter was NaN or Inf.",
                                      ("source",)),

@@ -65,7 +65,7 @@ class Ingestor:
         return add
 
     def _nonfinite(self, source: str, bad: bool, add: Callable[..., None], base: Labels) -> None:
-        add("sentinel_nonfinite", 1.0 if bad else 0.0, source=source)
+        add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
         # inc by 0 too, so the counter exists (at 0) from the first report
         self.store.inc("sentinel_nonfinite_total", tuple(sorted(base + (("source", source),))), float(bad))
 

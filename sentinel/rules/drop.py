@@ -3,8 +3,10 @@
 Built for the AMP loss scale. ``GradScaler`` halves the scale on every overflow and
 doubles it after ``growth_interval`` clean steps, so one overflow is a drop of 2× and
 normal; a scale that keeps halving without recovering (16× within the window by default)
-means the fp16 range no longer fits the gradients. Samples before ``ctx.since_step``
-(the scaler's own calibration in the first steps) are ignored.
+means the fp16 range no longer fits the gradients. Samples before ``ctx.since_step`` or
+``after_step`` (the scaler's own calibration in the first steps) are not part of the peak;
+the floor applies from the first sample, so a run whose every step overflows from the
+start (the scale halving towards zero) is seen before any warm-up ends.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ class DropParams(Params):
         floor: also fire when the latest value is below this (None: no floor).
         min_samples: fewer samples (since warm-up / lr change) give no verdict on the
             drop; the floor applies from the first sample.
+        after_step: the drop is judged only on samples from this step on, like
+            ``ctx.since_step`` (the rule's warm-up) but without delaying the floor.
     """
 
     window: int = Field(default=200, ge=2)
     factor: float = Field(default=16.0, gt=1.0)
     floor: float | None = None
     min_samples: int = Field(default=2, ge=1)
+    after_step: int = Field(default=0, ge=0)
 
     def samples(self) -> int:
         return self.window
@@ -51,7 +56,7 @@ def detect(window: Window, params: DropParams, ctx: Context) -> Verdict | None:
     if not math.isfinite(last):
         return None
     below_floor = params.floor is not None and last < params.floor
-    w = since(window, ctx.since_step)
+    w = since(window, max(ctx.since_step, params.after_step))
     vals = w.values[np.isfinite(w.values)]
     if len(vals) < params.min_samples:
         if below_floor:

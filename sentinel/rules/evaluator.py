@@ -13,10 +13,13 @@ series that got a new sample with it (a log frame after the step frame, or the l
 of iterations whose optimizer step the AMP scaler skipped, which repeat the step number).
 
 ``every_steps`` is phased per rule (steps where ``(step + offset) % every_steps == 0``) so
-heavy rules don't all land on the same step. A series sampled more sparsely than every
-step (memory every 10 steps) might never have a sample on the rule's phase, so a rule
-also runs whenever ``every_steps`` steps have passed since it last judged a sample for
-the rank. The series a rule reads for a rank are looked up once and refreshed every
+heavy rules don't all land on the same step. Off its phase a rule still runs to catch up
+when ``every_steps`` steps, or ``2 × every_steps`` frames, have passed since it last
+judged a sample of the rank: a series sampled more sparsely than every step (memory every
+10 steps) may never have a sample on the rule's phase, and while the AMP scaler skips
+every step the step number stands still and only frames arrive.
+
+The series a rule reads for a rank are looked up once and refreshed every
 ``refresh_steps`` steps.
 """
 
@@ -113,8 +116,9 @@ class RuleEngine:
         self._sel: dict[tuple[int, str, str, int], _Selection] = {}
         # the last sample judged, as its (step, time), per rule and series
         self._done: dict[tuple[int, Labels], tuple[int, float]] = {}
-        # the last step at which a rule judged any series of a rank
-        self._judged: dict[tuple[int, str, str, int], int] = {}
+        # (step, frame number) at which a rule last judged any series of a rank
+        self._judged: dict[tuple[int, str, str, int], tuple[int, int]] = {}
+        self._frames: dict[tuple[str, str, int], int] = {}  # frames evaluated per rank
 
     def evaluate(
         self,
@@ -147,6 +151,7 @@ class RuleEngine:
             ranks = self._runs.setdefault((job, run), set())
             ranks.add(rank)
             self._last_step[rk] = step
+            frame = self._frames[rk] = self._frames.get(rk, 0) + 1
             skips = store.counter(AMP_SKIPS, labels)
             amp_skipped = skips > self._amp.get(rk, 0.0)
             self._amp[rk] = skips
@@ -156,9 +161,9 @@ class RuleEngine:
                 if step < c.gate_until:
                     continue
                 if c.every > 1 and (step + c.offset) % c.every:
-                    # off its phase: run only to catch up on a sparse series
-                    last_judged = judged.get((c.idx, job, run, rank))
-                    if last_judged is not None and step - last_judged < c.every:
+                    # off its phase: run only to catch up (a sparse series, a frozen step)
+                    seen = judged.get((c.idx, job, run, rank))
+                    if seen is not None and step - seen[0] < c.every and frame - seen[1] < 2 * c.every:
                         continue
                 if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                     continue
@@ -167,7 +172,7 @@ class RuleEngine:
                     sel = self._select(c, job, run, rank, labels, step)
                     if sel.metric is None:
                         if c.every > 1:  # nothing to judge yet: look again in every_steps
-                            judged[(c.idx, job, run, rank)] = step
+                            judged[(c.idx, job, run, rank)] = (step, frame)
                         continue
                 name, params, metric = c.name, c.params, sel.metric
                 # with no open alert only a firing verdict changes anything, so a value
@@ -199,7 +204,7 @@ class RuleEngine:
                         verdict = c.spec.fn(window, params, cctx)
                     life.observe(c.rule, job, run, rank, extra, verdict, step, now)
                 if sampled and c.every > 1:
-                    judged[(c.idx, job, run, rank)] = step
+                    judged[(c.idx, job, run, rank)] = (step, frame)
                 touched.append(name)
             for c in self._time_rules:
                 # a new frame ends any stall of this rank: judge it now, not at the next tick
@@ -253,6 +258,7 @@ class RuleEngine:
             for r in gone:
                 rk = (job, run, r)
                 self._last_step.pop(rk, None)
+                self._frames.pop(rk, None)
                 self._labels.pop(rk, None)
                 self._amp.pop(rk, None)
             for k in [k for k in self._sel if k[1] == job and k[2] == run and k[3] in gone]:

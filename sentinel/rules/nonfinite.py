@@ -1,6 +1,6 @@
 """``nonfinite``: a NaN or Inf appeared in the loss, the gradients or the parameters.
 
-The engine records ``sentinel_nonfinite{source}`` = 1.0 at a step where that source held a
+The engine records ``sentinel_nonfinite_detected{source}`` = 1.0 at a step where that source held a
 non-finite value, else 0.0, and passes the names of the non-finite groups, first ones
 first, in the context.
 """

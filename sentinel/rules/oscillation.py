@@ -40,7 +40,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from sentinel.engine.store import Window
-from sentinel.rules.base import Context, Params, Verdict, quantile, since
+from sentinel.rules.base import Context, Params, Verdict, median, quantile, since
 
 
 class OscillationParams(Params):
@@ -129,7 +129,7 @@ def _level_change(values: np.ndarray) -> float:
     """How far the level moved across the window, on the log scale: between the medians
     of its first and last thirds (positive values)."""
     k = max(1, len(values) // 3)
-    a, b = float(np.median(values[:k])), float(np.median(values[-k:]))
+    a, b = median(values[:k].tolist()), median(values[-k:].tolist())
     return abs(math.log(b / a))
 
 
@@ -177,14 +177,15 @@ def detect(window: Window, params: OscillationParams, ctx: Context) -> Verdict |
     r, use_log = _detrend(steps, values, params.log, params.degree)
     rel, half = _amplitude_of(r, values, use_log)
     detail = f"±{rel:.0%} around the trend"
-    if use_log and params.max_trend > 0.0:
+    firing = rel > params.amplitude and half > params.min_amplitude
+    # the two guards below only ever veto, so the common quiet case skips them
+    if firing and use_log and params.max_trend > 0.0:
         moved = _level_change(values)
         swing = math.atanh(min(rel, 1.0 - 1e-12))  # the residuals' half-width, log scale
         if moved > max(math.log(params.max_trend), 2.0 * swing):
             # a learning phase: its curvature is not a swing
-            return Verdict(False, rel, params.amplitude,
-                           detail=f"{detail}, level moved {math.exp(moved):.3g}×")
-    firing = rel > params.amplitude and half > params.min_amplitude
+            firing = False
+            detail += f", level moved {math.exp(moved):.3g}×"
     if firing and params.q > 0.0:
         q = ljung_box(r, params.lags)
         firing = q > params.q

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 import sentinel
 from tests.helpers import MLP, Receiver, train_steps, wait_for
@@ -64,6 +65,12 @@ def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiv
         with urllib.request.urlopen(mon.url + "/metrics", timeout=5) as r:
             metrics = r.read().decode()
         assert 'sentinel_alert_firing{alertname="TrainingNonFinite"' in metrics
+        # Prometheus asks for OpenMetrics first: that rendering must parse too (one family per name)
+        req = urllib.request.Request(mon.url + "/metrics",
+                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            families = {f.name for f in openmetrics_families(r.read().decode())}
+        assert {"sentinel_alert_firing", "sentinel_nonfinite", "sentinel_grad_norm"} <= families
     finally:
         mon.close()
     # closing the run resolves the alert, and the resolution is delivered too

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
-from tests.integration.test_run import SCRIPTS, _end, _start
+from tests.integration.test_run import LOG, SCRIPTS, _end, _start
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")]
@@ -52,8 +52,15 @@ def test_prometheus_scrapes_every_rank(tmp_path: Path) -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{prom_port}"
     try:
-        result = wait_for(lambda: (r := _query(base, "sentinel_step == 20")) and len(r) == 2 and r,
-                          timeout=90, what="Prometheus to hold step 20 of both ranks")
+        try:
+            result = wait_for(lambda: (r := _query(base, "sentinel_step == 20")) and len(r) == 2 and r,
+                              timeout=90, what="Prometheus to hold step 20 of both ranks")
+        except BaseException:
+            with urllib.request.urlopen(f"{base}/api/v1/targets", timeout=5) as r:
+                targets = json.load(r)["data"]["activeTargets"]
+            print("sentinel run stderr:\n" + "".join(LOG), "\ntargets:", [(t["health"], t["lastError"])
+                                                                         for t in targets])
+            raise
         assert {m["metric"]["rank"] for m in result} == {"0", "1"}  # type: ignore[index]
         norms = _query(base, "sentinel_grad_norm")
         assert {m["metric"]["rank"] for m in norms} == {"0", "1"}  # type: ignore[index]

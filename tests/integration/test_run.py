@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -16,15 +17,23 @@ pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+LOG: list[str] = []
+
+
 def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """Start `sentinel run -- args`; returns it and its metrics URL. Its stderr is drained
+    into LOG by a thread, so a chatty CMD can never block on a full pipe."""
     proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    LOG.clear()
     for line in proc.stderr:  # type: ignore[union-attr]
+        LOG.append(line)
         m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
         if m:
+            threading.Thread(target=lambda: LOG.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
             return proc, m.group(1)
     proc.kill()
-    raise AssertionError("sentinel run printed no metrics address")
+    raise AssertionError("sentinel run printed no metrics address:\n" + "".join(LOG))
 
 
 def _end(proc: subprocess.Popen[str]) -> None:

@@ -373,6 +373,13 @@ def test_drop_ignores_the_scalers_calibration_in_warmup() -> None:
     p = DropParams(**_DROP)
     assert fires("drop", win(values[:60]), p, ctx()) is True
     assert fires("drop", win(values[:60]), p, ctx(since_step=50)) is False
+    assert fires("drop", win(values[:60]), DropParams(**_DROP, after_step=50), ctx()) is False
+
+
+def test_drop_floor_holds_before_after_step() -> None:
+    # every step overflows from the start: the scale halves below 1 within the calibration
+    values = [65536.0 / 2**k for k in range(20)]
+    assert fires("drop", win(values), DropParams(**_DROP, after_step=100), ctx()) is True
 
 
 # -- stall ----------------------------------------------------------------------------

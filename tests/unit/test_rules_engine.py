@@ -81,7 +81,7 @@ class Sim:
                 s.add(name, L, step, t, value)
         for src, flag in v["nonfinite"].items():
             src_labels = labels_of(job="job", run="run", rank=rank, source=src)
-            s.add("sentinel_nonfinite", src_labels, step, t, flag)
+            s.add("sentinel_nonfinite_detected", src_labels, step, t, flag)
         s.add("sentinel_step", L, step, t, float(step))
         s.add("sentinel_last_step_timestamp_seconds", L, step, t, t)
 
@@ -256,12 +256,13 @@ def test_sparse_series_is_judged_off_its_rules_phase() -> None:
 
 def test_new_samples_at_a_frozen_step_are_judged() -> None:
     # the AMP scaler skips every step: the step number stands still while log frames keep
-    # bringing a halved loss scale
+    # bringing a halved loss scale (the rule runs every 5 steps, so it catches up every
+    # 10 frames)
     sim = Sim(ranks=1)
     sim.run(0, 300)
     labels = labels_of(job="job", run="run", rank=0)
     out: list[Transition] = []
-    for _ in range(6):
+    for _ in range(20):
         sim.t += 0.5
         sim.scale[0] /= 2
         sim.store.add("sentinel_amp_loss_scale", labels, 299, sim.t, sim.scale[0])

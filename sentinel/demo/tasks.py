@@ -1,0 +1,154 @@
+"""Small real models and synthetic tasks for the detection scenarios (CPU, a few ms a step).
+
+Three families, so a clean run of each is a meaningful "no false alarm" check:
+
+- ``mlp``: a tanh MLP regressing a fixed random teacher network plus label noise;
+- ``cnn``: a small conv net classifying which quadrant of a noisy image holds a bright
+  patch;
+- ``gpt``: :class:`~sentinel.demo.model.TinyGPT` on the stride-sequence task of the demo.
+
+Each task draws its batches from a :class:`torch.Generator`, so a run is reproducible, and
+can corrupt a batch (extreme labels) or break the data pipeline (labels that no longer
+depend on the inputs), which the fault injectors of :mod:`sentinel.demo.scenarios` use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+from torch import nn
+
+from sentinel.demo.model import TinyGPT, loss_fn, synthetic_batch
+
+ModelName = Literal["mlp", "cnn", "gpt"]
+OptimizerName = Literal["sgd", "adamw", "adafactor"]
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+MODELS: tuple[ModelName, ...] = ("mlp", "cnn", "gpt")
+OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adamw", "adafactor")
+
+# learning rates at which each (model, optimizer) trains well; the faults multiply these
+DEFAULT_LR: dict[tuple[ModelName, OptimizerName], float] = {
+    ("mlp", "sgd"): 0.02, ("mlp", "adamw"): 3e-3, ("mlp", "adafactor"): 1e-2,
+    ("cnn", "sgd"): 0.03, ("cnn", "adamw"): 3e-3, ("cnn", "adafactor"): 1e-2,
+    ("gpt", "sgd"): 0.1, ("gpt", "adamw"): 3e-3, ("gpt", "adafactor"): 1e-2,
+}  # fmt: skip
+
+
+class MLP(nn.Module):
+    """``depth`` tanh blocks in a ModuleList plus a head: groups ``layers.N`` and ``head``."""
+
+    def __init__(self, width: int = 32, depth: int = 3, inputs: int = 16) -> None:
+        super().__init__()
+        sizes = [inputs] + [width] * depth
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(sizes, sizes[1:])
+        )
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class SmallCNN(nn.Module):
+    """Two conv blocks and a linear head: groups ``features.0``, ``features.3``, ``head``."""
+
+    def __init__(self, classes: int = 4) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )  # fmt: skip
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class Task:
+    """A model, its data and its loss.
+
+    Args:
+        name: ``mlp``, ``cnn`` or ``gpt``.
+        seed: seeds the model's initialisation and the batches.
+        batch: samples per batch.
+    """
+
+    def __init__(self, name: ModelName, seed: int = 0, batch: int = 16) -> None:
+        if name not in MODELS:
+            raise ValueError(f"model: expected one of {', '.join(MODELS)}, got {name!r}")
+        self.name, self.batch_size = name, batch
+        torch.manual_seed(seed)
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.model: nn.Module
+        if name == "mlp":
+            self.model = MLP()
+            self._teacher = MLP(width=16, depth=2).requires_grad_(False)
+        elif name == "cnn":
+            self.model = SmallCNN()
+        else:
+            self.model = TinyGPT(vocab=64, dim=32, depth=2, heads=4, seq=16)
+
+    def batch(self, only_class: int | None = None) -> Batch:
+        """The next clean batch ``(inputs, targets)``.
+
+        Args:
+            only_class: for the cnn, draw every sample from this class (a loader over
+                data sorted by label); ignored by the other tasks.
+        """
+        g, n = self.gen, self.batch_size
+        if self.name == "mlp":
+            x = torch.randn(n, 16, generator=g)
+            return x, 4.0 * self._teacher(x) + 0.1 * torch.randn(n, 1, generator=g)
+        if self.name == "cnn":
+            x = 0.5 * torch.randn(n, 1, 12, 12, generator=g)
+            y = torch.randint(0, 4, (n,), generator=g)
+            if only_class is not None:
+                y = torch.full((n,), only_class % 4)
+            for i, q in enumerate(y.tolist()):
+                r, c = 6 * (q // 2), 6 * (q % 2)
+                x[i, 0, r + 1 : r + 5, c + 1 : c + 5] += 2.0
+            return x, y
+        return synthetic_batch(g, n, 16, 64)
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The task's loss: MSE (mlp) or cross-entropy (cnn, gpt)."""
+        if self.name == "mlp":
+            return nn.functional.mse_loss(out, y)
+        if self.name == "cnn":
+            return nn.functional.cross_entropy(out, y)
+        return loss_fn(out, y)
+
+    def corrupt(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        """One corrupt batch: extreme values where the task allows them (inputs ×100 for
+        the mlp and cnn, every target replaced by one token for the gpt)."""
+        if self.name == "gpt":
+            return x, torch.zeros_like(y)
+        return x * 100.0, y
+
+    def unlearnable(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        """The same batch with targets that no longer depend on the inputs (a data bug)."""
+        g = self.gen
+        if self.name == "mlp":
+            return x, torch.randn(y.shape, generator=g)
+        hi = 4 if self.name == "cnn" else 64
+        return x, torch.randint(0, hi, y.shape, generator=g)
+
+
+def make_optimizer(name: OptimizerName, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """``sgd`` (momentum 0.9), ``adamw`` or ``adafactor`` (``torch.optim.Adafactor``).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr)
+    raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
