@@ -31,6 +31,7 @@ demo: setup
 	$(VENV)/bin/sentinel demo $(DEMO_ARGS)
 
 test: setup system-deps
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 typecheck: setup
@@ -38,6 +39,7 @@ typecheck: setup
 
 bench: setup
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/detection.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

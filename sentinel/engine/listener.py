@@ -48,7 +48,7 @@ class DatagramListener:
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
-        self._sock.settimeout(0.5)  # lets close() end the thread promptly
+        self._sock.settimeout(0.2)
         self._closed = False
         self._draining = False
         self._thread = threading.Thread(target=self._loop, name="sentinel-listener", daemon=True)
@@ -59,6 +59,8 @@ class DatagramListener:
         space = socket.CMSG_SPACE(_UCRED.size)
         while not self._closed:
             try:
+                # blocking, so the socket's short queue (net.unix.max_dgram_qlen) never
+                # overflows with a fast loop; the timeout lets close() finish
                 data, anc, flags, _ = self._sock.recvmsg(MAX_FRAME_BYTES + 1, space)
             except TimeoutError:
                 if self._draining:

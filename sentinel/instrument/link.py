@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -65,11 +66,14 @@ class EngineProcess:
 
     def poll(self) -> list[dict[str, Any]]:
         """Messages from the engine received since the last poll (never blocks)."""
-        out: list[dict[str, Any]] = []
-        for _ in range(100):
+        out: list[dict[str, Any]] = list(self.messages)  # what stop() collected last
+        self.messages.clear()
+        for _ in range(100 if self._reply.fileno() >= 0 else 0):
+            if not select.select([self._reply], [], [], 0)[0]:  # cheaper than a failing recv
+                break
             try:
                 data = self._reply.recv(65536)
-            except (BlockingIOError, OSError):
+            except OSError:
                 break
             try:
                 msg = msgpack.unpackb(data, raw=False)
@@ -93,5 +97,6 @@ class EngineProcess:
             self.proc.wait(2)
         except Exception:
             pass
+        self.messages.extend(self.poll())  # the engine's last words (alerts resolved at exit)
         self._reply.close()
         shutil.rmtree(self.dir, ignore_errors=True)

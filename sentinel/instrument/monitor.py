@@ -199,10 +199,10 @@ class Monitor:
             segs[name] = segs[name] + t if name in segs else t
 
     def _grad_stats(self, k: int, step: int) -> None:
-        sums, count = self._tensors[k].grad_sums(2.0)
+        sums, _ = self._tensors[k].grad_sums(2.0)
         self._add("grad_sumsq", sums)
         if step % self.options.health_every == 0:
-            l1, _ = self._tensors[k].grad_sums(1.0)
+            l1, count = self._tensors[k].grad_sums(1.0)
             self._add("grad_l1", {d: t.sum().reshape(1) for d, t in l1.items()})
             self._grad_count += count
 
@@ -278,11 +278,11 @@ class Monitor:
         dev: Segs = self._open[1] if merge and self._open is not None else {}
         for name, v in scalars.items():
             if isinstance(v, torch.Tensor):
-                t = v.detach().reshape(-1)[:1].to(torch.float32)
-                if t.device.type == "cpu":
-                    host[name] = float(t[0]) if t.numel() else float("nan")
+                if v.device.type == "cpu":  # reading a CPU tensor is no sync
+                    v = v.detach()
+                    host[name] = float(v.reshape(-1)[0]) if v.numel() != 1 else float(v)
                 else:
-                    dev.setdefault(t.device, {})[f"s:{name}"] = t
+                    dev.setdefault(v.device, {})[f"s:{name}"] = v.detach().reshape(-1)[:1].to(torch.float32)
             else:
                 host[name] = float(v)
         if merge and self._open is not None:

@@ -14,6 +14,14 @@ import torch
 Tensor = torch.Tensor
 
 
+def _norms(tensors: list[Tensor], ord: float) -> Sequence[Tensor]:
+    """Per-tensor norms in float32: low-precision tensors are accumulated in float32 (an
+    fp16 norm overflows at 65504); float32 ones take the plain, faster kernel."""
+    if tensors[0].dtype == torch.float32:
+        return torch._foreach_norm(tensors, ord)
+    return torch._foreach_norm(tensors, ord, dtype=torch.float32)
+
+
 class _Bucket:
     __slots__ = ("params", "groups", "device", "_index_cache", "sparse", "_all")
 
@@ -94,15 +102,16 @@ class GroupedTensors:
 
         Returns:
             One float32 vector of length ``n_groups`` per device, and the number of
-            gradient elements seen (a host-side count).
+            gradient elements seen (a host-side count; 0 for ``ord=2``, where it is not needed).
         """
         out: dict[torch.device, Tensor] = {}
         count = 0
         for b in self.buckets.values():
             grads, pos = self._grads(b)
             if grads:
-                count += sum(g.numel() for g in grads)
-                self._fold(out, b, torch._foreach_norm(grads, ord, dtype=torch.float32), pos, ord == 2.0)
+                if ord != 2.0:  # the element count is only needed with the L1 sums (SNR)
+                    count += sum(g.numel() for g in grads)
+                self._fold(out, b, _norms(grads, ord), pos, ord == 2.0)
         return out, count
 
     def param_sumsq(self, only: set[int] | None = None) -> dict[torch.device, Tensor]:
@@ -112,7 +121,7 @@ class GroupedTensors:
             pos = tuple(i for i, g in enumerate(b.groups) if only is None or g in only)
             if pos:
                 ps = [b.params[i] for i in pos]
-                self._fold(out, b, torch._foreach_norm(ps, 2.0, dtype=torch.float32), pos, True)
+                self._fold(out, b, _norms(ps, 2.0), pos, True)
         return out
 
 
@@ -183,7 +192,7 @@ class UpdateSnapshot:
         out: dict[torch.device, Tensor] = {}
         for key, views, params, pos in self._views:
             torch._foreach_sub_(views, params)
-            norms = torch._foreach_norm(views, 2.0, dtype=torch.float32)
+            norms = _norms(views, 2.0)
             b = self.tensors.buckets[key]
             self.tensors._fold(out, b, norms, tuple(pos), True)
         self._views = []
