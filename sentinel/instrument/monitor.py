@@ -131,10 +131,10 @@ class Monitor:
         self.guard.run("report", self._submit_open)
         self.guard.run("emit", self._emit_ready, True)
         self.guard.run("emit", self._send, {"kind": "bye", "step": self.steps, "t": time.time()})
+        self.guard.run("emit", self.sender.close)  # delivers any backlog while the engine still listens
         if self.engine is not None:
             self.guard.run("engine", self.engine.stop)
             self.guard.run("messages", self._messages)  # the last alerts reach on_alert too
-        self.sender.close()
 
     def request_stop(self, reason: str) -> None:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import queue
 import socket
+import time
+from collections import deque
 from typing import Protocol
 
 
@@ -70,29 +72,66 @@ class DatagramSender:
 
     The socket is unconnected and every frame names the path, so a restarted engine is
     reached again with no reconnect logic; while it is gone, frames are dropped and counted.
+    A Unix datagram socket queues only ``net.unix.max_dgram_qlen`` frames (10 by default),
+    so a burst that finds the queue full waits in a small local backlog, sent first at the
+    next ``send``; only when that backlog is full is the oldest frame dropped and counted.
 
     Args:
         path: the engine's socket path.
+        backlog: frames kept while the engine's queue is full.
     """
 
-    def __init__(self, path: str) -> None:
+    _FULL = (errno.EAGAIN, errno.ENOBUFS)
+    _GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK)
+
+    def __init__(self, path: str, backlog: int = 256) -> None:
         self.path = path
         self.dropped = 0
         self.sent = 0
+        self._backlog: deque[bytes] = deque()
+        self._max_backlog = backlog
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
 
-    def send(self, data: bytes) -> bool:
+    def _try(self, data: bytes) -> int:
+        """0 if sent, else the errno (full or gone); EMSGSIZE and others drop the frame."""
         try:
             self._sock.sendto(data, self.path)
-        except OSError as exc:  # gone (ENOENT, ECONNREFUSED) or full (EAGAIN): drop it
-            self.dropped += 1
-            if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.ENOBUFS,
-                                 errno.EMSGSIZE):
-                raise
-            return False
+        except OSError as exc:
+            return exc.errno or -1
         self.sent += 1
+        return 0
+
+    def _flush(self) -> bool:
+        """Send what waits in the backlog; True when it is empty."""
+        while self._backlog:
+            err = self._try(self._backlog[0])
+            if err in self._FULL:
+                return False
+            self._backlog.popleft()
+            if err:  # gone or unsendable: counted, not retried
+                self.dropped += 1
         return True
 
-    def close(self) -> None:
+    def send(self, data: bytes) -> bool:
+        if self._flush():
+            err = self._try(data)
+            if err == 0:
+                return True
+            if err not in self._FULL:
+                self.dropped += 1
+                return False
+        self._backlog.append(data)
+        if len(self._backlog) > self._max_backlog:
+            self._backlog.popleft()
+            self.dropped += 1
+        return True
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Give the backlog up to ``timeout`` seconds to drain (off the hot path), then close."""
+        deadline = time.monotonic() + timeout
+        while not self._flush() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.dropped += len(self._backlog)
+        self._backlog.clear()
         self._sock.close()

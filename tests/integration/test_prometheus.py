@@ -59,7 +59,8 @@ def test_prometheus_scrapes_every_rank(tmp_path: Path) -> None:
             with urllib.request.urlopen(f"{base}/api/v1/targets", timeout=5) as r:
                 targets = json.load(r)["data"]["activeTargets"]
             print("sentinel run stderr:\n" + "".join(LOG), "\ntargets:", [(t["health"], t["lastError"])
-                                                                         for t in targets])
+                                                                         for t in targets],
+                  "\nsentinel run exit status:", job.poll())
             raise
         assert {m["metric"]["rank"] for m in result} == {"0", "1"}  # type: ignore[index]
         norms = _query(base, "sentinel_grad_norm")
