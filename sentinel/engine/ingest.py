@@ -30,6 +30,8 @@ class Ingestor:
         self.lr_change_step: dict[Labels, int] = {}
         self._scalar_names: set[str] = set()
         self._scale_last: dict[Labels, float] = {}
+        self._labels: dict[tuple[object, ...], Labels] = {}
+        self._groups_cache: dict[tuple[object, ...], list[Labels]] = {}
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame.
@@ -57,10 +59,18 @@ class Ingestor:
         return ctx
 
     def _adder(self, base: Labels, step: int, t: float) -> Callable[..., None]:
-        store = self.store
+        store, cache = self.store, self._labels
 
         def add(name: str, value: float, **extra: str) -> None:
-            labels = base if not extra else tuple(sorted(base + tuple(extra.items())))
+            if extra:
+                key = (base, *extra.items())
+                labels = cache.get(key)
+                if labels is None:  # label tuples are built once per series, not per frame
+                    if len(cache) > 100_000:
+                        cache.clear()
+                    labels = cache[key] = tuple(sorted(base + tuple(extra.items())))
+            else:
+                labels = base
             store.add(name, labels, step, t, value)
         return add
 
@@ -99,8 +109,8 @@ class Ingestor:
             norm = _sqrt(total)
             add("sentinel_grad_norm", norm)
             bad = [g for g, v in zip(groups, gsq) if not math.isfinite(v)]
-            for g, v in zip(groups, gsq):
-                add("sentinel_group_grad_norm", _sqrt(v), group=g)
+            glabels = self._group_labels(base, groups)
+            store.add_many("sentinel_group_grad_norm", zip(glabels, map(_sqrt, gsq)), step, t)
             self._nonfinite("grad", bool(bad) or not math.isfinite(total), add, base)
             if bad:
                 ctx["nonfinite_groups"]["grad"] = bad
@@ -114,15 +124,15 @@ class Ingestor:
         if psq is not None:
             ptotal = math.fsum(psq)
             add("sentinel_param_norm", _sqrt(ptotal))
-            for g, v in zip(groups, psq):
-                add("sentinel_group_param_norm", _sqrt(v), group=g)
+            store.add_many("sentinel_group_param_norm", zip(self._group_labels(base, groups), map(_sqrt, psq)),
+                           step, t)
             pbad = [g for g, v in zip(groups, psq) if not math.isfinite(v)]
             self._nonfinite("param", bool(pbad), add, base)
             if pbad:
                 ctx["nonfinite_groups"]["param"] = pbad
             dsq = f.get("delta_sumsq")
             if dsq is not None:
-                self._update_ratio(groups, psq, dsq, add)
+                self._update_ratio(groups, psq, dsq, add, base, step, t)
         sat = f.get("sat")
         if isinstance(sat, list) and len(sat) == 2 and sat[1]:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
@@ -140,6 +150,16 @@ class Ingestor:
         if isinstance(mem, dict):
             self._memory(mem, add, base)
 
+    def _group_labels(self, base: Labels, groups: list[str]) -> list[Labels]:
+        """The label set of each group's series, built once per rank and group list."""
+        key = (base, *groups)
+        out = self._groups_cache.get(key)
+        if out is None:
+            if len(self._groups_cache) > 10_000:
+                self._groups_cache.clear()
+            out = self._groups_cache[key] = [tuple(sorted(base + (("group", g),))) for g in groups]
+        return out
+
     def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
         # GradScaler halves the scale exactly when it skips a step for inf/NaN grads, so each
         # decrease seen is one skipped step (frames come at least once per iteration via log)
@@ -150,15 +170,17 @@ class Ingestor:
         self._scale_last[base] = scale
 
     def _update_ratio(self, groups: list[str], psq: list[float], dsq: list[Any],
-                      add: Callable[..., None]) -> None:
+                      add: Callable[..., None], base: Labels, step: int, t: float) -> None:
         num = den = 0.0
-        for g, p, d in zip(groups, psq, dsq):
+        rows = []
+        for labels, p, d in zip(self._group_labels(base, groups), psq, dsq):
             if d is None:
                 continue
             num += d
             den += p
             if p > 0:  # ||w|| = 0: no ratio for this group
-                add("sentinel_group_update_ratio", _sqrt(d) / _sqrt(p), group=g)
+                rows.append((labels, _sqrt(d) / _sqrt(p)))
+        self.store.add_many("sentinel_group_update_ratio", rows, step, t)
         if den > 0:
             add("sentinel_update_ratio", _sqrt(num) / _sqrt(den))
 

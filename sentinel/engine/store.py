@@ -8,7 +8,7 @@ number of series is bounded by the instrument's group cap and the rank count.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,8 +52,10 @@ class Series:
         self._steps[i] = step
         self._times[i] = t
         self._values[i] = value
-        self._head = (i + 1) % self.capacity
-        self._n = min(self._n + 1, self.capacity)
+        i += 1
+        self._head = 0 if i == self.capacity else i
+        if self._n < self.capacity:
+            self._n += 1
 
     def last(self) -> tuple[int, float, float] | None:
         if self._n == 0:
@@ -99,6 +101,19 @@ class Store:
             if s is None:
                 s = m.series[labels] = Series(self.capacity)
             s.append(step, t, float(value))
+
+    def add_many(self, name: str, rows: Iterable[tuple[Labels, float]], step: int, t: float) -> None:
+        """Append one sample to each of several series of a gauge (one lock, one lookup)."""
+        with self.lock:
+            m = self._metrics.get(name)
+            if m is None:
+                m = self._metrics[name] = _Metric("gauge")
+            series, cap = m.series, self.capacity
+            for labels, value in rows:
+                s = series.get(labels)
+                if s is None:
+                    s = series[labels] = Series(cap)
+                s.append(step, t, value)
 
     def inc(self, name: str, labels: Labels, amount: float = 1.0) -> None:
         """Add to a counter (created at 0)."""
