@@ -65,8 +65,13 @@ class Series:
 
     def window(self, n: int | None = None) -> Window:
         k = self._n if n is None else min(n, self._n)
-        idx = (np.arange(self._head - k, self._head)) % self.capacity
-        return Window(self._steps[idx].copy(), self._times[idx].copy(), self._values[idx].copy())
+        start, end = self._head - k, self._head
+        if start >= 0:  # one contiguous run: plain slices (copied; the ring keeps moving)
+            return Window(self._steps[start:end].copy(), self._times[start:end].copy(),
+                          self._values[start:end].copy())
+        cat = np.concatenate
+        return Window(cat((self._steps[start:], self._steps[:end])), cat((self._times[start:], self._times[:end])),
+                      cat((self._values[start:], self._values[:end])))
 
     def __len__(self) -> int:
         return self._n
