@@ -7,7 +7,6 @@ missing, slow or full; it never raises.
 from __future__ import annotations
 
 import errno
-import queue
 import socket
 import time
 from collections import deque
@@ -36,35 +35,6 @@ class NullSender:
 
     def close(self) -> None:
         pass
-
-
-class QueueSender:
-    """In-process transport to the embedded engine's thread.
-
-    Args:
-        maxsize: frames buffered at most; past that, frames are dropped and counted.
-    """
-
-    def __init__(self, maxsize: int = 4096) -> None:
-        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize)
-        self.dropped = 0
-        self.sent = 0
-        self.closed = False
-
-    def send(self, data: bytes) -> bool:
-        if self.closed:
-            self.dropped += 1
-            return False
-        try:
-            self.queue.put_nowait(data)
-        except queue.Full:
-            self.dropped += 1
-            return False
-        self.sent += 1
-        return True
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class DatagramSender:

@@ -81,21 +81,22 @@ def test_errors_reach_the_exported_counter(monkeypatch: pytest.MonkeyPatch) -> N
     assert "memory" in mon.guard.disabled
 
 
-def test_dead_engine_costs_only_counted_drops() -> None:
-    from sentinel.instrument.sender import QueueSender
+def test_dead_engine_costs_only_counted_drops(tmp_path: object) -> None:
+    import os
+
+    from sentinel.instrument.monitor import Monitor
+    from sentinel.instrument.options import from_kwargs
+    from sentinel.instrument.sender import DatagramSender
 
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    sender = QueueSender(maxsize=3)  # nobody reads it: a dead engine
-    from sentinel.instrument.monitor import Monitor
-    from sentinel.instrument.options import from_kwargs
-
+    sender = DatagramSender(os.path.join(str(tmp_path), "gone.sock"))  # no engine listens there
     mon = Monitor(model, [opt], from_kwargs({"engine": "off"}), sender=sender)
     train_steps(model, opt, 10, mon)
     mon.close()
-    assert sender.sent == 3
-    assert mon.frames_dropped == 10 + 1 - 3  # 10 step frames (each carrying its loss) + bye; 3 fit
+    assert sender.sent == 0
+    assert mon.frames_dropped == 10 + 1  # 10 step frames (each carrying its loss) + bye
     assert mon.errors == 0
 
 
