@@ -1,0 +1,25 @@
+"""The built wheel carries the launcher shim, the rule pack and every subpackage."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_contains_the_shim_and_the_rule_pack(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    [wheel] = tmp_path.glob("sentinel_monitor-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"sentinel_hooks/sitecustomize.py", "sentinel_hooks/__init__.py", "sentinel/py.typed",
+            "sentinel/rules/default.yaml", "sentinel/instrument/shim.py"} <= names
+    packages = {str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "sentinel").rglob("__init__.py")}
+    assert {f"{p.replace('.', '/')}/__init__.py" for p in packages} <= names  # no subpackage left out
