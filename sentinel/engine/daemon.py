@@ -22,10 +22,11 @@ log = logging.getLogger("sentinel")
 
 
 def default_socket_path() -> str:
-    """``$XDG_RUNTIME_DIR/sentinel/engine.sock``, else a per-user folder in the temp dir."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(tempfile.gettempdir(), f"sentinel-{os.getuid()}")
-    return os.path.join(base, "sentinel", "engine.sock") if "XDG_RUNTIME_DIR" in os.environ else \
-        os.path.join(base, "engine.sock")
+    """``$XDG_RUNTIME_DIR/sentinel/engine.sock``, else ``<tmp>/sentinel-<uid>/engine.sock``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "sentinel", "engine.sock")
+    return os.path.join(tempfile.gettempdir(), f"sentinel-{os.getuid()}", "engine.sock")
 
 
 class Daemon:

@@ -35,7 +35,9 @@ class DatagramListener:
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, mode=0o700, exist_ok=True)
         st = os.stat(directory)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        if st.st_uid != os.getuid():  # e.g. a predictable /tmp path someone else created first
+            raise PermissionError(f"{directory} belongs to uid {st.st_uid}, not to us; choose another socket path")
+        if st.st_mode & 0o077:
             os.chmod(directory, 0o700)
         if os.path.exists(path):
             os.unlink(path)  # a stale socket of an engine that died

@@ -90,7 +90,7 @@ def test_values_are_sane(live_scrape: tuple[str, sentinel.Monitor]) -> None:
 
     assert 0 < one("sentinel_loss") < 10
     assert 0 < one("sentinel_grad_norm") < 100
-    assert one("sentinel_param_norm") > one("sentinel_grad_norm") * 0 + 1
+    assert one("sentinel_param_norm") > 1  # 6 blocks of initialised weights, far from zero
     assert 1e-6 < one("sentinel_update_ratio") < 0.1
     assert one("sentinel_step") == 60 and one("sentinel_steps_total") == 60
     assert 0 < one("sentinel_step_duration_seconds") < 10

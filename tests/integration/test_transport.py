@@ -100,3 +100,14 @@ def test_killed_engine_leaves_training_untouched() -> None:
     assert all(torch.equal(a, b) for a, b in zip(reference, weights))
     assert mon is not None and mon.errors == 0
     assert mon.frames_dropped >= 14  # steps 6..20 (+ bye) found no engine: dropped and counted
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to create a folder as another uid")
+def test_socket_folder_owned_by_someone_else_is_refused(tmp_path: object) -> None:
+    from sentinel.engine.listener import DatagramListener
+
+    folder = os.path.join(str(tmp_path), "planted")
+    os.mkdir(folder, 0o777)
+    os.chown(folder, 65534, 65534)  # "nobody" got there first
+    with pytest.raises(PermissionError, match="belongs to uid 65534"):
+        DatagramListener(os.path.join(folder, "engine.sock"), lambda data: None)
