@@ -119,6 +119,7 @@ class RuleEngine:
         # (step, frame number) at which a rule last judged any series of a rank
         self._judged: dict[tuple[int, str, str, int], tuple[int, int]] = {}
         self._frames: dict[tuple[str, str, int], int] = {}  # frames evaluated per rank
+        self.evaluations = 0  # verdicts taken (rule × series), for sentinel_daemon_rule_evaluations_total
 
     def evaluate(
         self,
@@ -202,6 +203,7 @@ class RuleEngine:
                             c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped
                         )
                         verdict = c.spec.fn(window, params, cctx)
+                    self.evaluations += 1
                     life.observe(c.rule, job, run, rank, extra, verdict, step, now)
                 if sampled and c.every > 1:
                     judged[(c.idx, job, run, rank)] = (step, frame)
@@ -334,6 +336,7 @@ class RuleEngine:
                 continue
             cctx = Context(step=step, now=t, series=dict(extra))
             verdict = c.spec.fn(window, c.rule.params, cctx)
+            self.evaluations += 1
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)
 
     def _select(
