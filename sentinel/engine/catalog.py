@@ -80,6 +80,9 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_frames_oversized_total": Spec(C, "Frames larger than the maximum frame size."),
     "sentinel_daemon_queue_depth": Spec(G, "Frames waiting for ingest."),
     "sentinel_daemon_frames_dropped_total": Spec(C, "Frames dropped because the ingest queue was full."),
+    "sentinel_daemon_queue_capacity": Spec(G, "Frames the ingest queue holds at most; past that they are dropped."),
+    "sentinel_daemon_rule_evaluations_total": Spec(C, "Rule verdicts taken (one rule judging one series)."),
+    "sentinel_daemon_resident_memory_bytes": Spec(G, "Resident memory (RSS) of the process running the engine."),
     "sentinel_alert_firing": Spec(G, "1 for each alert that is firing.", ("alertname", "severity")),
     "sentinel_notifications_total": Spec(C, "Alert notifications by delivery result.", ("result",)),
 }

@@ -105,5 +105,6 @@ class Engine:
         yield ("sentinel_daemon_up", "gauge", (), 1.0)
         yield ("sentinel_daemon_frames_received_total", "counter", (), float(self.frames_received))
         yield ("sentinel_daemon_frames_malformed_total", "counter", (), float(self.frames_malformed))
+        yield ("sentinel_daemon_rule_evaluations_total", "counter", (), float(self.rules.evaluations))
         for labels, value in self.rules.firing_series():
             yield ("sentinel_alert_firing", "gauge", tuple(sorted(labels.items())), value)

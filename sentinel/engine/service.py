@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,6 +31,22 @@ log = logging.getLogger("sentinel")
 
 Message = dict[str, Any]
 """What the service tells the training process: ``{"kind": "alert", …}`` or ``{"kind": "stop", "reason": …}``."""
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> int | None:
+    """Resident memory of this process from ``/proc/self/statm``; None where there is none.
+
+    ``resource.getrusage`` only tells the peak, which would hide memory given back, so
+    platforms without ``/proc`` export no RSS series rather than a misleading one.
+    """
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Service:
@@ -150,6 +167,10 @@ class Service:
     def _rows(self) -> Iterator[Row]:
         yield from self.engine.health_rows()
         yield ("sentinel_daemon_queue_depth", "gauge", (), float(self._queue.qsize()))
+        yield ("sentinel_daemon_queue_capacity", "gauge", (), float(self._queue.maxsize))
+        rss = resident_bytes()
+        if rss is not None:
+            yield ("sentinel_daemon_resident_memory_bytes", "gauge", (), float(rss))
         yield ("sentinel_daemon_frames_dropped_total", "counter", (), float(self.dropped))
         for extra in self.extra_rows:
             yield from extra()
