@@ -15,6 +15,10 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``param_sumsq``?   per-group sum of squares of parameters
 ``delta_sumsq``?   per-group sum of squares of the last update (NaN = not sampled)
 ``shard``?         ``"replicated"`` or ``"sharded"``: how ranks' sums combine
+                   (sharded: each rank's sums cover its own shards, and the
+                   engine adds up the ``world`` ranks' sums for a step)
+``clip_norm``?     total grad norm ``clip_grad_norm_`` computed, before clipping
+``clip_max``?      the ``max_norm`` it clipped to
 ``grad_l1``?       sum of ``|g|`` over all gradient elements (for the SNR)
 ``grad_count``?    number of gradient elements
 ``sat``?           ``[above, total]`` sampled ``exp_avg_sq`` counts

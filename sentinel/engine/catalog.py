@@ -22,6 +22,16 @@ CATALOG: dict[str, Spec] = {
     "sentinel_scalar": Spec(G, "Other scalars passed to Monitor.log, by name.", ("name",)),
     "sentinel_grad_norm": Spec(G, "Global L2 norm of the gradients at the optimizer step."),
     "sentinel_group_grad_norm": Spec(G, "L2 norm of the gradients of one parameter group.", ("group",)),
+    "sentinel_grad_norm_preclip": Spec(
+        G, "Global L2 norm of the gradients as clip_grad_norm_ computed it, before clipping."),
+    "sentinel_grad_clip_max_norm": Spec(G, "The max_norm passed to clip_grad_norm_."),
+    "sentinel_grad_clipped_steps_total": Spec(C, "Steps whose pre-clip gradient norm exceeded max_norm."),
+    "sentinel_local_grad_norm": Spec(
+        G, "L2 norm of this rank's shard of the gradients (sharded runs; not the model's norm)."),
+    "sentinel_local_group_grad_norm": Spec(
+        G, "L2 norm of this rank's shard of one group's gradients (sharded runs).", ("group",)),
+    "sentinel_shard_steps_incomplete_total": Spec(
+        C, "Steps of a sharded run whose global norm could not be assembled: some rank's frame never came."),
     "sentinel_param_norm": Spec(G, "Global L2 norm of the parameters (every update_every steps)."),
     "sentinel_group_param_norm": Spec(G, "L2 norm of the parameters of one group.", ("group",)),
     "sentinel_update_ratio": Spec(G, "Update ratio ||dw||/||w|| over the sampled groups (0-1 scale)."),

@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from sentinel.engine.clip import ingest_clip
+from sentinel.engine.shards import ShardAssembler
 from sentinel.engine.store import Labels, Store, labels_of
 
 GVR_WINDOW = 50
@@ -26,6 +28,7 @@ class Ingestor:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.shards = ShardAssembler(store)
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
         self._scalar_names: set[str] = set()
@@ -95,6 +98,8 @@ class Ingestor:
 
     def _step(self, f: dict[str, Any], add: Callable[..., None], base: Labels,
               ctx: dict[str, Any]) -> None:
+        f = self.shards.route(f, add, base, ctx)  # sharded: local norms, global assembly (shards.py)
+        ingest_clip(f, add, self.store, base)  # the pre-clip grad norm (clip.py)
         step, t = f["step"], float(f["t"])
         store = self.store
         add("sentinel_step", float(step))

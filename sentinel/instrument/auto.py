@@ -1,7 +1,8 @@
 """Zero-code instrumentation, switched on by ``SENTINEL_AUTO=1`` (``sentinel run`` sets it).
 
-:func:`install` is idempotent and cheap: it registers torch's *global* optimizer step hooks
-and wraps ``Tensor.backward`` to remember the last scalar loss. Nothing connects until an
+:func:`install` is idempotent and cheap: it registers torch's *global* optimizer step hooks,
+wraps ``Tensor.backward`` to remember the last scalar loss, and wraps gradient clipping
+(:mod:`sentinel.instrument.clip`) to keep the pre-clip total norm. Nothing connects until an
 optimizer actually steps, so launchers and DataLoader workers never do. At an optimizer's
 first step a :class:`~sentinel.instrument.monitor.Monitor` is attached to it, with the
 module that owns its parameters (found once) naming the groups.
@@ -25,6 +26,7 @@ _installed = False
 _monitors: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
 _last_loss: torch.Tensor | None = None
 _scaler: Any = None  # the GradScaler that scaled the last loss, if any
+_last_clip: tuple[torch.Tensor, float] | None = None  # clipped before any monitor attached
 _failures = 0
 
 
@@ -45,7 +47,16 @@ def install() -> bool:
     register_optimizer_step_post_hook(_on_post_step)
     _wrap_backward()
     _wrap_grad_scaler()
+    from sentinel.instrument import clip
+
+    clip.attach(_on_clip)
     return True
+
+
+def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:
+    # the first step clips before its optimizer has a monitor: keep it for _attach
+    global _last_clip
+    _last_clip = (total_norm, max_norm)
 
 
 def _find_model(opt: torch.optim.Optimizer) -> torch.nn.Module | None:
@@ -71,6 +82,8 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 
     mon = Monitor(_find_model(opt), [opt], from_kwargs({}), scaler=_scaler)
     _monitors[opt] = mon
+    if _last_clip is not None:  # clipped just before this first step: it belongs to it
+        mon.note_clip(*_last_clip)
     return mon
 
 
@@ -89,6 +102,8 @@ def _on_pre_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
 
 def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     # runs after the monitor's own post hook closed the step's report: the loss rides on it
+    global _last_clip
+    _last_clip = None
     mon = _monitors.get(opt)
     if mon is None or _last_loss is None:
         return

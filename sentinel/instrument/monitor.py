@@ -11,13 +11,13 @@ from typing import Any
 import torch
 
 from sentinel import wire
-from sentinel.instrument import probes
+from sentinel.instrument import clip, probes
 from sentinel.instrument.groups import assign_groups
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.options import WatchOptions, from_kwargs
 from sentinel.instrument.readback import Readback
 from sentinel.instrument.sender import NullSender, Sender
-from sentinel.instrument.stats import GroupedTensors, UpdateSnapshot, adam_saturation
+from sentinel.instrument.stats import GroupedTensors, UpdateSnapshot, adam_saturation, shard_plan
 
 log = logging.getLogger("sentinel")
 
@@ -78,6 +78,7 @@ class Monitor:
         self._open: tuple[dict[str, Any], Segs] | None = None  # finalized, waiting for log()
         self._meta_groups: set[int] = set()
         self._grad_count = 0
+        self._clip_max: float | None = None
 
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         per_opt: list[list[tuple[str, torch.Tensor]]] = []
@@ -91,8 +92,12 @@ class Monitor:
         all_names = [n for plist in per_opt for n, _ in plist]
         self.groups, assignment = assign_groups(all_names, o.group_depth, o.max_groups)
         gmap = dict(zip(all_names, assignment))
-        self._tensors = [GroupedTensors([p for _, p in pl], [gmap[n] for n, _ in pl], len(self.groups))
-                         for pl in per_opt]
+        # groups come from every name, so all ranks of a sharded run list the same groups
+        self.sharded, keep = shard_plan([p for pl in per_opt for _, p in pl], self.rank)
+        kept = iter(keep)
+        per_opt = [[(n, p) for n, p in pl if next(kept)] for pl in per_opt]
+        self._tensors = [GroupedTensors([p for _, p in pl], [gmap[n] for n, _ in pl], len(self.groups),
+                                        self.sharded) for pl in per_opt]
         self._snapshots = [UpdateSnapshot(t, o.update_snapshot_bytes) for t in self._tensors]
         self.param_bytes = sum(t.param_bytes for t in self._tensors)
         self.devices = sorted({d for t in self._tensors for d in t.devices}, key=str)
@@ -105,6 +110,7 @@ class Monitor:
             self._handles.append(opt.register_step_pre_hook(_hook(self._make_pre(k))))
             self._handles.append(opt.register_step_post_hook(_hook(self._make_post(k))))
             self._handles.append(opt.register_load_state_dict_post_hook(self._on_load))
+        self._handles.append(clip.attach(self.note_clip))
 
     # -- public ---------------------------------------------------------------------------
 
@@ -140,6 +146,12 @@ class Monitor:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""
         if self._halt is None:
             self._halt = reason
+
+    def note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
+        """Record the total gradient norm that ``clip_grad_norm_`` computed before clipping
+        (called by :mod:`sentinel.instrument.clip`). The tensor is read back with the
+        coming step's report, never here. Never raises."""
+        self.guard.run("clip", self._note_clip, total_norm, max_norm)
 
     def __enter__(self) -> Monitor:
         return self
@@ -211,6 +223,13 @@ class Monitor:
         self._add("delta_sumsq", snap.delta_sumsq())
         self._meta_groups |= snap.groups
 
+    def _note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
+        for segs in self._segs.values():  # clipped twice before a step: the last one counts
+            segs.pop("clip_norm", None)
+        t = total_norm.detach().reshape(1).to(torch.float32)
+        self._segs.setdefault(t.device, {})["clip_norm"] = t
+        self._clip_max = float(max_norm)
+
     def _param_stats(self, k: int) -> None:
         self._add("param_sumsq", self._tensors[k].param_sumsq())
 
@@ -226,6 +245,8 @@ class Monitor:
         self._last_step_time = now
         if self._grad_count:
             meta["grad_count"], self._grad_count = self._grad_count, 0
+        if self._clip_max is not None:
+            meta["clip_max"], self._clip_max = self._clip_max, None
         if self._meta_groups:
             meta["delta_groups"] = sorted(self._meta_groups)
             self._meta_groups = set()
@@ -322,7 +343,11 @@ class Monitor:
             if "sat_above" in values and "sat_total" in frame:
                 frame["sat"] = [values["sat_above"][0], frame.pop("sat_total")]
             frame.pop("sat_total", None)
-            frame["shard"] = "replicated"
+            if values.get("clip_norm") and "clip_max" in frame:
+                frame["clip_norm"] = values["clip_norm"][0]
+            else:
+                frame.pop("clip_max", None)
+            frame["shard"] = "sharded" if self.sharded else "replicated"
         frame["errors"] = self.guard.errors
         frame["dropped"] = self.frames_dropped
         self._send(frame)

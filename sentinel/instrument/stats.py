@@ -3,15 +3,75 @@
 Tensors are bucketed by (device, dtype) so each bucket is one ``torch._foreach_norm``
 call; per-tensor results are folded into per-group sums with one ``index_add_`` on the
 device. Nothing here reads a value back to the host.
+
+Sharded parameters (DTensor, as FSDP2's ``fully_shard`` makes them) are read through
+their local shard, with no collective: each rank's sums cover what it holds, and the
+engine adds the ranks' sums up (see :func:`shard_plan` for replicated placements).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 Tensor = torch.Tensor
+
+
+def _dtensor_type() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - builds without DTensor
+        return None
+    return DTensor
+
+
+def _local(t: Tensor) -> Tensor:
+    """The local shard of a DTensor (the tensor itself otherwise); no communication.
+
+    ``_local_tensor`` rather than ``to_local()``: the latter is an autograd Function, a
+    few microseconds per call, paid per parameter per step on the hot path."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
+def shard_plan(params: Sequence[Tensor], rank: int) -> tuple[bool, list[bool]]:
+    """Whether the parameters are sharded, and which of them this rank counts.
+
+    The ranks' sums are added up by the engine, so each element of the model must be
+    counted on exactly one rank:
+
+    - a DTensor counts its local shard on the ranks whose coordinate is 0 on every mesh
+      dimension where it is *not* sharded (``Replicate``, e.g. HSDP's replica dimension):
+      the replicas hold the same values, and counting them on every rank would multiply
+      the norm by the square root of the replica count;
+    - in a run with DTensors, a plain tensor (a parameter left outside ``fully_shard``)
+      is taken to be replicated and counts on global rank 0 only.
+
+    Args:
+        params: the watched parameters.
+        rank: this process's global rank.
+
+    Returns:
+        ``(sharded, keep)``: ``sharded`` is True when any parameter is a DTensor;
+        ``keep[i]`` says whether ``params[i]`` counts on this rank.
+    """
+    dtensor = _dtensor_type()
+    if dtensor is None or not any(isinstance(p, dtensor) for p in params):
+        return False, [True] * len(params)
+    keep = []
+    for p in params:
+        if not isinstance(p, dtensor):
+            keep.append(rank == 0)
+            continue
+        d: Any = p
+        coord = d.device_mesh.get_coordinate()
+        keep.append(coord is not None and all(
+            c == 0 for c, pl in zip(coord, d.placements) if not pl.is_shard()))
+    return True, keep
 
 
 def _norms(tensors: list[Tensor], ord: float) -> Sequence[Tensor]:
@@ -57,10 +117,13 @@ class GroupedTensors:
         params: the parameters, in a stable order.
         groups: group index of each parameter, ``0 <= g < n_groups``.
         n_groups: number of groups.
+        sharded: the parameters may be DTensors: read their local shards.
     """
 
-    def __init__(self, params: Sequence[Tensor], groups: Sequence[int], n_groups: int) -> None:
+    def __init__(self, params: Sequence[Tensor], groups: Sequence[int], n_groups: int,
+                 sharded: bool = False) -> None:
         self.n_groups = n_groups
+        self.sharded = sharded
         self.buckets: dict[tuple[torch.device, torch.dtype], _Bucket] = {}
         for p, g in zip(params, groups):
             key = (p.device, p.dtype)
@@ -74,6 +137,8 @@ class GroupedTensors:
 
     def _grads(self, b: _Bucket) -> tuple[list[Tensor], tuple[int, ...]]:
         grads = [p.grad for p in b.params]
+        if self.sharded:
+            grads = [None if g is None else _local(g) for g in grads]
         if any(g is None for g in grads):  # not `None in grads`: that calls Tensor.__eq__
             pos = tuple(i for i, g in enumerate(grads) if g is not None)
             present: list[Tensor] = [g for g in grads if g is not None]
@@ -121,6 +186,8 @@ class GroupedTensors:
             pos = tuple(i for i, g in enumerate(b.groups) if only is None or g in only)
             if pos:
                 ps = [b.params[i] for i in pos]
+                if self.sharded:
+                    ps = [_local(p) for p in ps]
                 self._fold(out, b, _norms(ps, 2.0), pos, True)
         return out
 
@@ -129,7 +196,9 @@ class UpdateSnapshot:
     """Bounded snapshot of parameters for the update ratio ‖Δw‖/‖w‖.
 
     Each sampling step snapshots a rotating subset of groups whose bytes fit the budget
-    (at least one group), into flat buffers reused across steps.
+    (at least one group), into flat buffers reused across steps. Group bytes are the
+    parameters' global sizes (a DTensor's ``numel()`` is global), so every rank of a
+    sharded run samples the same groups at the same step and the engine can add them up.
 
     Args:
         tensors: the grouped parameters.
@@ -176,6 +245,8 @@ class UpdateSnapshot:
             if not pos:
                 continue
             params = [b.params[i] for i in pos]
+            if self.tensors.sharded:
+                params = [_local(p) for p in params]
             need = sum(p.numel() for p in params)
             buf = self._buffers.get(key)
             if buf is None or buf.numel() < need:

@@ -1,0 +1,266 @@
+"""Global norms of sharded runs (FSDP2 / DTensor), assembled from the ranks' sums of squares.
+
+A rank of a sharded run holds a slice of each parameter, so its sums of squares cover
+only that slice: the norm of the model is ``sqrt(sum over ranks)``. Ranks send the sums
+(frames marked ``shard: "sharded"``, see :mod:`sentinel.wire`); this module collects the
+frames of all ``world`` ranks of a run for one step and writes the whole model's series,
+with no collective in training.
+
+Series, for a Prometheus/Grafana user:
+
+- ``sentinel_grad_norm``, ``sentinel_group_grad_norm``, ``sentinel_param_norm``,
+  ``sentinel_group_param_norm``, ``sentinel_update_ratio``, ``sentinel_group_update_ratio``,
+  ``sentinel_gradient_variance_ratio`` and ``sentinel_gradient_snr`` keep their meaning:
+  the **whole model's** values. Once a step is assembled they are written under *every*
+  rank's labels, each with that rank's own step and time, exactly as DDP ranks each report
+  the (replicated) global norm. Dashboards, PromQL and the rule pack therefore read DDP and
+  FSDP runs alike, and a cross-rank comparison of ``sentinel_grad_norm`` sees equal values.
+  Why not a single ``rank="all"`` series: the rule engine judges the series of the rank
+  whose frame it just ingested, keyed by an integer rank; a series of no rank would never
+  be judged. With every rank's copy written, the rules of the rank whose frame completes
+  the step judge the assembled sample right after this frame.
+- ``sentinel_local_grad_norm`` and ``sentinel_local_group_grad_norm``: each rank's own
+  shard, written at once. They are *not* the model's norm; across nodes (one daemon per
+  node sees only its own ranks, so it cannot assemble) the global norm is
+  ``sqrt(sum by (job, run) (sentinel_local_grad_norm ^ 2))`` in PromQL.
+- Non-finite sums are flagged per rank at once (a NaN in a shard is a NaN in the model).
+
+Memory is bounded: per run at most :data:`MAX_STEPS` steps wait for missing frames, and at
+most :data:`MAX_RUNS` runs are tracked. A step still incomplete when a later step
+completes, or pushed out by the bound, is dropped; each rank whose frame it held counts it
+in ``sentinel_shard_steps_incomplete_total``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sentinel.engine.store import Labels, Store
+
+MAX_STEPS = 8
+"""Steps of one run that may wait for missing ranks' frames."""
+MAX_RUNS = 64
+"""Sharded runs tracked at once; the least recently seen is dropped beyond this."""
+MAX_WORLD = 4096
+"""Larger world sizes are not assembled (they span many nodes: see the module docstring)."""
+GVR_WINDOW = 50  # as sentinel.engine.ingest.GVR_WINDOW (not imported: ingest imports us)
+
+_ADDITIVE = ("grad_sumsq", "param_sumsq", "delta_sumsq", "grad_l1", "grad_count")
+
+
+def _sqrt(x: float) -> float:
+    return math.sqrt(x) if x >= 0 or math.isnan(x) else float("nan")
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass(slots=True)
+class _Part:
+    """One rank's additive values for one step."""
+
+    base: Labels
+    t: float
+    groups: list[str]
+    gsq: list[float]
+    psq: list[float] | None
+    dsq: list[Any] | None
+    l1: float | None
+    count: float | None
+
+
+def _by_group(parts: list[_Part], field: str, order: list[str]) -> list[float] | None:
+    """Per-group sums over the ranks, by group name; None if some rank lacks the field."""
+    acc: dict[str, list[float]] = {g: [] for g in order}
+    for p in parts:
+        vals = getattr(p, field)
+        if vals is None:
+            return None
+        for g, v in zip(p.groups, vals):
+            acc.setdefault(g, []).append(float(v))
+    return [math.fsum(acc[g]) for g in order]
+
+
+def _delta_by_group(parts: list[_Part], order: list[str]) -> list[float | None] | None:
+    """Per-group sums of the sampled update; None for a group some rank did not sample."""
+    acc: dict[str, list[float]] = {g: [] for g in order}
+    missing: set[str] = set()
+    for p in parts:
+        if p.dsq is None:
+            return None
+        for g, v in zip(p.groups, p.dsq):
+            if _num(v):
+                acc.setdefault(g, []).append(float(v))
+            else:
+                missing.add(g)
+    return [None if g in missing or not acc[g] else math.fsum(acc[g]) for g in order]
+
+
+class ShardAssembler:
+    """Collects sharded step frames and writes the assembled global series.
+
+    Args:
+        store: where series go.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._runs: OrderedDict[tuple[str, str], OrderedDict[int, dict[int, _Part]]] = OrderedDict()
+        self._labels: dict[tuple[Labels, str], Labels] = {}
+        self.assembled = 0
+        """Steps assembled so far (all runs)."""
+        self.incomplete = 0
+        """Steps dropped before all ranks' frames came."""
+
+    def route(self, f: dict[str, Any], add: Callable[..., None], base: Labels,
+              ctx: dict[str, Any]) -> dict[str, Any]:
+        """Handle a step frame's additive fields if it is sharded.
+
+        Args:
+            f: the decoded step frame.
+            add: ``add(name, value, **extra)`` writes a gauge sample of the frame's rank.
+            base: the frame's ``job``/``run``/``rank`` labels.
+            ctx: the rules' context; non-finite groups of this rank are added to it.
+
+        Returns:
+            ``f`` itself when it is not sharded; else a copy without the additive fields,
+            for the rest of the ingest, which must not take them for the model's.
+        """
+        if f.get("shard") != "sharded":
+            return f
+        rest = {k: v for k, v in f.items() if k not in _ADDITIVE}
+        groups = f.get("groups") or []
+        gsq = f.get("grad_sumsq")
+        if gsq is None:
+            return rest
+        self._local(groups, gsq, f.get("param_sumsq"), add, base, ctx)
+        world, rank = f.get("world"), f["rank"]
+        if not (isinstance(world, int) and 0 < world <= MAX_WORLD and 0 <= rank < world):
+            return rest
+        part = _Part(base, float(f["t"]), list(groups), list(gsq), f.get("param_sumsq"),
+                     f.get("delta_sumsq"),
+                     float(f["grad_l1"]) if _num(f.get("grad_l1")) else None,
+                     float(f["grad_count"]) if _num(f.get("grad_count")) else None)
+        self._collect((f["job"], f["run"]), f["step"], rank, world, part)
+        return rest
+
+    # -- per rank, at once ------------------------------------------------------------
+
+    def _local(self, groups: list[str], gsq: list[float], psq: Any, add: Callable[..., None],
+               base: Labels, ctx: dict[str, Any]) -> None:
+        total = math.fsum(gsq)
+        add("sentinel_local_grad_norm", _sqrt(total))
+        for g, v in zip(groups, gsq):
+            add("sentinel_local_group_grad_norm", _sqrt(v), group=g)
+        for source, vals in (("grad", gsq), ("param", psq)):
+            if vals is None:
+                continue
+            bad = [g for g, v in zip(groups, vals) if not math.isfinite(v)]
+            add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
+            self.store.inc("sentinel_nonfinite_total", self._label(base, "source", source), float(bool(bad)))
+            if bad:
+                ctx["nonfinite_groups"][source] = bad
+
+    # -- assembly ---------------------------------------------------------------------
+
+    def _collect(self, run: tuple[str, str], step: int, rank: int, world: int, part: _Part) -> None:
+        steps = self._runs.get(run)
+        if steps is None:
+            steps = self._runs[run] = OrderedDict()
+            while len(self._runs) > MAX_RUNS:
+                _, old = self._runs.popitem(last=False)
+                for parts in old.values():
+                    self._drop(parts)
+        else:
+            self._runs.move_to_end(run)
+        parts = steps.setdefault(step, {})
+        parts[rank] = part  # a repeated frame of a rank replaces its earlier one
+        if len(parts) >= world:
+            del steps[step]
+            for old_step in [s for s in steps if s < step]:  # a later step is complete: those never will be
+                self._drop(steps.pop(old_step))
+            self._assemble(step, [parts[r] for r in sorted(parts)])
+            return
+        while len(steps) > MAX_STEPS:
+            _, old_parts = steps.popitem(last=False)
+            self._drop(old_parts)
+
+    def _drop(self, parts: dict[int, _Part]) -> None:
+        self.incomplete += 1
+        for p in parts.values():
+            self.store.inc("sentinel_shard_steps_incomplete_total", p.base)
+
+    def _assemble(self, step: int, parts: list[_Part]) -> None:
+        self.assembled += 1
+        store = self.store
+        order = list(dict.fromkeys(g for p in parts for g in p.groups))
+        gsq = _by_group(parts, "gsq", order) or []
+        total = math.fsum(gsq)
+        norm = _sqrt(total)
+        psq = _by_group(parts, "psq", order)
+        dsq = _delta_by_group(parts, order) if psq is not None else None
+        snr = None
+        if all(p.l1 is not None and p.count for p in parts):
+            n = math.fsum(p.count or 0.0 for p in parts)
+            mean_abs, mean_sq = math.fsum(p.l1 or 0.0 for p in parts) / n, total / n
+            std = _sqrt(mean_sq - mean_abs * mean_abs)
+            snr = mean_abs / std if std > 0 else float("nan")
+        gvr = self._gvr(parts[0].base, norm)  # the same window on every rank: taken once
+        for p in parts:
+            t = p.t
+            store.add("sentinel_grad_norm", p.base, step, t, norm)
+            store.add_many("sentinel_group_grad_norm", zip(self._group_labels(p.base, order), map(_sqrt, gsq)),
+                           step, t)
+            if snr is not None:
+                store.add("sentinel_gradient_snr", p.base, step, t, snr)
+            if psq is not None:
+                store.add("sentinel_param_norm", p.base, step, t, _sqrt(math.fsum(psq)))
+                store.add_many("sentinel_group_param_norm",
+                               zip(self._group_labels(p.base, order), map(_sqrt, psq)), step, t)
+                if dsq is not None:
+                    self._update_ratio(p.base, order, psq, dsq, step, t)
+            if gvr is not None:
+                store.add("sentinel_gradient_variance_ratio", p.base, step, t, gvr)
+
+    def _update_ratio(self, base: Labels, order: list[str], psq: list[float], dsq: list[float | None],
+                      step: int, t: float) -> None:
+        num = den = 0.0
+        rows = []
+        for labels, p, d in zip(self._group_labels(base, order), psq, dsq):
+            if d is None:
+                continue
+            num += d
+            den += p
+            if p > 0:
+                rows.append((labels, _sqrt(d) / _sqrt(p)))
+        self.store.add_many("sentinel_group_update_ratio", rows, step, t)
+        if den > 0:
+            self.store.add("sentinel_update_ratio", base, step, t, _sqrt(num) / _sqrt(den))
+
+    def _gvr(self, base: Labels, norm: float) -> float | None:
+        """var/mean² of the recent global norms, this step's ``norm`` included (None: too few)."""
+        w = self.store.window("sentinel_grad_norm", base, GVR_WINDOW - 1)
+        vals = [v for v in [*([] if w is None else w.values.tolist()), norm] if math.isfinite(v)]
+        if len(vals) < 10:
+            return None
+        mean = math.fsum(vals) / len(vals)
+        if mean <= 0:
+            return None
+        return math.fsum((v - mean) ** 2 for v in vals) / len(vals) / (mean * mean)
+
+    def _label(self, base: Labels, key: str, value: str) -> Labels:
+        ck = (base, key + "\0" + value)
+        labels = self._labels.get(ck)
+        if labels is None:
+            if len(self._labels) > 100_000:
+                self._labels.clear()
+            labels = self._labels[ck] = tuple(sorted(base + ((key, value),)))
+        return labels
+
+    def _group_labels(self, base: Labels, groups: list[str]) -> list[Labels]:
+        return [self._label(base, "group", g) for g in groups]
