@@ -29,12 +29,16 @@ class HttpServer:
         alerts: returns the JSON body of ``/api/v1/alerts``.
         status_page: returns the HTML of ``/``.
         healthy: returns True while the engine runs.
+        exposition: renders ``/metrics`` for an ``Accept`` header, returning the body and
+            content type (e.g. :meth:`StoreCollector.exposition`); prometheus_client's
+            encoders over ``registry`` by default.
     """
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry,
                  alerts: Callable[[], Any] | None = None,
                  status_page: Callable[[], str] | None = None,
-                 healthy: Callable[[], bool] | None = None) -> None:
+                 healthy: Callable[[], bool] | None = None,
+                 exposition: Callable[[str], tuple[bytes, str]] | None = None) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -42,8 +46,8 @@ class HttpServer:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
-                        encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
-                        outer._reply(self, 200, ctype, encoder(outer.registry))
+                        metrics, ctype = outer.exposition(self.headers.get("Accept", ""))
+                        outer._reply(self, 200, ctype, metrics)
                     elif path == "/healthz":
                         ok = outer.healthy() if outer.healthy else True
                         outer._reply(self, 200 if ok else 503, "text/plain", b"ok\n" if ok else b"unhealthy\n")
@@ -65,11 +69,16 @@ class HttpServer:
         self.alerts = alerts
         self.status_page = status_page
         self.healthy = healthy
+        self.exposition = exposition or self._encode
         self._server = _Server((host, port), Handler)
         self.host, self.port = str(self._server.server_address[0]), int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="sentinel-http",
                                         daemon=True)
         self._thread.start()
+
+    def _encode(self, accept: str) -> tuple[bytes, str]:
+        encoder, ctype = choose_encoder(accept)
+        return encoder(self.registry), ctype
 
     @property
     def url(self) -> str:

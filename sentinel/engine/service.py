@@ -68,10 +68,12 @@ class Service:
         notifiers = [AppriseNotifier(config.notify.urls, config.notify.min_severity)] if config.notify.urls else []
         self.dispatcher = Dispatcher(notifiers)
         self.engine.listeners += [self.dispatcher.submit, self._actions]
-        self.registry = make_registry(StoreCollector(self.engine.store, extra=self._rows))
+        self.collector = StoreCollector(self.engine.store, extra=self._rows)
+        self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
         serve: dict[str, Any] = dict(registry=self.registry, healthy=self._alive, alerts=self.engine.api_alerts,
-                                     status_page=lambda: status_page(self.engine))
+                                     status_page=lambda: status_page(self.engine),
+                                     exposition=self.collector.exposition)
         try:
             self.http = HttpServer(host, port, **serve)
         except OSError as exc:
