@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from sentinel.engine.clip import ingest_clip
 from sentinel.engine.shards import ShardAssembler
 from sentinel.engine.store import Labels, Store, labels_of
@@ -17,6 +19,19 @@ MAX_SCALAR_NAMES = 32
 
 def _sqrt(x: float) -> float:
     return math.sqrt(x) if x >= 0 or math.isnan(x) else float("nan")
+
+
+def _group_norms(sumsq: list[float], groups: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Per-group norms from sums of squares (NaN for a negative sum), and the groups
+    whose sum is not finite, in order."""
+    a = np.asarray(sumsq, dtype=np.float64)
+    norms = np.sqrt(np.abs(a))
+    neg = a < 0.0
+    if neg.any():
+        norms[neg] = np.nan
+    fin = np.isfinite(a)
+    bad = [] if fin.all() else [groups[i] for i in np.flatnonzero(~fin).tolist()]
+    return norms, bad
 
 
 class Ingestor:
@@ -34,7 +49,8 @@ class Ingestor:
         self._scalar_names: set[str] = set()
         self._scale_last: dict[Labels, float] = {}
         self._labels: dict[tuple[object, ...], Labels] = {}
-        self._groups_cache: dict[tuple[object, ...], list[Labels]] = {}
+        self._bases: dict[tuple[object, ...], Labels] = {}
+        self._groups_cache: dict[tuple[object, ...], tuple[Labels, ...]] = {}
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame.
@@ -43,10 +59,16 @@ class Ingestor:
             Context for the rules: ``nonfinite_groups`` ({source: [group names]}) and
             ``lr_change_step`` (the last step the learning rate changed, or None).
         """
-        base = labels_of(job=f["job"], run=f["run"], rank=f["rank"])
+        rk = (f["job"], f["run"], f["rank"])
+        base = self._bases.get(rk)
+        if base is None:
+            if len(self._bases) > 10_000:
+                self._bases.clear()
+            base = self._bases[rk] = labels_of(job=rk[0], run=rk[1], rank=rk[2])
         step, t = f["step"], float(f["t"])
         ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base)}
-        add = self._adder(base, step, t)
+        rows: list[tuple[str, Labels, float]] = []
+        add = self._adder(base, rows)
         if "errors" in f:
             self.store.set_counter("sentinel_instrument_errors_total", base, float(f["errors"]))
         if "dropped" in f:
@@ -59,10 +81,13 @@ class Ingestor:
             self._step(f, add, base, ctx)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
             self._scalars(f["scalars"], add, base, ctx)
+        self.store.add_rows(rows, step, t)
         return ctx
 
-    def _adder(self, base: Labels, step: int, t: float) -> Callable[..., None]:
-        store, cache = self.store, self._labels
+    def _adder(self, base: Labels, rows: list[tuple[str, Labels, float]]) -> Callable[..., None]:
+        """``add(name, value, **extra)``: queue a gauge sample of this frame's rank (the
+        queue is written to the store in one go)."""
+        cache, append = self._labels, rows.append
 
         def add(name: str, value: float, **extra: str) -> None:
             if extra:
@@ -74,13 +99,17 @@ class Ingestor:
                     labels = cache[key] = tuple(sorted(base + tuple(extra.items())))
             else:
                 labels = base
-            store.add(name, labels, step, t, value)
+            append((name, labels, value))
         return add
 
     def _nonfinite(self, source: str, bad: bool, add: Callable[..., None], base: Labels) -> None:
         add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
         # inc by 0 too, so the counter exists (at 0) from the first report
-        self.store.inc("sentinel_nonfinite_total", tuple(sorted(base + (("source", source),))), float(bad))
+        key = (base, ("source", source))
+        labels = self._labels.get(key)
+        if labels is None:
+            labels = self._labels[key] = tuple(sorted(base + (("source", source),)))
+        self.store.inc("sentinel_nonfinite_total", labels, float(bad))
 
     def _scalars(self, scalars: dict[str, Any], add: Callable[..., None], base: Labels,
                  ctx: dict[str, Any]) -> None:
@@ -113,13 +142,12 @@ class Ingestor:
             total = math.fsum(gsq)
             norm = _sqrt(total)
             add("sentinel_grad_norm", norm)
-            bad = [g for g, v in zip(groups, gsq) if not math.isfinite(v)]
-            glabels = self._group_labels(base, groups)
-            store.add_many("sentinel_group_grad_norm", zip(glabels, map(_sqrt, gsq)), step, t)
+            norms, bad = _group_norms(gsq, groups)
+            store.add_row("sentinel_group_grad_norm", self._group_labels(base, groups), norms, step, t)
             self._nonfinite("grad", bool(bad) or not math.isfinite(total), add, base)
             if bad:
                 ctx["nonfinite_groups"]["grad"] = bad
-            self._gvr(add, base)
+            self._gvr(norm, add, base)
             if isinstance(f.get("grad_l1"), (int, float)) and f.get("grad_count"):
                 n = float(f["grad_count"])
                 mean_abs, mean_sq = f["grad_l1"] / n, total / n
@@ -129,9 +157,8 @@ class Ingestor:
         if psq is not None:
             ptotal = math.fsum(psq)
             add("sentinel_param_norm", _sqrt(ptotal))
-            store.add_many("sentinel_group_param_norm", zip(self._group_labels(base, groups), map(_sqrt, psq)),
-                           step, t)
-            pbad = [g for g, v in zip(groups, psq) if not math.isfinite(v)]
+            pnorms, pbad = _group_norms(psq, groups)
+            store.add_row("sentinel_group_param_norm", self._group_labels(base, groups), pnorms, step, t)
             self._nonfinite("param", bool(pbad), add, base)
             if pbad:
                 ctx["nonfinite_groups"]["param"] = pbad
@@ -155,14 +182,15 @@ class Ingestor:
         if isinstance(mem, dict):
             self._memory(mem, add, base)
 
-    def _group_labels(self, base: Labels, groups: list[str]) -> list[Labels]:
-        """The label set of each group's series, built once per rank and group list."""
+    def _group_labels(self, base: Labels, groups: list[str]) -> tuple[Labels, ...]:
+        """The label set of each group's series, built once per rank and group list (the
+        same tuple object each time, which :meth:`Store.add_row` relies on)."""
         key = (base, *groups)
         out = self._groups_cache.get(key)
         if out is None:
             if len(self._groups_cache) > 10_000:
                 self._groups_cache.clear()
-            out = self._groups_cache[key] = [tuple(sorted(base + (("group", g),))) for g in groups]
+            out = self._groups_cache[key] = tuple(tuple(sorted(base + (("group", g),))) for g in groups)
         return out
 
     def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
@@ -189,18 +217,25 @@ class Ingestor:
         if den > 0:
             add("sentinel_update_ratio", _sqrt(num) / _sqrt(den))
 
-    def _gvr(self, add: Callable[..., None], base: Labels) -> None:
-        w = self.store.window("sentinel_grad_norm", base, GVR_WINDOW)
-        if w is None or len(w) < 10:
+    def _gvr(self, norm: float, add: Callable[..., None], base: Labels) -> None:
+        """The variance ratio of the last GVR_WINDOW global grad norms, this one included
+        (it is still queued, not yet in the store)."""
+        w = self.store.window("sentinel_grad_norm", base, GVR_WINDOW - 1)
+        if w is None or len(w) < 9:
             return
-        vals = [v for v in w.values.tolist() if math.isfinite(v)]
-        if len(vals) < 10:
-            return
+        vals = w.values
+        if math.isfinite(norm):
+            vals = np.append(vals, norm)
+        fin = np.isfinite(vals)
+        if not fin.all():
+            vals = vals[fin]
         n = len(vals)
-        mean = math.fsum(vals) / n
+        if n < 10:
+            return
+        mean = float(vals.sum()) / n
         if mean > 0:
-            var = math.fsum((v - mean) ** 2 for v in vals) / n
-            add("sentinel_gradient_variance_ratio", var / (mean * mean))
+            d = vals - mean
+            add("sentinel_gradient_variance_ratio", float(d @ d) / n / (mean * mean))
 
     def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:
         if not isinstance(lrs, list):

@@ -8,7 +8,7 @@ number of series is bounded by the instrument's group cap and the rank count.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +37,7 @@ class Window:
 class Series:
     """A fixed-capacity ring buffer of samples."""
 
-    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity")
+    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "_last")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -46,8 +46,10 @@ class Series:
         self._values = np.zeros(capacity, dtype=np.float64)
         self._n = 0
         self._head = 0  # next write position
+        self._last: tuple[int, float, float] | None = None  # the rules read it on every frame
 
     def append(self, step: int, t: float, value: float) -> None:
+        self._last = (int(step), float(t), float(value))
         i = self._head
         self._steps[i] = step
         self._times[i] = t
@@ -58,10 +60,7 @@ class Series:
             self._n += 1
 
     def last(self) -> tuple[int, float, float] | None:
-        if self._n == 0:
-            return None
-        i = (self._head - 1) % self.capacity
-        return int(self._steps[i]), float(self._times[i]), float(self._values[i])
+        return self._last
 
     def window(self, n: int | None = None) -> Window:
         k = self._n if n is None else min(n, self._n)
@@ -77,11 +76,79 @@ class Series:
         return self._n
 
 
+class Block:
+    """The series of several label sets written together, e.g. one metric of every group
+    of a rank: one row per sample, so a report of 64 groups is one array write, not 64.
+
+    Its columns (:class:`Column`) read like :class:`Series`.
+    """
+
+    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "last_step", "last_time", "last_row")
+
+    def __init__(self, capacity: int, width: int) -> None:
+        self.capacity = capacity
+        self._steps = np.zeros(capacity, dtype=np.int64)
+        self._times = np.zeros(capacity, dtype=np.float64)
+        self._values = np.zeros((capacity, width), dtype=np.float64)
+        self._n = 0
+        self._head = 0
+        self.last_step = -1
+        self.last_time = 0.0
+        self.last_row: list[float] = []
+
+    def append(self, step: int, t: float, row: Sequence[float] | np.ndarray) -> None:
+        self.last_step, self.last_time = int(step), float(t)
+        i = self._head
+        self._steps[i] = step
+        self._times[i] = t
+        self._values[i] = row
+        self.last_row = self._values[i].tolist()
+        i += 1
+        self._head = 0 if i == self.capacity else i
+        if self._n < self.capacity:
+            self._n += 1
+
+
+class Column:
+    """One series of a :class:`Block`."""
+
+    __slots__ = ("_block", "_col")
+
+    def __init__(self, block: Block, col: int) -> None:
+        self._block = block
+        self._col = col
+
+    @property
+    def block(self) -> Block:
+        return self._block
+
+    def last(self) -> tuple[int, float, float] | None:
+        b = self._block
+        if b._n == 0:
+            return None
+        return b.last_step, b.last_time, b.last_row[self._col]
+
+    def window(self, n: int | None = None) -> Window:
+        b, c = self._block, self._col
+        k = b._n if n is None else min(n, b._n)
+        start, end = b._head - k, b._head
+        if start >= 0:
+            return Window(b._steps[start:end].copy(), b._times[start:end].copy(), b._values[start:end, c].copy())
+        cat = np.concatenate
+        return Window(cat((b._steps[start:], b._steps[:end])), cat((b._times[start:], b._times[:end])),
+                      cat((b._values[start:, c], b._values[:end, c])))
+
+    def __len__(self) -> int:
+        return self._block._n
+
+
 @dataclass
 class _Metric:
     kind: str  # "gauge" or "counter"
-    series: dict[Labels, Series] = field(default_factory=dict)
+    series: dict[Labels, Series | Column] = field(default_factory=dict)
     totals: dict[Labels, float] = field(default_factory=dict)  # counters only
+    # add_row's blocks, by the identity of the label-set tuple they were made for
+    blocks: dict[int, tuple[tuple[Labels, ...], Block]] = field(default_factory=dict)
 
 
 class Store:
@@ -95,6 +162,9 @@ class Store:
         self.capacity = capacity
         self._metrics: dict[str, _Metric] = {}
         self.lock = threading.RLock()
+        # bumped whenever a series object is created or replaced, so readers that keep
+        # series objects (see :meth:`series`) know when to look them up again
+        self.generation = 0
 
     def add(self, name: str, labels: Labels, step: int, t: float, value: float) -> None:
         """Append a gauge sample."""
@@ -103,8 +173,9 @@ class Store:
             if m is None:
                 m = self._metrics[name] = _Metric("gauge")
             s = m.series.get(labels)
-            if s is None:
+            if not isinstance(s, Series):
                 s = m.series[labels] = Series(self.capacity)
+                self.generation += 1
             s.append(step, t, float(value))
 
     def add_many(self, name: str, rows: Iterable[tuple[Labels, float]], step: int, t: float) -> None:
@@ -116,9 +187,47 @@ class Store:
             series, cap = m.series, self.capacity
             for labels, value in rows:
                 s = series.get(labels)
-                if s is None:
+                if not isinstance(s, Series):
                     s = series[labels] = Series(cap)
+                    self.generation += 1
                 s.append(step, t, value)
+
+    def add_rows(self, rows: Iterable[tuple[str, Labels, float]], step: int, t: float) -> None:
+        """Append one sample to each of several series, of any gauges (one lock)."""
+        with self.lock:
+            metrics, cap = self._metrics, self.capacity
+            for name, labels, value in rows:
+                m = metrics.get(name)
+                if m is None:
+                    m = metrics[name] = _Metric("gauge")
+                s = m.series.get(labels)
+                if not isinstance(s, Series):
+                    s = m.series[labels] = Series(cap)
+                    self.generation += 1
+                s.append(step, t, value)
+
+    def add_row(self, name: str, labels: tuple[Labels, ...], values: Sequence[float] | np.ndarray,
+                step: int, t: float) -> None:
+        """Append one sample to each series of ``labels``, all written together (a gauge).
+
+        Pass the *same* ``labels`` tuple object each time (e.g. cached per rank): the
+        series are kept as one :class:`Block` found by that object's identity. A new tuple
+        starts a new block, and series it shares with an older block restart their history.
+        """
+        with self.lock:
+            m = self._metrics.get(name)
+            if m is None:
+                m = self._metrics[name] = _Metric("gauge")
+            hit = m.blocks.get(id(labels))
+            if hit is None or hit[0] is not labels:
+                if len(m.blocks) > 1000:  # label tuples are cached by the caller; bound stale ones
+                    m.blocks.clear()
+                block = Block(self.capacity, len(labels))
+                for col, ls in enumerate(labels):
+                    m.series[ls] = Column(block, col)
+                self.generation += 1
+                hit = m.blocks[id(labels)] = (labels, block)
+            hit[1].append(step, t, values)
 
     def inc(self, name: str, labels: Labels, amount: float = 1.0) -> None:
         """Add to a counter (created at 0)."""
@@ -153,6 +262,14 @@ class Store:
             m = self._metrics.get(name)
             s = None if m is None else m.series.get(labels)
             return None if s is None else s.last()
+
+    def series(self, name: str, labels: Labels) -> Series | Column | None:
+        """The series object itself (gauges), for readers that call ``last()`` and
+        ``window()`` on it often. Only the engine's thread writes series, so it may read
+        them without the lock; look it up again when :attr:`generation` changes."""
+        with self.lock:
+            m = self._metrics.get(name)
+            return None if m is None else m.series.get(labels)
 
     def labelsets(self, name: str) -> list[Labels]:
         """Every label set recorded for a metric."""

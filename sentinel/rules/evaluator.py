@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.engine.store import Labels, Store, labels_of
+from sentinel.engine.store import Column, Labels, Series, Store, labels_of
 from sentinel.rules.base import Context, DetectorSpec, Verdict
 from sentinel.rules.config import Rule, RulePack
 from sentinel.rules.lifecycle import Lifecycle, Transition
@@ -62,8 +62,9 @@ class _Compiled:
 @dataclass
 class _Selection:
     refreshed: int
+    generation: int  # the store's generation when selected
     metric: str | None
-    series: list[tuple[Labels, Labels]]  # (labels, labels beyond job/run/rank)
+    series: list[tuple[Labels, Labels, Series | Column]]  # (labels, labels beyond job/run/rank, series)
 
 
 def _compile(idx: int, rule: Rule) -> _Compiled:
@@ -169,7 +170,8 @@ class RuleEngine:
                 if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                     continue
                 sel = sels.get((c.idx, job, run, rank))
-                if sel is None or sel.metric is None or not 0 <= step - sel.refreshed < refresh:
+                if (sel is None or sel.metric is None or sel.generation != store.generation
+                        or not 0 <= step - sel.refreshed < refresh):
                     sel = self._select(c, job, run, rank, labels, step)
                     if sel.metric is None:
                         if c.every > 1:  # nothing to judge yet: look again in every_steps
@@ -178,32 +180,34 @@ class RuleEngine:
                 name, params, metric = c.name, c.params, sel.metric
                 # with no open alert only a firing verdict changes anything, so a value
                 # that cannot fire (spec.idle) needs no window and no verdict
-                idle = None if life.is_open(name, job, run) else c.spec.idle
+                held = life.open_series(name, job, run)
+                idle = None if held is not None else c.spec.idle
                 sampled = False
-                for series_labels, extra in sel.series:
-                    last = store.last(metric, series_labels)
+                for series_labels, extra, series in sel.series:
+                    last = series.last()
                     if last is None or last[0] != step:
                         continue  # no new sample of this series at this step
                     sampled = True
                     if idle is not None and idle(last[2], params):
                         continue
+                    verdict: Verdict | None
+                    if c.fast:
+                        verdict = check(last[2], params)
+                        self.evaluations += 1
+                        if verdict is None or not verdict.firing and (held is None or (rank, extra) not in held):
+                            continue  # a quiet value of a series the alert does not hold: no change
                     done_key = (c.idx, series_labels)
                     sample = (step, last[1])
                     if done.get(done_key) == sample:
                         continue  # judged already, at an earlier frame of this step
                     done[done_key] = sample
-                    verdict: Verdict | None
-                    if c.fast:
-                        verdict = check(last[2], params)
-                    else:
-                        window = store.window(metric, series_labels, c.samples)
-                        if window is None:
-                            continue
+                    if not c.fast:
+                        window = series.window(c.samples)
                         cctx = self._context(
                             c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped
                         )
                         verdict = c.spec.fn(window, params, cctx)
-                    self.evaluations += 1
+                        self.evaluations += 1
                     life.observe(c.rule, job, run, rank, extra, verdict, step, now)
                 if sampled and c.every > 1:
                     judged[(c.idx, job, run, rank)] = (step, frame)
@@ -326,14 +330,13 @@ class RuleEngine:
     ) -> None:
         step = self._last_step.get((job, run, rank), 0)
         sel = self._sel.get((c.idx, job, run, rank))
-        if sel is None or sel.metric is None or not 0 <= step - sel.refreshed < self._refresh:
+        if (sel is None or sel.metric is None or sel.generation != self.store.generation
+                or not 0 <= step - sel.refreshed < self._refresh):
             sel = self._select(c, job, run, rank, labels, step)
         if sel.metric is None:
             return
-        for series_labels, extra in sel.series:
-            window = self.store.window(sel.metric, series_labels, c.samples)
-            if window is None:
-                continue
+        for _, extra, series in sel.series:
+            window = series.window(c.samples)
             cctx = Context(step=step, now=t, series=dict(extra))
             verdict = c.spec.fn(window, c.rule.params, cctx)
             self.evaluations += 1
@@ -346,21 +349,26 @@ class RuleEngine:
         its metrics the rank reports. Cached in ``self._sel``."""
         key = (c.idx, job, run, rank)
         store, r = self.store, c.rule
+        gen = store.generation
         rank_pair, run_pair, job_pair = ("rank", str(rank)), ("run", run), ("job", job)
-        sel = _Selection(step, None, [])
+        sel = _Selection(step, gen, None, [])
         for m in r.metrics:
-            if r.per == "rank" and store.last(m, labels) is not None:
-                sel = _Selection(step, m, [(labels, ())])
-                break
+            if r.per == "rank":
+                obj = store.series(m, labels)
+                if obj is not None:
+                    sel = _Selection(step, gen, m, [(labels, (), obj)])
+                    break
             found = []
             for ls in store.labelsets(m):
                 if rank_pair in ls and run_pair in ls and job_pair in ls:
                     extra = tuple(p for p in ls if p[0] not in _IDENTITY)
                     if r.per == "group" and not any(k == "group" for k, _ in extra):
                         continue
-                    found.append((ls, extra))
+                    obj = store.series(m, ls)
+                    if obj is not None:
+                        found.append((ls, extra, obj))
             if found:
-                sel = _Selection(step, m, found)
+                sel = _Selection(step, gen, m, found)
                 break
         self._sel[key] = sel
         return sel

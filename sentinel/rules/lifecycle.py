@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,6 +295,12 @@ class Lifecycle:
         """Whether an open alert of rule ``name`` holds a series of ``rank``."""
         alert = self._open.get((name, job, run))
         return alert is not None and any(k[0] == rank for k in alert.series)
+
+    def open_series(self, name: str, job: str, run: str) -> Mapping[tuple[int, Labels], object] | None:
+        """The series (keyed ``(rank, extra labels)``) held by the open alert of rule
+        ``name`` in the run, or None when none is open."""
+        alert = self._open.get((name, job, run))
+        return None if alert is None else alert.series
 
     def is_open(self, name: str, job: str, run: str) -> bool:
         """Whether rule ``name`` has a pending or firing alert in the run."""

@@ -102,27 +102,42 @@ def ljung_box(r: np.ndarray, lags: int) -> float:
 def _residuals(x: np.ndarray, y: np.ndarray, degree: int) -> np.ndarray:
     """``y`` minus its least-squares polynomial of ``degree`` (1 or 2) over ``x``.
 
-    Solves the 2×2 or 3×3 normal equations directly: ``np.polyfit`` costs several times
-    more for the ~100 samples used here.
+    Solves the 2×2 or 3×3 normal equations from their moments, in plain floats:
+    ``np.polyfit`` or ``np.linalg.solve`` cost several times more for the ~100 samples
+    used here, and this runs on the engine's hot path.
     """
     span = float(x.max() - x.min())
     if span <= 0.0 or len(x) <= degree:
         return y - y.mean()
     u = (x - x.mean()) / span  # centred and scaled: well-conditioned for any step numbers
-    cols = [np.ones_like(u), u] if degree == 1 else [np.ones_like(u), u, u * u]
-    a = np.vstack(cols)
-    coef = np.linalg.solve(a @ a.T, a @ y)
-    return y - coef @ a
+    n = float(len(u))
+    s1, s2, t0, t1 = float(u.sum()), float(u @ u), float(y.sum()), float(u @ y)
+    if degree == 1:
+        det = n * s2 - s1 * s1
+        if det <= 0.0:
+            return y - y.mean()
+        c1 = (n * t1 - s1 * t0) / det
+        return y - ((t0 - c1 * s1) / n + c1 * u)
+    u2 = u * u
+    s3, s4, t2 = float(u2 @ u), float(u2 @ u2), float(u2 @ y)
+    # Cramer's rule on [[n, s1, s2], [s1, s2, s3], [s2, s3, s4]] · c = [t0, t1, t2]
+    det = n * (s2 * s4 - s3 * s3) - s1 * (s1 * s4 - s3 * s2) + s2 * (s1 * s3 - s2 * s2)
+    if not det > 1e-12 * n * s4 * s2:  # (near) singular: too few distinct steps
+        return _residuals(x, y, 1)
+    c0 = (t0 * (s2 * s4 - s3 * s3) - s1 * (t1 * s4 - s3 * t2) + s2 * (t1 * s3 - s2 * t2)) / det
+    c1 = (n * (t1 * s4 - t2 * s3) - t0 * (s1 * s4 - s3 * s2) + s2 * (s1 * t2 - t1 * s2)) / det
+    c2 = (n * (s2 * t2 - s3 * t1) - s1 * (s1 * t2 - t1 * s2) + t0 * (s1 * s3 - s2 * s2)) / det
+    return y - (c0 + c1 * u + c2 * u2)
 
 
 def _detrend(
     steps: np.ndarray, values: np.ndarray, log: bool, degree: int
-) -> tuple[np.ndarray, bool]:
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Residuals around the trend (of ``log(values)`` when ``log`` and all positive), in
-    step order, and whether the log scale was used."""
-    use_log = log and float(values.min()) > 0.0
-    y = np.log(values) if use_log else values
-    return _residuals(steps.astype(np.float64), y, degree), use_log
+    step order, and the log values (None when the linear scale was used)."""
+    logs = np.log(values) if log and float(values.min()) > 0.0 else None
+    y = values if logs is None else logs
+    return _residuals(steps.astype(np.float64), y, degree), logs
 
 
 def _level_change(values: np.ndarray) -> float:
@@ -133,12 +148,12 @@ def _level_change(values: np.ndarray) -> float:
     return abs(math.log(b / a))
 
 
-def _amplitude_of(r: np.ndarray, values: np.ndarray, use_log: bool) -> tuple[float, float]:
+def _amplitude_of(r: np.ndarray, values: np.ndarray, logs: np.ndarray | None) -> tuple[float, float]:
     ordered = sorted(r.tolist())
-    if use_log:
+    if logs is not None:
         lo, hi = math.exp(quantile(ordered, 0.05)), math.exp(quantile(ordered, 0.95))
         rel = (hi - lo) / (hi + lo)  # half-range over the midpoint: 1.3 / 0.7 → 0.3
-        level = math.exp(float(np.log(values).mean()))
+        level = math.exp(float(logs.mean()))
         return rel, rel * level
     half = (quantile(ordered, 0.95) - quantile(ordered, 0.05)) / 2.0
     level = abs(float(values.mean()))
@@ -156,8 +171,8 @@ def amplitude(
         log: detrend ``log(values)`` when all are positive.
         degree: degree of the trend polynomial.
     """
-    r, use_log = _detrend(steps, values, log, degree)
-    return _amplitude_of(r, values, use_log)
+    r, logs = _detrend(steps, values, log, degree)
+    return _amplitude_of(r, values, logs)
 
 
 def detect(window: Window, params: OscillationParams, ctx: Context) -> Verdict | None:
@@ -170,12 +185,15 @@ def detect(window: Window, params: OscillationParams, ctx: Context) -> Verdict |
         the level moves by more than ``max_trend``.
     """
     w = since(window, ctx.since_step)
-    ok = np.isfinite(w.values)
-    if int(ok.sum()) < params.min_samples:
+    steps, values = w.steps, w.values
+    ok = np.isfinite(values)
+    if not ok.all():
+        steps, values = steps[ok], values[ok]
+    if len(values) < params.min_samples:
         return None
-    steps, values = w.steps[ok], w.values[ok]
-    r, use_log = _detrend(steps, values, params.log, params.degree)
-    rel, half = _amplitude_of(r, values, use_log)
+    r, logs = _detrend(steps, values, params.log, params.degree)
+    use_log = logs is not None
+    rel, half = _amplitude_of(r, values, logs)
     detail = f"±{rel:.0%} around the trend"
     firing = rel > params.amplitude and half > params.min_amplitude
     # the two guards below only ever veto, so the common quiet case skips them
