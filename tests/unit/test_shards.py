@@ -108,3 +108,52 @@ def test_gradient_spike_rule_judges_the_assembled_norm() -> None:
             e.feed(_frame(rank, step, [1e6 if big else 1.0, 1.0]))
     fired = [t for t in e.transitions if t.alertname == "GradientSpike" and t.state_to == "firing"]
     assert fired, [t.summary for t in e.transitions]
+
+
+class _Placement:
+    def __init__(self, shard: bool) -> None:
+        self.shard = shard
+
+    def is_shard(self) -> bool:
+        return self.shard
+
+
+class _Mesh:
+    def __init__(self, coord: list[int] | None) -> None:
+        self.coord = coord
+
+    def get_coordinate(self) -> list[int] | None:
+        return self.coord
+
+
+class _FakeDTensor:
+    """What shard_plan reads of a DTensor: its mesh coordinate and placements."""
+
+    def __init__(self, coord: list[int] | None, *shard: bool) -> None:
+        self.device_mesh = _Mesh(coord)
+        self.placements = [_Placement(s) for s in shard]
+
+
+S, R = True, False  # Shard / Replicate on a mesh dimension
+
+
+@pytest.mark.parametrize(("coord", "placements", "counts"), [
+    ([0], (S,), True),  # FSDP: every rank counts its shard
+    ([1], (S,), True),
+    ([0, 1], (R, S), True),  # HSDP: replica 0 counts its shard
+    ([1, 1], (R, S), False),  # another replica holds the same shard: not counted again
+    ([1], (R,), False),  # a replicated DTensor counts on coordinate 0 only
+    (None, (S,), False),  # this rank is not in the mesh
+])
+def test_shard_plan_counts_each_element_once(monkeypatch: pytest.MonkeyPatch, coord: Any,
+                                             placements: tuple[bool, ...], counts: bool) -> None:
+    import torch
+
+    from sentinel.instrument import stats
+
+    monkeypatch.setattr(stats, "_dtensor_type", lambda: _FakeDTensor)
+    plain = torch.zeros(1)
+    for rank in (0, 1):
+        sharded, keep = stats.shard_plan([_FakeDTensor(coord, *placements), plain], rank)  # type: ignore[list-item]
+        assert sharded and keep == [counts, rank == 0]  # a plain tensor beside DTensors: rank 0 only
+    assert stats.shard_plan([plain], 1) == (False, [True])

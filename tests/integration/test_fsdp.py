@@ -1,0 +1,94 @@
+"""An FSDP2 run's global norms, assembled by the daemon from the ranks' shards, equal the
+unsharded reference: ``sentinel run -- torchrun --nproc-per-node 2`` with gloo on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+SCRIPTS = Path(__file__).parent / "scripts"
+STEPS = 12
+_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\} (\S+)$", re.M)
+
+
+def _series(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a /metrics page, keyed by name and label set."""
+    out = {}
+    for name, labels, value in _SAMPLE.findall(text):
+        pairs = frozenset(tuple(kv.split("=", 1)) for kv in re.findall(r'\w+="[^"]*"', labels))
+        out[(name, frozenset((k, v.strip('"')) for k, v in pairs))] = float(value)
+    return out
+
+
+def _get(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    hits = [v for (n, ls), v in series.items() if n == name and set(labels.items()) <= ls]
+    assert len(hits) == 1, f"{name}{labels}: {len(hits)} series"
+    return hits[0]
+
+
+def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> None:
+    ref_file, release = tmp_path / "reference.json", tmp_path / "release"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    env = {**os.environ, "SENTINEL_UPDATE_EVERY": "1"}  # param norms in every frame
+    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                             torchrun, "--standalone", "--nproc-per-node", "2",
+                             str(SCRIPTS / "fsdp_train.py"), str(STEPS), str(ref_file), str(release)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log: list[str] = []
+    try:
+        url = None
+        for line in proc.stderr:  # type: ignore[union-attr]
+            log.append(line)
+            m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
+            if m:
+                url = m.group(1)
+                threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+                break
+        assert url is not None, "".join(log)
+
+        def both_done() -> str | None:
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+            done = re.findall(rf'sentinel_step\{{job="train",rank="(\d)",run="[^"]+"\}} {STEPS}\.0', text)
+            return text if set(done) == {"0", "1"} and ref_file.exists() else None
+
+        series = _series(wait_for(both_done, timeout=120, what=f"both ranks at step {STEPS}"))
+        ref = json.loads(ref_file.read_text())[-1]
+        assert ref["step"] == STEPS
+        for rank in ("0", "1"):  # the whole model's norms, on every rank's series
+            assert _get(series, "sentinel_grad_norm", rank=rank) == pytest.approx(ref["grad_norm"], rel=1e-5)
+            for group, norm in ref["group_grad_norm"].items():
+                got = _get(series, "sentinel_group_grad_norm", rank=rank, group=group)
+                assert got == pytest.approx(norm, rel=1e-5), group
+            assert _get(series, "sentinel_param_norm", rank=rank) == pytest.approx(ref["param_norm"], rel=1e-5)
+            # clip_grad_norm_ on DTensors returns the (replicated) global norm: read without a collective
+            assert _get(series, "sentinel_grad_norm_preclip", rank=rank) == pytest.approx(ref["preclip"], rel=1e-5)
+        for rank in ("0", "1"):  # the script clipped every step but the last, whose norm is above 2
+            assert ref["grad_norm"] > 2.0
+            assert _get(series, "sentinel_grad_clipped_steps_total", rank=rank) == STEPS - 1
+        # each rank's own shard is exported apart, and is not the model's norm
+        local = [_get(series, "sentinel_local_grad_norm", rank=r) for r in ("0", "1")]
+        assert sum(v * v for v in local) == pytest.approx(ref["grad_norm"] ** 2, rel=1e-5)
+        assert all(v < ref["grad_norm"] for v in local)
+        assert not any(n == "sentinel_shard_steps_incomplete_total" and v for (n, _), v in series.items())
+        release.touch()
+        assert proc.wait(120) == 0, "".join(log)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
