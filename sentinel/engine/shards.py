@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from sentinel.engine.store import Labels, Store
 
 MAX_STEPS = 8
@@ -74,16 +76,25 @@ class _Part:
     count: float | None
 
 
-def _by_group(parts: list[_Part], field: str, order: list[str]) -> list[float] | None:
+def _norms(sumsq: np.ndarray) -> np.ndarray:
+    """Square roots, NaN for a negative sum."""
+    out = np.sqrt(np.abs(sumsq))
+    out[sumsq < 0] = np.nan
+    return out
+
+
+def _by_group(parts: list[_Part], field: str, order: list[str]) -> np.ndarray | None:
     """Per-group sums over the ranks, by group name; None if some rank lacks the field."""
-    acc: dict[str, list[float]] = {g: [] for g in order}
-    for p in parts:
-        vals = getattr(p, field)
-        if vals is None:
-            return None
+    rows = [getattr(p, field) for p in parts]
+    if any(r is None for r in rows):
+        return None
+    if all(p.groups == order for p in parts):  # the usual case: every rank lists the same groups
+        return np.asarray(rows, dtype=np.float64).sum(axis=0)
+    acc = dict.fromkeys(order, 0.0)
+    for p, vals in zip(parts, rows):
         for g, v in zip(p.groups, vals):
-            acc.setdefault(g, []).append(float(v))
-    return [math.fsum(acc[g]) for g in order]
+            acc[g] += float(v)
+    return np.fromiter(acc.values(), dtype=np.float64, count=len(acc))
 
 
 def _delta_by_group(parts: list[_Part], order: list[str]) -> list[float | None] | None:
@@ -112,6 +123,7 @@ class ShardAssembler:
         self.store = store
         self._runs: OrderedDict[tuple[str, str], OrderedDict[int, dict[int, _Part]]] = OrderedDict()
         self._labels: dict[tuple[Labels, str], Labels] = {}
+        self._rows: dict[tuple[Labels, tuple[str, ...]], tuple[Labels, ...]] = {}
         self.assembled = 0
         """Steps assembled so far (all runs)."""
         self.incomplete = 0
@@ -138,7 +150,7 @@ class ShardAssembler:
         gsq = f.get("grad_sumsq")
         if gsq is None:
             return rest
-        self._local(groups, gsq, f.get("param_sumsq"), add, base, ctx)
+        self._local(groups, gsq, f.get("param_sumsq"), add, base, ctx, f["step"], float(f["t"]))
         world, rank = f.get("world"), f["rank"]
         if not (isinstance(world, int) and 0 < world <= MAX_WORLD and 0 <= rank < world):
             return rest
@@ -152,11 +164,10 @@ class ShardAssembler:
     # -- per rank, at once ------------------------------------------------------------
 
     def _local(self, groups: list[str], gsq: list[float], psq: Any, add: Callable[..., None],
-               base: Labels, ctx: dict[str, Any]) -> None:
-        total = math.fsum(gsq)
-        add("sentinel_local_grad_norm", _sqrt(total))
-        for g, v in zip(groups, gsq):
-            add("sentinel_local_group_grad_norm", _sqrt(v), group=g)
+               base: Labels, ctx: dict[str, Any], step: int, t: float) -> None:
+        add("sentinel_local_grad_norm", _sqrt(math.fsum(gsq)))
+        self.store.add_row("sentinel_local_group_grad_norm", self._group_labels(base, groups),
+                           _norms(np.asarray(gsq, dtype=np.float64)), step, t)
         for source, vals in (("grad", gsq), ("param", psq)):
             if vals is None:
                 continue
@@ -198,34 +209,37 @@ class ShardAssembler:
     def _assemble(self, step: int, parts: list[_Part]) -> None:
         self.assembled += 1
         store = self.store
-        order = list(dict.fromkeys(g for p in parts for g in p.groups))
-        gsq = _by_group(parts, "gsq", order) or []
-        total = math.fsum(gsq)
+        order = parts[0].groups
+        if not all(p.groups == order for p in parts):
+            order = list(dict.fromkeys(g for p in parts for g in p.groups))
+        gsq = _by_group(parts, "gsq", order)
+        assert gsq is not None  # every part has grad sums
+        total = math.fsum(gsq.tolist())
         norm = _sqrt(total)
+        gnorms = _norms(gsq)
         psq = _by_group(parts, "psq", order)
+        pnorms = None if psq is None else _norms(psq)
+        pnorm = None if psq is None else _sqrt(math.fsum(psq.tolist()))
         dsq = _delta_by_group(parts, order) if psq is not None else None
-        snr = None
+        scalars = [("sentinel_grad_norm", norm)]
         if all(p.l1 is not None and p.count for p in parts):
             n = math.fsum(p.count or 0.0 for p in parts)
             mean_abs, mean_sq = math.fsum(p.l1 or 0.0 for p in parts) / n, total / n
             std = _sqrt(mean_sq - mean_abs * mean_abs)
-            snr = mean_abs / std if std > 0 else float("nan")
+            scalars.append(("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan")))
+        if pnorm is not None:
+            scalars.append(("sentinel_param_norm", pnorm))
         gvr = self._gvr(parts[0].base, norm)  # the same window on every rank: taken once
-        for p in parts:
-            t = p.t
-            store.add("sentinel_grad_norm", p.base, step, t, norm)
-            store.add_many("sentinel_group_grad_norm", zip(self._group_labels(p.base, order), map(_sqrt, gsq)),
-                           step, t)
-            if snr is not None:
-                store.add("sentinel_gradient_snr", p.base, step, t, snr)
-            if psq is not None:
-                store.add("sentinel_param_norm", p.base, step, t, _sqrt(math.fsum(psq)))
-                store.add_many("sentinel_group_param_norm",
-                               zip(self._group_labels(p.base, order), map(_sqrt, psq)), step, t)
+        if gvr is not None:
+            scalars.append(("sentinel_gradient_variance_ratio", gvr))
+        for p in parts:  # every rank's series get the model's values, at that rank's time
+            store.add_rows([(name, p.base, v) for name, v in scalars], step, p.t)
+            labels = self._group_labels(p.base, order)
+            store.add_row("sentinel_group_grad_norm", labels, gnorms, step, p.t)
+            if psq is not None and pnorms is not None:
+                store.add_row("sentinel_group_param_norm", labels, pnorms, step, p.t)
                 if dsq is not None:
-                    self._update_ratio(p.base, order, psq, dsq, step, t)
-            if gvr is not None:
-                store.add("sentinel_gradient_variance_ratio", p.base, step, t, gvr)
+                    self._update_ratio(p.base, order, psq.tolist(), dsq, step, p.t)
 
     def _update_ratio(self, base: Labels, order: list[str], psq: list[float], dsq: list[float | None],
                       step: int, t: float) -> None:
@@ -262,5 +276,13 @@ class ShardAssembler:
             labels = self._labels[ck] = tuple(sorted(base + ((key, value),)))
         return labels
 
-    def _group_labels(self, base: Labels, groups: list[str]) -> list[Labels]:
-        return [self._label(base, "group", g) for g in groups]
+    def _group_labels(self, base: Labels, groups: list[str]) -> tuple[Labels, ...]:
+        """The group series' labels of a rank: the same tuple object each time, which
+        :meth:`Store.add_row` keys its blocks by."""
+        key = (base, tuple(groups))
+        out = self._rows.get(key)
+        if out is None:
+            if len(self._rows) > 10_000:
+                self._rows.clear()
+            out = self._rows[key] = tuple(tuple(sorted(base + (("group", g),))) for g in groups)
+        return out
