@@ -67,6 +67,9 @@ def encode(frame: dict[str, Any]) -> bytes:
 _REQUIRED: dict[str, type | tuple[type, ...]] = {"kind": str, "run": str, "job": str, "rank": int, "step": int, "t": (int, float)}
 
 
+_last_groups: list[list[str]] = [[]]  # the groups of the last valid frame with groups
+
+
 def decode(data: bytes) -> dict[str, Any]:
     """Decode and validate one frame.
 
@@ -88,8 +91,12 @@ def decode(data: bytes) -> dict[str, Any]:
             raise FrameError(f"field {key!r} missing or of the wrong type")
     groups = frame.get("groups")
     if groups is not None:
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        # a rank sends the same groups every step: compare with the last valid list (one
+        # C-level comparison) before checking each element
+        if not isinstance(groups, list) or (groups != _last_groups[0]
+                                            and not all(isinstance(g, str) for g in groups)):
             raise FrameError("field 'groups' must be a list of strings")
+        _last_groups[0] = groups
         for key in ("grad_sumsq", "param_sumsq", "delta_sumsq"):
             vals = frame.get(key)
             if vals is not None and (not isinstance(vals, list) or len(vals) != len(groups)):

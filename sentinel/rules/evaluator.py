@@ -67,6 +67,21 @@ class _Selection:
     series: list[tuple[Labels, Labels, Series | Column]]  # (labels, labels beyond job/run/rank, series)
 
 
+class _Rank:
+    """What the engine keeps per rank: its labels, progress and per-rule lookups."""
+
+    __slots__ = ("labels", "last_step", "frames", "amp", "sel", "judged")
+
+    def __init__(self, labels: Labels, rules: int) -> None:
+        self.labels = labels
+        self.last_step = 0
+        self.frames = 0  # frames evaluated
+        self.amp = 0.0  # AMP skipped steps seen
+        self.sel: list[_Selection | None] = [None] * rules  # by rule index
+        # (step, frame number) at which each rule last judged any series of the rank
+        self.judged: list[tuple[int, int] | None] = [None] * rules
+
+
 def _compile(idx: int, rule: Rule) -> _Compiled:
     spec = DETECTORS[rule.kind]
     p = rule.params
@@ -110,16 +125,11 @@ class RuleEngine:
         compiled = [_compile(i, r) for i, r in enumerate(pack.enabled())]
         self._step_rules = [c for c in compiled if not c.spec.time_based]
         self._time_rules = [c for c in compiled if c.spec.time_based]
+        self._n_rules = len(compiled)
         self._runs: dict[tuple[str, str], set[int]] = {}
-        self._last_step: dict[tuple[str, str, int], int] = {}
-        self._labels: dict[tuple[str, str, int], Labels] = {}
-        self._amp: dict[tuple[str, str, int], float] = {}
-        self._sel: dict[tuple[int, str, str, int], _Selection] = {}
+        self._ranks: dict[tuple[str, str, int], _Rank] = {}
         # the last sample judged, as its (step, time), per rule and series
         self._done: dict[tuple[int, Labels], tuple[int, float]] = {}
-        # (step, frame number) at which a rule last judged any series of a rank
-        self._judged: dict[tuple[int, str, str, int], tuple[int, int]] = {}
-        self._frames: dict[tuple[str, str, int], int] = {}  # frames evaluated per rank
         self.evaluations = 0  # verdicts taken (rule × series), for sentinel_daemon_rule_evaluations_total
 
     def evaluate(
@@ -148,34 +158,35 @@ class RuleEngine:
         store, life = self.store, self._life
         with self._lock:
             now = self._clock()
-            rk = (job, run, rank)
-            labels = self._rank_labels(rk)
+            rs = self._rank(job, run, rank)
+            labels = rs.labels
             ranks = self._runs.setdefault((job, run), set())
             ranks.add(rank)
-            self._last_step[rk] = step
-            frame = self._frames[rk] = self._frames.get(rk, 0) + 1
+            rs.last_step = step
+            rs.frames += 1
+            frame = rs.frames
             skips = store.counter(AMP_SKIPS, labels)
-            amp_skipped = skips > self._amp.get(rk, 0.0)
-            self._amp[rk] = skips
+            amp_skipped = skips > rs.amp
+            rs.amp = skips
             touched: list[str] = []
-            sels, refresh, done, judged = self._sel, self._refresh, self._done, self._judged
+            sels, judged, refresh, done, gen = rs.sel, rs.judged, self._refresh, self._done, store.generation
             for c in self._step_rules:
                 if step < c.gate_until:
                     continue
                 if c.every > 1 and (step + c.offset) % c.every:
                     # off its phase: run only to catch up (a sparse series, a frozen step)
-                    seen = judged.get((c.idx, job, run, rank))
+                    seen = judged[c.idx]
                     if seen is not None and step - seen[0] < c.every and frame - seen[1] < 2 * c.every:
                         continue
                 if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                     continue
-                sel = sels.get((c.idx, job, run, rank))
-                if (sel is None or sel.metric is None or sel.generation != store.generation
+                sel = sels[c.idx]
+                if (sel is None or sel.metric is None or sel.generation != gen
                         or not 0 <= step - sel.refreshed < refresh):
-                    sel = self._select(c, job, run, rank, labels, step)
+                    sel = self._select(c, job, run, rank, rs, step)
                     if sel.metric is None:
                         if c.every > 1:  # nothing to judge yet: look again in every_steps
-                            judged[(c.idx, job, run, rank)] = (step, frame)
+                            judged[c.idx] = (step, frame)
                         continue
                 name, params, metric = c.name, c.params, sel.metric
                 # with no open alert only a firing verdict changes anything, so a value
@@ -210,12 +221,12 @@ class RuleEngine:
                         self.evaluations += 1
                     life.observe(c.rule, job, run, rank, extra, verdict, step, now)
                 if sampled and c.every > 1:
-                    judged[(c.idx, job, run, rank)] = (step, frame)
+                    judged[c.idx] = (step, frame)
                 touched.append(name)
             for c in self._time_rules:
                 # a new frame ends any stall of this rank: judge it now, not at the next tick
                 if life.tracks(c.rule.name, job, run, rank):
-                    self._time_eval(c, job, run, rank, labels, t, now)
+                    self._time_eval(c, job, run, rank, rs, t, now)
                     touched.append(c.rule.name)
             out: list[Transition] = []
             for name in touched:
@@ -237,10 +248,10 @@ class RuleEngine:
             for (job, run), ranks in list(self._runs.items()):
                 for c in self._time_rules:
                     for rank in sorted(ranks):
-                        rk = (job, run, rank)
-                        if self._last_step.get(rk, 0) < c.gate_until:
+                        rs = self._rank(job, run, rank)
+                        if rs.last_step < c.gate_until:
                             continue
-                        self._time_eval(c, job, run, rank, self._rank_labels(rk), now, now)
+                        self._time_eval(c, job, run, rank, rs, now, now)
                     if self._life.is_open(c.rule.name, job, run):
                         out += self._life.settle(c.rule.name, job, run, now, ranks)
             out += self._life.flush(now)
@@ -262,15 +273,7 @@ class RuleEngine:
             if not ranks:
                 self._runs.pop((job, run), None)
             for r in gone:
-                rk = (job, run, r)
-                self._last_step.pop(rk, None)
-                self._frames.pop(rk, None)
-                self._labels.pop(rk, None)
-                self._amp.pop(rk, None)
-            for k in [k for k in self._sel if k[1] == job and k[2] == run and k[3] in gone]:
-                del self._sel[k]
-            for jk in [k for k in self._judged if k[1] == job and k[2] == run and k[3] in gone]:
-                del self._judged[jk]
+                self._ranks.pop((job, run, r), None)
             gone_pairs = {("rank", str(r)) for r in gone}
             for dk in [k for k in self._done if ("job", job) in k[1] and ("run", run) in k[1]]:
                 if any(p in gone_pairs for p in dk[1]):
@@ -294,11 +297,12 @@ class RuleEngine:
 
     # -- internals ---------------------------------------------------------------
 
-    def _rank_labels(self, rk: tuple[str, str, int]) -> Labels:
-        labels = self._labels.get(rk)
-        if labels is None:
-            labels = self._labels[rk] = labels_of(job=rk[0], run=rk[1], rank=rk[2])
-        return labels
+    def _rank(self, job: str, run: str, rank: int) -> _Rank:
+        rk = (job, run, rank)
+        rs = self._ranks.get(rk)
+        if rs is None:
+            rs = self._ranks[rk] = _Rank(labels_of(job=job, run=run, rank=rank), self._n_rules)
+        return rs
 
     def _context(
         self,
@@ -326,13 +330,13 @@ class RuleEngine:
         )
 
     def _time_eval(
-        self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, t: float, now: float
+        self, c: _Compiled, job: str, run: str, rank: int, rs: _Rank, t: float, now: float
     ) -> None:
-        step = self._last_step.get((job, run, rank), 0)
-        sel = self._sel.get((c.idx, job, run, rank))
+        step = rs.last_step
+        sel = rs.sel[c.idx]
         if (sel is None or sel.metric is None or sel.generation != self.store.generation
                 or not 0 <= step - sel.refreshed < self._refresh):
-            sel = self._select(c, job, run, rank, labels, step)
+            sel = self._select(c, job, run, rank, rs, step)
         if sel.metric is None:
             return
         for _, extra, series in sel.series:
@@ -342,13 +346,10 @@ class RuleEngine:
             self.evaluations += 1
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)
 
-    def _select(
-        self, c: _Compiled, job: str, run: str, rank: int, labels: Labels, step: int
-    ) -> _Selection:
+    def _select(self, c: _Compiled, job: str, run: str, rank: int, rs: _Rank, step: int) -> _Selection:
         """Look up (again) the series of ``c.rule`` for one rank: those of the first of
-        its metrics the rank reports. Cached in ``self._sel``."""
-        key = (c.idx, job, run, rank)
-        store, r = self.store, c.rule
+        its metrics the rank reports. Cached in ``rs.sel``."""
+        store, r, labels = self.store, c.rule, rs.labels
         gen = store.generation
         rank_pair, run_pair, job_pair = ("rank", str(rank)), ("run", run), ("job", job)
         sel = _Selection(step, gen, None, [])
@@ -370,5 +371,5 @@ class RuleEngine:
             if found:
                 sel = _Selection(step, gen, m, found)
                 break
-        self._sel[key] = sel
+        rs.sel[c.idx] = sel
         return sel
