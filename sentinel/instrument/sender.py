@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 import time
 from collections import deque
 from typing import Protocol
@@ -45,6 +46,9 @@ class DatagramSender:
     A Unix datagram socket queues only ``net.unix.max_dgram_qlen`` frames (10 by default),
     so a burst that finds the queue full waits in a small local backlog, sent first at the
     next ``send``; only when that backlog is full is the oldest frame dropped and counted.
+    While frames wait there, a helper thread retries every few milliseconds, so the last
+    frames of a burst arrive even when the training loop pauses (evaluation, a checkpoint,
+    the end of training) instead of waiting for its next step.
 
     Args:
         path: the engine's socket path.
@@ -54,6 +58,8 @@ class DatagramSender:
     _FULL = (errno.EAGAIN, errno.ENOBUFS)
     _GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK)
 
+    RETRY_SECONDS = 0.005
+
     def __init__(self, path: str, backlog: int = 256) -> None:
         self.path = path
         self.dropped = 0
@@ -62,6 +68,9 @@ class DatagramSender:
         self._max_backlog = backlog
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
+        self._lock = threading.Lock()
+        self._retrying = False  # a retry thread is running
+        self._closed = False
 
     def _try(self, data: bytes) -> int:
         """0 if sent, else the errno (full or gone); EMSGSIZE and others drop the frame."""
@@ -84,24 +93,41 @@ class DatagramSender:
         return True
 
     def send(self, data: bytes) -> bool:
-        if self._flush():
-            err = self._try(data)
-            if err == 0:
-                return True
-            if err not in self._FULL:
+        with self._lock:
+            if self._flush():
+                err = self._try(data)
+                if err == 0:
+                    return True
+                if err not in self._FULL:
+                    self.dropped += 1
+                    return False
+            self._backlog.append(data)
+            if len(self._backlog) > self._max_backlog:
+                self._backlog.popleft()
                 self.dropped += 1
-                return False
-        self._backlog.append(data)
-        if len(self._backlog) > self._max_backlog:
-            self._backlog.popleft()
-            self.dropped += 1
-        return True
+            if not self._retrying and not self._closed:
+                self._retrying = True
+                threading.Thread(target=self._retry, name="sentinel-sender", daemon=True).start()
+            return True
+
+    def _retry(self) -> None:
+        """Drain the backlog in the background; ends when it is empty."""
+        while True:
+            time.sleep(self.RETRY_SECONDS)
+            with self._lock:
+                if self._closed or self._flush():
+                    self._retrying = False
+                    return
 
     def close(self, timeout: float = 1.0) -> None:
         """Give the backlog up to ``timeout`` seconds to drain (off the hot path), then close."""
         deadline = time.monotonic() + timeout
-        while not self._flush() and time.monotonic() < deadline:
+        while True:
+            with self._lock:
+                if self._flush() or time.monotonic() >= deadline:
+                    self._closed = True
+                    self.dropped += len(self._backlog)
+                    self._backlog.clear()
+                    self._sock.close()
+                    return
             time.sleep(0.01)
-        self.dropped += len(self._backlog)
-        self._backlog.clear()
-        self._sock.close()
