@@ -47,6 +47,9 @@ CATALOG: dict[str, Spec] = {
     "sentinel_steps_total": Spec(C, "Optimizer steps completed."),
     "sentinel_step_duration_seconds": Spec(G, "Wall time of the last training step."),
     "sentinel_last_step_timestamp_seconds": Spec(G, "Unix time of the last completed step."),
+    "sentinel_exit_status": Spec(
+        G, "Exit status of a rank that ended without finishing: the code, 128+N for signal N, "
+           "-1 when its process vanished; 0 once it reports again."),
     "sentinel_learning_rate": Spec(G, "Learning rate per optimizer param group.", ("param_group",)),
     "sentinel_gradient_variance_ratio": Spec(G, "GVR: var/mean^2 of the recent global grad norms."),
     "sentinel_gradient_snr": Spec(G, "Gradient signal-to-noise: mean(|g|)/std(|g|) over all elements."),

@@ -4,6 +4,7 @@ the daemon."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -13,12 +14,26 @@ from typing import Any
 from sentinel import wire
 from sentinel.engine.exporter import Row
 from sentinel.engine.ingest import Ingestor
-from sentinel.engine.store import Store
+from sentinel.engine.store import Store, labels_of
 from sentinel.rules.config import RulePack, load_pack
 from sentinel.rules.evaluator import RuleEngine
 from sentinel.rules.lifecycle import Transition
 
 log = logging.getLogger("sentinel")
+
+EXIT_STATUS = "sentinel_exit_status"
+"""Gauge: the exit status recorded for a rank that ended without finishing (see rules/exited.py)."""
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process exists (a zombie counts: its parent will report its status)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: exists, another user's
+        return True
+    return True
 
 Listener = Callable[[Transition], None]
 
@@ -45,15 +60,28 @@ class Engine:
         self.frames_malformed = 0
         self.listener_errors = 0
         self.finished: set[tuple[str, str, int]] = set()
-        self._lock = threading.Lock()
+        # the process of each reporting rank (from the socket's credentials), checked on
+        # tick: a rank whose process is gone without a goodbye frame crashed
+        self.pids: dict[tuple[str, str, int], int] = {}
+        self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
+        self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
+        self._crash_rules = self.rules.rules_of_kind("exited")
+        self._lock = threading.RLock()
 
-    def feed(self, data: bytes) -> bool:
-        """Ingest one encoded frame. Returns False (and counts it) if it was rejected."""
+    def feed(self, data: bytes, pid: int | None = None) -> bool:
+        """Ingest one encoded frame. Returns False (and counts it) if it was rejected.
+
+        Args:
+            pid: the sending process, when the transport knows it (the daemon's socket
+                does); its disappearance without a goodbye frame is a crash.
+        """
         with self._lock:
             self.frames_received += 1
             try:
                 frame = wire.decode(data)
                 self.ingest(frame)
+                if pid is not None and frame["kind"] != "bye":
+                    self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
             except Exception as exc:  # FrameError, or a field of a valid frame with a bad value
                 self.frames_malformed += 1
                 if self.frames_malformed == 1:
@@ -66,17 +94,94 @@ class Engine:
         """Record a decoded frame and evaluate the rules; returns the rules' context."""
         job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
         ctx = self.ingestor.ingest(frame)
+        rk = (job, run, rank)
         if kind == "bye":
-            self.finished.add((job, run, rank))
+            self.finished.add(rk)
+            self.pids.pop(rk, None)
             self._publish(self.rules.retire(job, run, rank))
         elif kind in ("step", "log"):
-            self.finished.discard((job, run, rank))
+            self.finished.discard(rk)
+            if rk in self.exited_ranks:  # reporting again (a restart): its crash is over
+                del self.exited_ranks[rk]
+                self.store.add(EXIT_STATUS, self._labels(rk), frame["step"], float(frame["t"]), 0.0)
             self._publish(self.rules.evaluate(job, run, rank, frame["step"], float(frame["t"]), ctx))
         return ctx
 
-    def tick(self, now: float | None = None) -> list[Transition]:
-        """Time-based rules (stalls) and group waits; call about once a second."""
+    def exited(self, job: str, run: str, status: int, rank: int | None = None,
+               now: float | None = None, who: str = "") -> list[Transition]:
+        """Record that a rank's process (or, with ``rank`` None, the whole command) ended
+        with ``status`` before finishing, and judge the crash rules.
+
+        Args:
+            status: the exit code, ``128 + N`` for death by signal ``N``, or -1 when the
+                process is gone and its status unknown. 0 records nothing.
+            rank: the rank; None means every rank of the run that has not said goodbye
+                (rank 0 when none ever reported: the command died before its first step).
+            who: what ended, for the message (e.g. ``"torchrun (pid 4242)"``).
+
+        Returns:
+            The transitions made (also delivered to the listeners).
+        """
         with self._lock:
+            now = self.clock() if now is None else now
+            if status == 0:
+                return []
+            if rank is not None:
+                ranks = [rank]
+            else:
+                ranks = sorted(r for r in self.rules.ranks(job, run) if (job, run, r) not in self.finished)
+                ranks = ranks or ([] if any(k[:2] == (job, run) for k in self.finished) else [0])
+            out: list[Transition] = []
+            for r in ranks:
+                rk = (job, run, r)
+                if rk in self.finished or self.exited_ranks.get(rk, 0) > 0:
+                    continue  # said goodbye, or its real exit status is already recorded
+                self.exited_ranks[rk] = status
+                self.pids.pop(rk, None)
+                labels = self._labels(rk)
+                step = self.rules.last_step(job, run, r) or 0
+                self.store.add(EXIT_STATUS, labels, step, now, float(status))
+                note = "; ".join(p for p in (who, self._last_values(labels, now)) if p)
+                out += self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)
+                # no stall alert for a dead rank; its crash alert stays until it reports again
+                out += self.rules.retire(job, run, r, now, keep=self._crash_rules)
+            out += self.rules.tick(now)  # fire now rather than after the group wait
+            self._publish(out)
+            return out
+
+    def check_processes(self, now: float | None = None) -> list[Transition]:
+        """Record as crashed every reporting rank whose process no longer exists."""
+        with self._lock:
+            gone = [(rk, pid) for rk, pid in self.pids.items() if pid not in self.owned_pids and not _alive(pid)]
+            out: list[Transition] = []
+            for (job, run, rank), pid in gone:
+                out += self.exited(job, run, -1, rank, now, who=f"rank {rank} (pid {pid}) stopped reporting")
+            return out
+
+    def _labels(self, rk: tuple[str, str, int]) -> tuple[tuple[str, str], ...]:
+        return labels_of(job=rk[0], run=rk[1], rank=rk[2])
+
+    def _last_values(self, labels: tuple[tuple[str, str], ...], now: float) -> str:
+        """The rank's last values, for a crash message."""
+        parts = []
+        for name, title, fmt in (("sentinel_loss", "loss", "{:.4g}"), ("sentinel_grad_norm", "grad norm", "{:.3g}"),
+                                 ("sentinel_step_duration_seconds", "step time", "{:.3g} s")):
+            last = self.store.last(name, labels)
+            if last is not None:
+                parts.append(f"{title} " + fmt.format(last[2]))
+        used = self.store.last("sentinel_memory_used_bytes", labels)
+        cap = self.store.last("sentinel_memory_capacity_bytes", labels)
+        if used is not None:
+            parts.append(f"memory {used[2] / 2**30:.3g} GiB" + (f" of {cap[2] / 2**30:.3g} GiB" if cap else ""))
+        ts = self.store.last("sentinel_last_step_timestamp_seconds", labels)
+        if ts is None:
+            return "no step reported"
+        return f"last values (step {ts[0]}, {max(0.0, now - ts[2]):.0f} s before): " + ", ".join(parts)
+
+    def tick(self, now: float | None = None) -> list[Transition]:
+        """Dead processes, time-based rules (stalls) and group waits; call about once a second."""
+        with self._lock:
+            self.check_processes(now)
             out = self.rules.tick(now)
             self._publish(out)
             return out

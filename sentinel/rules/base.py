@@ -64,6 +64,8 @@ class Context:
         series: the labels of the evaluated series beyond job/run/rank (e.g. ``source``).
         nonfinite_groups: ``{source: [group, ...]}`` as passed by the engine.
         amp_skipped: the AMP scaler skipped a step since the previous frame of this rank.
+        note: a phrase the engine attaches to this evaluation (e.g. a dead rank's last
+            values), for detectors that print it.
     """
 
     step: int
@@ -73,6 +75,7 @@ class Context:
     series: Mapping[str, str] = field(default_factory=dict)
     nonfinite_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
     amp_skipped: bool = False
+    note: str = ""
 
 
 class Params(BaseModel):

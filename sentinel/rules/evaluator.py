@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +140,7 @@ class RuleEngine:
         step: int,
         t: float,
         ctx: Mapping[str, Any] | None = None,
+        only: Collection[str] | None = None,
     ) -> list[Transition]:
         """Evaluate the step-driven rules for one rank after its frame for ``step``.
 
@@ -147,7 +148,10 @@ class RuleEngine:
             t: the frame's wall-clock time.
             ctx: ``nonfinite_groups`` (``{source: [group, ...]}``, first ones first) and
                 ``lr_change_step`` (the last step at which the learning rate changed by
-                more than the engine's factor, or None).
+                more than the engine's factor, or None), and optionally ``note``, a
+                phrase for detectors that print one (``Context.note``).
+            only: evaluate just these rules (e.g. the cross-rank ones, for a rank whose
+                frame for ``step`` was judged already).
 
         Returns:
             Transitions to firing or resolved, in order.
@@ -155,6 +159,7 @@ class RuleEngine:
         ctx = ctx or {}
         lr_change: int | None = ctx.get("lr_change_step")
         nonfinite: Mapping[str, Sequence[str]] = ctx.get("nonfinite_groups") or {}
+        note: str = ctx.get("note") or ""
         store, life = self.store, self._life
         with self._lock:
             now = self._clock()
@@ -171,7 +176,7 @@ class RuleEngine:
             touched: list[str] = []
             sels, judged, refresh, done, gen = rs.sel, rs.judged, self._refresh, self._done, store.generation
             for c in self._step_rules:
-                if step < c.gate_until:
+                if step < c.gate_until or only is not None and c.name not in only:
                     continue
                 if c.every > 1 and (step + c.offset) % c.every:
                     # off its phase: run only to catch up (a sparse series, a frozen step)
@@ -215,7 +220,7 @@ class RuleEngine:
                     if not c.fast:
                         window = series.window(c.samples)
                         cctx = self._context(
-                            c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped
+                            c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped, note
                         )
                         verdict = c.spec.fn(window, params, cctx)
                         self.evaluations += 1
@@ -223,7 +228,7 @@ class RuleEngine:
                 if sampled and c.every > 1:
                     judged[c.idx] = (step, frame)
                 touched.append(name)
-            for c in self._time_rules:
+            for c in self._time_rules if only is None else ():
                 # a new frame ends any stall of this rank: judge it now, not at the next tick
                 if life.tracks(c.rule.name, job, run, rank):
                     self._time_eval(c, job, run, rank, rs, t, now)
@@ -258,15 +263,17 @@ class RuleEngine:
             return out
 
     def retire(
-        self, job: str, run: str, rank: int | None = None, now: float | None = None
+        self, job: str, run: str, rank: int | None = None, now: float | None = None,
+        keep: Collection[str] = (),
     ) -> list[Transition]:
-        """Stop watching one rank (or the whole run) that ended; resolve its alerts.
+        """Stop watching one rank (or the whole run) that ended; resolve its alerts but
+        those of the rules in ``keep``.
 
         Without this, a run that finished cleanly would look stalled.
         """
         with self._lock:
             now = self._clock() if now is None else now
-            out = self._life.drop(job, run, rank, now)
+            out = self._life.drop(job, run, rank, now, keep)
             ranks = self._runs.get((job, run), set())
             gone = set(ranks) if rank is None else {rank}
             ranks -= gone
@@ -289,6 +296,21 @@ class RuleEngine:
         """Recently resolved alerts as JSON-ready dicts, newest first."""
         with self._lock:
             return [a.to_json() for a in self._life.recent()]
+
+    def rules_of_kind(self, kind: str) -> list[str]:
+        """The names of the enabled rules with detector ``kind``."""
+        return [c.name for c in self._step_rules + self._time_rules if c.rule.kind == kind]
+
+    def ranks(self, job: str, run: str) -> set[int]:
+        """The ranks of a run being watched (reported and not retired)."""
+        with self._lock:
+            return set(self._runs.get((job, run), ()))
+
+    def last_step(self, job: str, run: str, rank: int) -> int | None:
+        """The step of the rank's last evaluated frame, or None."""
+        with self._lock:
+            rs = self._ranks.get((job, run, rank))
+            return None if rs is None else rs.last_step
 
     def firing_series(self) -> list[tuple[dict[str, str], float]]:
         """``(labels, value)`` rows for ``sentinel_alert_firing{alertname,severity,job,run}``."""
@@ -314,6 +336,7 @@ class RuleEngine:
         extra: Labels,
         nonfinite: Mapping[str, Sequence[str]],
         amp_skipped: bool,
+        note: str = "",
     ) -> Context:
         reference = None
         if r.reference is not None:
@@ -327,6 +350,7 @@ class RuleEngine:
             series=dict(extra),
             nonfinite_groups=nonfinite,
             amp_skipped=amp_skipped,
+            note=note,
         )
 
     def _time_eval(

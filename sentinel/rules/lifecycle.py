@@ -361,14 +361,17 @@ class Lifecycle:
                 out += self.settle(*key, now=now)
         return out
 
-    def drop(self, job: str, run: str, rank: int | None, now: float) -> list[Transition]:
+    def drop(self, job: str, run: str, rank: int | None, now: float,
+             keep: Collection[str] = ()) -> list[Transition]:
         """Forget the series of one rank (or of every rank) of a run; resolve what empties.
 
-        For a rank or run that ended: its alerts must not stay open forever.
+        For a rank or run that ended: its alerts must not stay open forever. Alerts of
+        the rules in ``keep`` stay as they are (a crash stays reported after the rank is
+        gone).
         """
         out = []
         for key, a in list(self._open.items()):
-            if key[1] != job or key[2] != run:
+            if key[1] != job or key[2] != run or key[0] in keep:
                 continue
             for skey in [k for k in a.series if rank is None or k[0] == rank]:
                 del a.series[skey]

@@ -6,6 +6,7 @@ from sentinel.rules import (
     band,
     divergence,
     drop,
+    exited,
     forecast,
     nonfinite,
     oscillation,
@@ -27,5 +28,6 @@ DETECTORS: dict[str, DetectorSpec] = {
     "forecast": DetectorSpec(forecast.detect, forecast.ForecastParams),
     "drop": DetectorSpec(drop.detect, drop.DropParams),
     "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
+    "exited": DetectorSpec(exited.detect, exited.ExitedParams),
 }
 """Every detector kind a rule may name."""

@@ -1,0 +1,107 @@
+"""TrainingCrashed: a rank's process ends without finishing, and the engine says how.
+
+Real engine, real frames (wire-encoded), real processes for the liveness check.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from sentinel import wire
+from sentinel.engine.engine import Engine
+
+
+def _frame(rank: int, step: int, t: float, loss: float = 0.5) -> bytes:
+    return wire.encode({"kind": "step", "job": "train", "run": "r1", "rank": rank, "world": 2, "step": step,
+                        "t": t, "groups": ["a", "b"], "grad_sumsq": [0.25, 1.0], "step_seconds": 0.1,
+                        "scalars": {"loss": loss}})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _engine(steps: int = 20) -> tuple[Engine, Clock]:
+    clock = Clock()
+    engine = Engine(clock=clock)
+    for step in range(steps):
+        clock.t += 0.1
+        for rank in (0, 1):
+            assert engine.feed(_frame(rank, step, clock.t, loss=2.0 - step / 100))
+    return engine, clock
+
+
+def test_sigkill_fires_training_crashed_with_the_status_and_the_last_values() -> None:
+    engine, clock = _engine()
+    clock.t += 1
+    out = engine.exited("train", "r1", 128 + signal.SIGKILL, rank=1, who="rank 1 (pid 4242)")
+    fired = [t for t in out if t.state_to == "firing"]
+    assert [t.alertname for t in fired] == ["TrainingCrashed"]
+    alert = engine.api_alerts()["data"]["alerts"][0]
+    assert alert["alertname"] == "TrainingCrashed" and alert["state"] == "firing"
+    assert alert["severity"] == "critical" and alert["ranks"] == [1] and alert["step"] == 19
+    s = alert["summary"]
+    assert "SIGKILL (signal 9)" in s and "OOM killer" in s and "rank 1 (pid 4242)" in s, s
+    assert "last values (step 19, 1 s before): loss 1.81, grad norm 1.12" in s, s
+    assert alert["value"] == 137.0
+
+
+def test_a_crashed_rank_does_not_also_stall_and_a_restart_resolves_it() -> None:
+    engine, clock = _engine()
+    engine.exited("train", "r1", 1, rank=1)
+    for _ in range(30):  # rank 0 goes on; rank 1 is silent for far longer than the stall limit
+        clock.t += 100
+        engine.feed(_frame(0, 20, clock.t))
+        engine.tick()
+    names = {a["alertname"]: a for a in engine.alerts_json()}
+    assert "TrainingStalled" not in names
+    assert names["TrainingCrashed"]["state"] == "firing" and "exited with status 1" in names["TrainingCrashed"]["summary"]
+    engine.feed(_frame(1, 0, clock.t))  # the rank is back (a restart)
+    firing = [a["alertname"] for a in engine.alerts_json() if a["state"] == "firing"]
+    assert "TrainingCrashed" not in firing
+    assert any(a["alertname"] == "TrainingCrashed" and a["state"] == "resolved" for a in engine.alerts_json())
+
+
+def test_the_whole_command_exiting_marks_every_rank_that_did_not_finish() -> None:
+    engine, clock = _engine()
+    engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "r1", "rank": 0, "step": 20, "t": clock.t}))
+    engine.exited("train", "r1", 1, who="torchrun (pid 7)")
+    alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
+    assert alert["ranks"] == [1]  # rank 0 said goodbye
+
+
+def test_a_command_that_dies_before_its_first_step_still_alerts() -> None:
+    engine = Engine()
+    out = engine.exited("train", "never-stepped", 2, who="python train.py")
+    assert [t.alertname for t in out if t.state_to == "firing"] == ["TrainingCrashed"]
+    assert "no step reported" in out[0].summary and "exited with status 2" in out[0].summary
+
+
+def test_exit_status_zero_is_not_a_crash() -> None:
+    engine, _ = _engine()
+    assert engine.exited("train", "r1", 0) == []
+    assert not engine.alerts_json()
+
+
+def test_a_vanished_process_is_found_on_tick() -> None:
+    engine, clock = _engine()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid no longer exists
+    try:
+        clock.t += 0.1
+        engine.feed(_frame(0, 20, clock.t), pid=alive.pid)
+        engine.feed(_frame(1, 20, clock.t), pid=dead.pid)
+        engine.tick()
+        alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
+        assert alert["ranks"] == [1] and alert["value"] == -1.0
+        assert f"pid {dead.pid}" in alert["summary"] and "exit status unknown" in alert["summary"]
+    finally:
+        alive.kill()
+        alive.wait()
