@@ -31,16 +31,22 @@ def child_env(socket_path: str, url: str, base: dict[str, str] | None = None) ->
 
 def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str) -> int:
     """Start a daemon, run ``cmd`` under it, forward SIGINT/SIGTERM, return its exit status
-    (128 + N when it died by signal N, as a shell reports it)."""
+    (128 + N when it died by signal N, as a shell reports it).
+
+    A non-zero status is recorded as a crash of every rank that had not finished
+    (``TrainingCrashed``), delivered before the daemon stops."""
     folder = tempfile.mkdtemp(prefix="sentinel-run-")  # 0700
     daemon = Daemon(config, pack, listen, os.path.join(folder, "engine.sock"))
     print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
+    env = child_env(daemon.socket_path, daemon.url)
     try:
-        proc = subprocess.Popen(cmd, env=child_env(daemon.socket_path, daemon.url))
+        proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         daemon.stop()
         print(f"sentinel: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
+    engine = daemon.service.engine
+    engine.owned_pids.add(proc.pid)  # its exit status comes from wait(), not from a liveness guess
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if proc.poll() is None:
@@ -52,9 +58,19 @@ def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    status = 128 - rc if rc < 0 else rc
+    daemon.listener.close()  # every frame CMD sent is in, and ingested, before judging the exit
+    daemon.service.flush()
+    if status:
+        job = env.get("SENTINEL_JOB", "train")
+        who = f"{os.path.basename(cmd[0])} (pid {proc.pid})"
+        engine.exited(job, env["SENTINEL_RUN"], status, who=who)
+        for a in engine.alerts_json():  # also those a rank's goodbye frame raised before
+            if a["alertname"] == "TrainingCrashed" and a["state"] == "firing" and a["run"] == env["SENTINEL_RUN"]:
+                print(f"sentinel: {a['alertname']}: {a['summary']}", file=sys.stderr)
     daemon.stop()
     try:
         os.rmdir(folder)
     except OSError:
         pass
-    return 128 - rc if rc < 0 else rc
+    return status

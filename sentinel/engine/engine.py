@@ -96,9 +96,13 @@ class Engine:
         ctx = self.ingestor.ingest(frame)
         rk = (job, run, rank)
         if kind == "bye":
-            self.finished.add(rk)
-            self.pids.pop(rk, None)
-            self._publish(self.rules.retire(job, run, rank))
+            pid = self.pids.pop(rk, None)
+            if isinstance(frame.get("exc"), str):  # it is leaving on an uncaught exception
+                who = f"rank {rank}" + (f" (pid {pid})" if pid else "") + f" raised {frame['exc'][:80]}"
+                self.exited(job, run, 1, rank, float(frame["t"]), who=who)
+            else:
+                self.finished.add(rk)
+                self._publish(self.rules.retire(job, run, rank))
         elif kind in ("step", "log"):
             self.finished.discard(rk)
             if rk in self.exited_ranks:  # reporting again (a restart): its crash is over
@@ -115,8 +119,9 @@ class Engine:
         Args:
             status: the exit code, ``128 + N`` for death by signal ``N``, or -1 when the
                 process is gone and its status unknown. 0 records nothing.
-            rank: the rank; None means every rank of the run that has not said goodbye
-                (rank 0 when none ever reported: the command died before its first step).
+            rank: the rank; None means the whole command (``sentinel run``'s CMD): every
+                rank of the run that reported, goodbye or not, since the job failed
+                anyway (rank 0 when none ever reported: it died before its first step).
             who: what ended, for the message (e.g. ``"torchrun (pid 4242)"``).
 
         Returns:
@@ -129,17 +134,20 @@ class Engine:
             if rank is not None:
                 ranks = [rank]
             else:
-                ranks = sorted(r for r in self.rules.ranks(job, run) if (job, run, r) not in self.finished)
-                ranks = ranks or ([] if any(k[:2] == (job, run) for k in self.finished) else [0])
+                known = self.rules.ranks(job, run) | {k[2] for k in self.finished | set(self.exited_ranks)
+                                                      if k[:2] == (job, run)}
+                ranks = sorted(known) or [0]
             out: list[Transition] = []
             for r in ranks:
                 rk = (job, run, r)
-                if rk in self.finished or self.exited_ranks.get(rk, 0) > 0:
-                    continue  # said goodbye, or its real exit status is already recorded
+                if self.exited_ranks.get(rk, 0) > 0:
+                    continue  # its real exit status is recorded already
                 self.exited_ranks[rk] = status
+                self.finished.discard(rk)
                 self.pids.pop(rk, None)
                 labels = self._labels(rk)
-                step = self.rules.last_step(job, run, r) or 0
+                last = self.store.last("sentinel_step", labels)
+                step = last[0] if last is not None else self.rules.last_step(job, run, r) or 0
                 self.store.add(EXIT_STATUS, labels, step, now, float(status))
                 note = "; ".join(p for p in (who, self._last_values(labels, now)) if p)
                 out += self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)

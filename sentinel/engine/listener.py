@@ -24,10 +24,10 @@ class DatagramListener:
 
     Args:
         path: socket path; its directory is created 0700 if missing.
-        handle: called with each accepted datagram.
+        handle: called with each accepted datagram and the sender's pid.
     """
 
-    def __init__(self, path: str, handle: Callable[[bytes], object]) -> None:
+    def __init__(self, path: str, handle: Callable[[bytes, int | None], object]) -> None:
         self.path = path
         self.handle = handle
         self.foreign = 0  # datagrams from another uid
@@ -72,10 +72,10 @@ class DatagramListener:
                 if self._closed:
                     return
                 continue
-            peer_uid = None
+            peer_pid = peer_uid = None
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                    peer_uid = _UCRED.unpack(payload[: _UCRED.size])[1]
+                    peer_pid, peer_uid, _ = _UCRED.unpack(payload[: _UCRED.size])
             if peer_uid != uid:
                 self.foreign += 1
                 if self.foreign == 1:
@@ -85,7 +85,7 @@ class DatagramListener:
                 self.oversized += 1
                 continue
             try:
-                self.handle(data)
+                self.handle(data, peer_pid)
             except Exception:
                 log.warning("sentinel listener: handler failed", exc_info=True)
 
@@ -95,7 +95,9 @@ class DatagramListener:
         yield ("sentinel_daemon_frames_oversized_total", "counter", (), float(self.oversized))
 
     def close(self) -> None:
-        """Receive what is already queued in the socket, then close it."""
+        """Receive what is already queued in the socket, then close it (idempotent)."""
+        if self._closed:
+            return
         self._sock.settimeout(0.05)
         self._draining = True
         self._thread.join(5.0)

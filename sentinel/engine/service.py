@@ -91,15 +91,15 @@ class Service:
         self.received = 0
         self.processed = 0
         self.dropped = 0
-        self._queue: queue.Queue[bytes | None] = queue.Queue(queue_size)
+        self._queue: queue.Queue[tuple[bytes, int | None] | None] = queue.Queue(queue_size)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sentinel-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, data: bytes) -> bool:
+    def submit(self, data: bytes, pid: int | None = None) -> bool:
         """Queue one encoded frame for ingest; never blocks. False if dropped."""
         try:
-            self._queue.put_nowait(data)
+            self._queue.put_nowait((data, pid))
         except queue.Full:
             self.dropped += 1
             return False
@@ -138,17 +138,17 @@ class Service:
                 except Exception:
                     log.warning("sentinel engine: error in the rule tick", exc_info=True)
             try:
-                data = self._queue.get(timeout=0.25)
+                item = self._queue.get(timeout=0.25)
             except queue.Empty:
                 if self._stop.is_set():
                     return
                 continue
-            if data is None:
+            if item is None:
                 if self._stop.is_set():
                     return
                 continue
             try:
-                self.engine.feed(data)
+                self.engine.feed(*item)
             except Exception:  # a bug in the engine must not kill the worker silently
                 log.warning("sentinel engine: error ingesting a frame", exc_info=True)
             finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import sys
 import logging
 import os
 import warnings
@@ -156,9 +157,13 @@ def _wrap_grad_scaler() -> None:
 
 
 def close_all() -> None:
-    """Close every auto-attached monitor (registered with atexit by the shim's initializer)."""
+    """Close every auto-attached monitor (registered with atexit by the shim's initializer).
+
+    After an uncaught exception the interpreter has set ``sys.last_value`` by the time
+    atexit runs, so the goodbye frames say the script raised."""
+    error = getattr(sys, "last_value", None)
     for mon in list(_monitors.values()):
         try:
-            mon.close()
+            mon.close(error if isinstance(error, BaseException) else None)
         except Exception:
             pass

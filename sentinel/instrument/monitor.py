@@ -126,8 +126,14 @@ class Monitor:
         self.guard.run("log", self._log, scalars)
         self.probe_seconds += time.perf_counter() - t0
 
-    def close(self) -> None:
-        """Remove the hooks, flush pending reports and stop the embedded engine. Idempotent."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Remove the hooks, flush pending reports and stop the embedded engine. Idempotent.
+
+        Args:
+            error: the exception ending training, if one is; the goodbye frame names its
+                type (only the type: messages may hold anything) so the engine reports a
+                crash rather than a finished run.
+        """
         if self._closed:
             return
         self._closed = True
@@ -136,7 +142,11 @@ class Monitor:
         self._handles.clear()
         self.guard.run("report", self._submit_open)
         self.guard.run("emit", self._emit_ready, True)
-        self.guard.run("emit", self._send, {"kind": "bye", "step": self.steps, "t": time.time()})
+        bye: dict[str, Any] = {"kind": "bye", "step": self.steps, "t": time.time()}
+        if error is not None and not isinstance(error, TrainingHalted) and not (
+                isinstance(error, SystemExit) and error.code in (0, None)):
+            bye["exc"] = type(error).__name__
+        self.guard.run("emit", self._send, bye)
         self.guard.run("emit", self.sender.close)  # delivers any backlog while the engine still listens
         if self.engine is not None:
             self.guard.run("engine", self.engine.stop)
@@ -156,8 +166,8 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        self.close(error)
 
     @property
     def errors(self) -> int:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import threading
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import Receiver, wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -106,5 +108,70 @@ def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
         assert float(norms["0"]) == pytest.approx(float(norms["1"]), rel=1e-6)
         release.touch()
         assert proc.wait(60) == 0
+    finally:
+        _end(proc)
+
+
+def _config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "sentinel.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_sigkill_fires_training_crashed_and_run_exits_with_its_status(tmp_path: Path) -> None:
+    receiver = Receiver()
+    try:
+        cfg = _config(tmp_path, f"notify:\n  urls: ['{receiver.url}']\n")
+        out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                              "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "25", "kill"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 137, out.stderr
+        assert "trained" in out.stdout
+        # the on-call person's message: which rule, how it died, and where the run was
+        crash = [b for b in receiver.bodies if "TrainingCrashed" in b.get("title", "")]
+        assert len(crash) == 1, receiver.bodies
+        body = crash[0]["title"] + "\n" + crash[0]["message"]
+        assert "killed by SIGKILL (signal 9)" in body and "OOM killer" in body, body
+        assert "last values (step 25" in body and "loss " in body, body
+        assert "dmesg" in body  # a first check from the rule pack
+        assert "sentinel: TrainingCrashed: Training crashed on rank 0 at step 25" in out.stderr, out.stderr
+    finally:
+        receiver.close()
+
+
+def test_an_exception_fires_training_crashed_with_exit_status_1() -> None:
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0",
+                          "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "5", "raise"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "RuntimeError: CUDA error" in out.stderr  # CMD's own traceback is untouched
+    assert "sentinel: TrainingCrashed: Training crashed on rank 0 at step 5: exited with status 1" in out.stderr
+    assert "raised RuntimeError" in out.stderr  # the type only: a message may hold anything
+
+
+def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> None:
+    # the stall limit is max(min_seconds, factor x median step time): 2 s here, so the test is quick
+    cfg = _config(tmp_path, "rules:\n  TrainingStalled:\n    params: {min_seconds: 2}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                             "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "30", "stall"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:  # type: ignore[union-attr]
+            m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url is not None
+
+        def stalled() -> dict[str, Any] | None:
+            with urllib.request.urlopen(url + "/api/v1/alerts", timeout=5) as r:
+                alerts = json.loads(r.read())["data"]["alerts"]
+            return next((a for a in alerts if a["alertname"] == "TrainingStalled" and a["state"] == "firing"), None)
+
+        alert = wait_for(stalled, timeout=30, what="TrainingStalled firing")
+        assert alert["ranks"] == [0] and alert["step"] == 30 and alert["severity"] == "critical"
+        assert alert["threshold"] == pytest.approx(2.0) and alert["value"] > 2.0
+        assert "no step for" in alert["summary"]
     finally:
         _end(proc)

@@ -68,12 +68,12 @@ def test_a_crashed_rank_does_not_also_stall_and_a_restart_resolves_it() -> None:
     assert any(a["alertname"] == "TrainingCrashed" and a["state"] == "resolved" for a in engine.alerts_json())
 
 
-def test_the_whole_command_exiting_marks_every_rank_that_did_not_finish() -> None:
+def test_the_whole_command_failing_marks_every_rank_of_the_run() -> None:
     engine, clock = _engine()
     engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "r1", "rank": 0, "step": 20, "t": clock.t}))
     engine.exited("train", "r1", 1, who="torchrun (pid 7)")
     alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
-    assert alert["ranks"] == [1]  # rank 0 said goodbye
+    assert alert["ranks"] == [0, 1]  # the job failed: rank 0 said goodbye, yet its command exited 1
 
 
 def test_a_command_that_dies_before_its_first_step_still_alerts() -> None:
@@ -105,3 +105,13 @@ def test_a_vanished_process_is_found_on_tick() -> None:
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_goodbye_on_an_uncaught_exception_is_a_crash_a_plain_one_is_not() -> None:
+    engine, clock = _engine()
+    engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "r1", "rank": 0, "step": 20, "t": clock.t}))
+    engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "r1", "rank": 1, "step": 20, "t": clock.t,
+                             "exc": "RuntimeError"}))
+    alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
+    assert alert["ranks"] == [1] and "rank 1 raised RuntimeError" in alert["summary"]
+    assert "exited with status 1" in alert["summary"]

@@ -1,0 +1,34 @@
+"""A training script that knows nothing of sentinel and then fails.
+
+argv: steps, then what happens after them: ``kill`` (SIGKILL itself, as the OOM killer
+would), ``raise`` (an exception), or ``stall`` (stop stepping for 60 s, like a hung
+collective or a stuck data loader).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch import nn
+
+steps, fault = int(sys.argv[1]), sys.argv[2]
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+for i in range(steps):
+    x = torch.randn(16, 8)
+    loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.01)
+print("trained", flush=True)
+time.sleep(0.3)  # let the last reports reach the daemon
+if fault == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+elif fault == "raise":
+    raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
+elif fault == "stall":
+    time.sleep(60)
