@@ -197,3 +197,22 @@ def test_zero_code_mode_reports_the_preclip_norm() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
     assert [p.detach().reshape(-1).tolist() for p in model.parameters()] == got["weights"]
+
+
+def test_gradient_spike_fires_on_the_norm_before_clipping() -> None:
+    """A clipped run's grad norm never exceeds max_norm, so the spike rules read the
+    pre-clip norm when the frames carry one (the pack's metric list prefers it)."""
+    import math
+    import random
+
+    from sentinel import wire
+    from sentinel.engine.engine import Engine
+
+    engine, rng = Engine(clock=lambda: 0.0), random.Random(0)
+    for step in range(80):
+        pre = 100.0 if step == 70 else 2.0 * math.exp(0.1 * rng.gauss(0, 1))
+        engine.feed(wire.encode({"kind": "step", "job": "j", "run": "clip", "rank": 0, "step": step, "t": float(step),
+                                 "groups": ["a"], "grad_sumsq": [1.0], "clip_norm": pre, "clip_max": 1.0,
+                                 "scalars": {"loss": 1.0 + 0.01 * rng.gauss(0, 1)}}))
+    spike = [t for t in engine.transitions if t.alertname == "GradientSpike" and t.state_to == "firing"]
+    assert len(spike) == 1 and spike[0].step == 70 and spike[0].value == 100.0
