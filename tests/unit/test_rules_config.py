@@ -19,6 +19,8 @@ BUILTIN = [
     "GradientSpike", "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
     "UpdateRatioHigh", "UpdateRatioLow", "OptimizerStateSaturated", "OOMRisk",
     "LossScaleCollapse", "TrainingStalled",
+    # the daemon issue's: liveness, cross-rank and GPU health
+    "TrainingCrashed",
 ]  # fmt: skip
 
 EXTRA: dict[str, Any] = {

@@ -58,7 +58,7 @@ def sgd_loss(n: int, rel: float = 0.08, start: float = 2.0, tau: float = 800.0) 
 def test_registry_names_every_kind() -> None:
     assert set(DETECTORS) == {
         "threshold", "band", "nonfinite", "spike", "divergence", "oscillation", "plateau",
-        "forecast", "drop", "stall",
+        "forecast", "drop", "stall", "exited",
     }  # fmt: skip
     assert [k for k, s in DETECTORS.items() if s.time_based] == ["stall"]
 
@@ -416,3 +416,28 @@ def test_helpers() -> None:
     assert quantile([0.0, 10.0], 0.5) == 5.0
     assert median([3.0, 1.0, 2.0]) == 2.0
     assert finite([1.0, math.nan, math.inf, 2.0]) == [1.0, 2.0]
+
+
+# -- exited ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("status", "fires", "words"), [
+    (137, True, "killed by SIGKILL (signal 9): the kernel's OOM killer"),
+    (139, True, "killed by SIGSEGV (signal 11)"),
+    (143, True, "killed by SIGTERM (signal 15): the scheduler"),
+    (1, True, "exited with status 1"),
+    (-1, True, "exit status unknown"),
+    (0, False, "running again"),
+])  # fmt: skip
+def test_exited_says_how_the_process_ended(status: int, fires: bool, words: str) -> None:
+    from sentinel.rules.exited import ExitedParams
+
+    v = DETECTORS["exited"].fn(win([float(status)]), ExitedParams(), Context(step=5, now=0.0, note="last values: x"))
+    assert v is not None and v.firing is fires and words in v.detail
+    assert ("last values: x" in v.detail) is fires
+
+
+def test_exited_ignores_configured_codes() -> None:
+    from sentinel.rules.exited import ExitedParams
+
+    v = DETECTORS["exited"].fn(win([3.0]), ExitedParams(ignore_codes=[3]), Context(step=5, now=0.0))
+    assert v is not None and not v.firing
