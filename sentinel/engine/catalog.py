@@ -47,6 +47,12 @@ CATALOG: dict[str, Spec] = {
     "sentinel_steps_total": Spec(C, "Optimizer steps completed."),
     "sentinel_step_duration_seconds": Spec(G, "Wall time of the last training step."),
     "sentinel_last_step_timestamp_seconds": Spec(G, "Unix time of the last completed step."),
+    "sentinel_step_busy_seconds": Spec(
+        G, "Time of the last step spent before the gradient sync: data loading plus forward."),
+    "sentinel_rank_grad_norm_deviation": Spec(
+        G, "DDP: relative distance of this rank's grad norm from the median over ranks at the same step."),
+    "sentinel_rank_step_time_ratio": Spec(
+        G, "This rank's median busy time over the median of the other ranks' (a straggler reads > 1)."),
     "sentinel_exit_status": Spec(
         G, "Exit status of a rank that ended without finishing: the code, 128+N for signal N, "
            "-1 when its process vanished; 0 once it reports again."),

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sentinel import wire
+from sentinel.engine import crossrank
 from sentinel.engine.exporter import Row
 from sentinel.engine.ingest import Ingestor
 from sentinel.engine.store import Store, labels_of
@@ -66,6 +67,7 @@ class Engine:
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
         self._crash_rules = self.rules.rules_of_kind("exited")
+        self._cross_rules = self.rules.rules_reading(crossrank.METRICS)
         self._lock = threading.RLock()
 
     def feed(self, data: bytes, pid: int | None = None) -> bool:
@@ -109,6 +111,10 @@ class Engine:
                 del self.exited_ranks[rk]
                 self.store.add(EXIT_STATUS, self._labels(rk), frame["step"], float(frame["t"]), 0.0)
             self._publish(self.rules.evaluate(job, run, rank, frame["step"], float(frame["t"]), ctx))
+            for other in ctx.get("crossrank", ()):  # the last rank of a step completed the comparison
+                if other != rank and self._cross_rules:
+                    self._publish(self.rules.evaluate(job, run, other, frame["step"], float(frame["t"]), {},
+                                                      only=self._cross_rules))
         return ctx
 
     def exited(self, job: str, run: str, status: int, rank: int | None = None,

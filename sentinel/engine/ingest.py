@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from sentinel.engine.clip import ingest_clip
+from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.shards import ShardAssembler
 from sentinel.engine.store import Labels, Store, labels_of
 
@@ -44,6 +45,7 @@ class Ingestor:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.shards = ShardAssembler(store)
+        self.crossrank = CrossRank(store)
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
         self._scalar_names: set[str] = set()
@@ -59,12 +61,7 @@ class Ingestor:
             Context for the rules: ``nonfinite_groups`` ({source: [group names]}) and
             ``lr_change_step`` (the last step the learning rate changed, or None).
         """
-        rk = (f["job"], f["run"], f["rank"])
-        base = self._bases.get(rk)
-        if base is None:
-            if len(self._bases) > 10_000:
-                self._bases.clear()
-            base = self._bases[rk] = labels_of(job=rk[0], run=rk[1], rank=rk[2])
+        base = self._base(f["job"], f["run"], f["rank"])
         step, t = f["step"], float(f["t"])
         ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base)}
         rows: list[tuple[str, Labels, float]] = []
@@ -83,6 +80,16 @@ class Ingestor:
             self._scalars(f["scalars"], add, base, ctx)
         self.store.add_rows(rows, step, t)
         return ctx
+
+    def _base(self, job: str, run: str, rank: int) -> Labels:
+        """The ``job, run, rank`` labels (built once per rank)."""
+        rk = (job, run, rank)
+        base = self._bases.get(rk)
+        if base is None:
+            if len(self._bases) > 10_000:
+                self._bases.clear()
+            base = self._bases[rk] = labels_of(job=job, run=run, rank=rank)
+        return base
 
     def _adder(self, base: Labels, rows: list[tuple[str, Labels, float]]) -> Callable[..., None]:
         """``add(name, value, **extra)``: queue a gauge sample of this frame's rank (the
@@ -136,8 +143,11 @@ class Ingestor:
         store.set_counter("sentinel_steps_total", base, float(step))
         if isinstance(f.get("step_seconds"), (int, float)):
             add("sentinel_step_duration_seconds", float(f["step_seconds"]))
+        if isinstance(f.get("busy_seconds"), (int, float)):
+            add("sentinel_step_busy_seconds", float(f["busy_seconds"]))
         groups: list[str] = f.get("groups") or []
         gsq = f.get("grad_sumsq")
+        norm: float | None = None
         if gsq is not None:
             total = math.fsum(gsq)
             norm = _sqrt(total)
@@ -153,6 +163,7 @@ class Ingestor:
                 mean_abs, mean_sq = f["grad_l1"] / n, total / n
                 std = _sqrt(mean_sq - mean_abs * mean_abs)
                 add("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan"))
+        ctx["crossrank"] = self.crossrank.observe(f, lambda r: self._base(f["job"], f["run"], r), norm)
         psq = f.get("param_sumsq")
         if psq is not None:
             ptotal = math.fsum(psq)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -36,6 +37,26 @@ def _rank_world() -> tuple[int, int]:
         if rk in os.environ:
             return int(os.environ[rk]), int(os.environ.get(ws, "1"))
     return 0, 1
+
+
+def _ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool]:
+    """``(outer, inner, ddp)`` for a watched model: the module whose forward starts a
+    step's compute, the one whose forward is pure compute (no collective inside), and
+    whether the gradients are all-reduced across ranks (DistributedDataParallel).
+
+    The model may be the DDP wrapper or the module it wraps (then found with one gc
+    scan, once, and only in a multi-rank run)."""
+    if model is None:
+        return None, None, False
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if isinstance(model, DDP):
+        return model, model.module, True
+    if world > 1:
+        for obj in gc.get_objects():
+            if isinstance(obj, DDP) and obj.module is model:
+                return obj, model, True
+    return model, model, False
 
 
 class TrainingHalted(RuntimeError):
@@ -80,7 +101,9 @@ class Monitor:
         self._grad_count = 0
         self._clip_max: float | None = None
 
-        names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+        outer, inner, self.ddp = _ddp_parts(model, self.world)
+        # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
+        names = {id(p): n for n, p in inner.named_parameters()} if inner is not None else {}
         per_opt: list[list[tuple[str, torch.Tensor]]] = []
         for k, opt in enumerate(self.optimizers):
             plist = []
@@ -111,6 +134,15 @@ class Monitor:
             self._handles.append(opt.register_step_post_hook(_hook(self._make_post(k))))
             self._handles.append(opt.register_load_state_dict_post_hook(self._on_load))
         self._handles.append(clip.attach(self.note_clip))
+        # busy time: data loading plus forward compute, before the step's gradient sync
+        self._busy = 0.0
+        self._busy_seen = False
+        self._mark: float | None = None  # since when time counts as busy
+        self._fwd_t0 = 0.0
+        if outer is not None:
+            self._handles.append(outer.register_forward_pre_hook(_hook(self._outer_pre)))
+            self._handles.append(inner.register_forward_pre_hook(_hook(self._inner_pre)))
+            self._handles.append(inner.register_forward_hook(_hook(self._inner_post)))
 
     # -- public ---------------------------------------------------------------------------
 
@@ -210,6 +242,26 @@ class Monitor:
             self.probe_seconds += time.perf_counter() - t0
         return post
 
+    # A rank's busy time per step is the time it spends before the step's gradient sync:
+    # from the end of the previous optimizer step to the model's forward (data loading),
+    # plus the forward itself (the wrapped module's, so DDP's buffer broadcast, a wait for
+    # the other ranks, is left out), plus anything between several forwards (gradient
+    # accumulation). Ranks in lockstep have equal step times, so this is what tells a
+    # straggler. Three perf_counter reads per forward; nothing here can raise.
+
+    def _outer_pre(self, module: Any, args: Any) -> None:
+        if self._mark is not None:
+            self._busy += time.perf_counter() - self._mark
+            self._mark = None
+
+    def _inner_pre(self, module: Any, args: Any) -> None:
+        self._fwd_t0 = time.perf_counter()
+
+    def _inner_post(self, module: Any, args: Any, out: Any) -> None:
+        self._mark = time.perf_counter()
+        self._busy += self._mark - self._fwd_t0
+        self._busy_seen = True
+
     def _on_load(self, opt: torch.optim.Optimizer) -> None:
         self._state_due = True
 
@@ -253,6 +305,11 @@ class Monitor:
         if self._last_step_time is not None:
             meta["step_seconds"] = now - self._last_step_time
         self._last_step_time = now
+        if self._busy_seen:
+            meta["busy_seconds"] = self._busy
+        if self.ddp:
+            meta["ddp"] = True
+        self._busy, self._busy_seen, self._mark = 0.0, False, time.perf_counter()
         if self._grad_count:
             meta["grad_count"], self._grad_count = self._grad_count, 0
         if self._clip_max is not None:

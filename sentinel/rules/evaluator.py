@@ -167,12 +167,15 @@ class RuleEngine:
             labels = rs.labels
             ranks = self._runs.setdefault((job, run), set())
             ranks.add(rank)
-            rs.last_step = step
-            rs.frames += 1
+            if only is None:  # a frame of this rank (not a re-evaluation for other ranks' data)
+                rs.last_step = step
+                rs.frames += 1
+                skips = store.counter(AMP_SKIPS, labels)
+                amp_skipped = skips > rs.amp
+                rs.amp = skips
+            else:
+                amp_skipped = False
             frame = rs.frames
-            skips = store.counter(AMP_SKIPS, labels)
-            amp_skipped = skips > rs.amp
-            rs.amp = skips
             touched: list[str] = []
             sels, judged, refresh, done, gen = rs.sel, rs.judged, self._refresh, self._done, store.generation
             for c in self._step_rules:
@@ -296,6 +299,10 @@ class RuleEngine:
         """Recently resolved alerts as JSON-ready dicts, newest first."""
         with self._lock:
             return [a.to_json() for a in self._life.recent()]
+
+    def rules_reading(self, metrics: Collection[str]) -> list[str]:
+        """The names of the enabled rules that read any of ``metrics``."""
+        return [c.name for c in self._step_rules + self._time_rules if set(c.rule.metrics) & set(metrics)]
 
     def rules_of_kind(self, kind: str) -> list[str]:
         """The names of the enabled rules with detector ``kind``."""

@@ -106,6 +106,9 @@ def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
         # DDP grads are all-reduced: the replicated grad norms of the two ranks agree
         norms = dict(re.findall(r'sentinel_grad_norm\{job="train",rank="(\d)",run="[^"]+"\} (\S+)', text))
         assert float(norms["0"]) == pytest.approx(float(norms["1"]), rel=1e-6)
+        # ... bit for bit, so the cross-rank comparison stays quiet
+        assert re.search(r'sentinel_rank_grad_norm_deviation\{job="train",rank="1",run="[^"]+"\} 0.0', text)
+        assert not {a["alertname"] for a in _alerts(url)} & {"RankDivergence", "RankStraggler"}
         release.touch()
         assert proc.wait(60) == 0
     finally:
@@ -173,5 +176,35 @@ def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> 
         assert alert["ranks"] == [0] and alert["step"] == 30 and alert["severity"] == "critical"
         assert alert["threshold"] == pytest.approx(2.0) and alert["value"] > 2.0
         assert "no step for" in alert["summary"]
+    finally:
+        _end(proc)
+
+
+def _alerts(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(url + "/api/v1/alerts", timeout=5) as r:
+        return list(json.loads(r.read())["data"]["alerts"])
+
+
+@pytest.mark.parametrize(("fault", "rule", "ranks"), [("perturb", "RankDivergence", [0, 1]),
+                                                      ("slow", "RankStraggler", [1])])
+def test_torchrun_cross_rank_faults_fire_their_rule(tmp_path: Path, fault: str, rule: str, ranks: list[int]) -> None:
+    release = tmp_path / "release"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    proc, url = _start([torchrun, "--standalone", "--nproc-per-node", "2",
+                        str(SCRIPTS / "ddp_train.py"), "60", str(release), fault])
+    try:
+        def fired() -> dict[str, Any] | None:
+            return next((a for a in _alerts(url) if a["alertname"] == rule and a["state"] == "firing"), None)
+
+        alert = wait_for(fired, timeout=90, what=f"{rule} firing")
+        assert alert["ranks"] == ranks, alert
+        if rule == "RankDivergence":  # rank 1's grads are 1 % larger from step 11: each rank is 0.5 % off the middle
+            assert alert["step"] >= 11 and alert["value"] == pytest.approx(0.005, rel=0.05), alert
+        else:  # rank 1 waits 30 ms per batch; rank 0 only computes (about 1 ms)
+            assert alert["value"] > 1.5 and "before the gradient sync" in alert["summary"]
+        others = {a["alertname"] for a in _alerts(url) if a["state"] == "firing"} - {rule}
+        assert not others & {"RankDivergence", "RankStraggler"}, others
+        release.touch()
+        assert proc.wait(60) == 0
     finally:
         _end(proc)

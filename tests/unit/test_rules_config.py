@@ -20,7 +20,7 @@ BUILTIN = [
     "UpdateRatioHigh", "UpdateRatioLow", "OptimizerStateSaturated", "OOMRisk",
     "LossScaleCollapse", "TrainingStalled",
     # the daemon issue's: liveness, cross-rank and GPU health
-    "TrainingCrashed",
+    "TrainingCrashed", "RankDivergence", "RankStraggler",
 ]  # fmt: skip
 
 EXTRA: dict[str, Any] = {
