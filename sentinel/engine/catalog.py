@@ -89,6 +89,8 @@ GPU_CATALOG: dict[str, Spec] = {  # node-level: labelled gpu and UUID (as dcgm-e
     "sentinel_gpu_ecc_errors_total": Spec(C, "ECC errors since the driver loaded, by type.", ("type",)),
     "sentinel_gpu_xid_errors_total": Spec(C, "XID critical error events seen."),
     "sentinel_gpu_last_xid": Spec(G, "Code of the last XID error (see NVIDIA's XID table)."),
+    "sentinel_gpu_xid_code": Spec(G, "Code of the last XID error since the previous poll, 0 when none."),
+    "sentinel_gpu_ecc_uncorrected_new": Spec(G, "Uncorrected ECC errors since the previous poll."),
 }
 
 DAEMON_CATALOG: dict[str, Spec] = {

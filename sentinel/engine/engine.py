@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -68,6 +69,7 @@ class Engine:
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
         self._crash_rules = self.rules.rules_of_kind("exited")
         self._cross_rules = self.rules.rules_reading(crossrank.METRICS)
+        self.node = socket.gethostname()  # the run of node-level (GPU) alerts
         self._lock = threading.RLock()
 
     def feed(self, data: bytes, pid: int | None = None) -> bool:
@@ -196,7 +198,7 @@ class Engine:
         """Dead processes, time-based rules (stalls) and group waits; call about once a second."""
         with self._lock:
             self.check_processes(now)
-            out = self.rules.tick(now)
+            out = self.rules.tick(now) + self.rules.evaluate_gpus(self.node, now)
             self._publish(out)
             return out
 

@@ -55,6 +55,7 @@ class GpuPoller:
         self.devices: list[tuple[str, str, Any]] = []  # (index, uuid, handle)
         self._events: Any = None
         self.polls = 0
+        self._ecc_last: dict[str, float] = {}  # uncorrected ECC total per GPU, at the last poll
         if nvml is not None:
             try:
                 for i in range(nvml.nvmlDeviceGetCount()):
@@ -103,6 +104,7 @@ class GpuPoller:
         nv, now = self.nvml, self.clock()
         self.polls += 1
         step = self.polls
+        xids = self._drain_xid()
         for index, uuid, h in self.devices:
             labels = labels_of(gpu=index, UUID=uuid)
 
@@ -130,19 +132,27 @@ class GpuPoller:
                     self.store.set_counter("sentinel_gpu_ecc_errors_total",
                                            tuple(sorted(labels + (("type", kind),))), total)
                 except Exception:
-                    pass
+                    continue
+                if kind == "uncorrected":  # what GPUEccErrors judges: new ones since the last poll
+                    # (at the first poll, all since the driver loaded: they still need a reset)
+                    new = max(0.0, total - self._ecc_last.get(uuid, 0.0))
+                    self._ecc_last[uuid] = total
+                    self.store.add("sentinel_gpu_ecc_uncorrected_new", labels, step, now, new)
             self.store.inc("sentinel_gpu_xid_errors_total", labels, 0.0)
-        self._drain_xid()
+            # what GPUXidError judges: the code of the last XID event since the last poll, or 0
+            self.store.add("sentinel_gpu_xid_code", labels, step, now, xids.get(uuid, 0.0))
 
-    def _drain_xid(self) -> None:
+    def _drain_xid(self) -> dict[str, float]:
+        """Take the XID events waiting; returns the last code per GPU UUID."""
+        codes: dict[str, float] = {}
         if self._events is None or self.nvml is None:
-            return
+            return codes
         index_of = {u: i for i, u, _ in self.devices}
         for _ in range(64):
             try:
                 data = self.nvml.nvmlEventSetWait(self._events, 0)
             except Exception:  # NVML_ERROR_TIMEOUT: nothing waiting
-                return
+                return codes
             try:
                 raw = self.nvml.nvmlDeviceGetUUID(data.device)
                 uuid = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -150,6 +160,8 @@ class GpuPoller:
                 uuid = "unknown"
             index = index_of.get(uuid, "unknown")
             labels = labels_of(gpu=index, UUID=uuid)
+            code = float(getattr(data, "eventData", 0))
             self.store.inc("sentinel_gpu_xid_errors_total", labels, 1.0)
-            self.store.add("sentinel_gpu_last_xid", labels, self.polls, self.clock(),
-                           float(getattr(data, "eventData", 0)))
+            self.store.add("sentinel_gpu_last_xid", labels, self.polls, self.clock(), code)
+            codes[uuid] = code
+        return codes

@@ -97,7 +97,9 @@ class Rule(BaseModel):
         reference: a metric of the same rank whose latest value is ``ctx.reference``.
         per: ``rank`` reads every series of the metric for the rank (one, or one per
             extra label such as ``source``); ``group`` reads only series with a
-            ``group`` label, and the alert lists the groups.
+            ``group`` label, and the alert lists the groups; ``gpu`` reads the node's GPU
+            series (labelled ``gpu`` and ``UUID``, no rank) on the engine's tick, and the
+            alert lists the GPUs as its groups.
         severity: ``info``, ``warning`` or ``critical``.
         for_steps: consecutive failing evaluations before a series counts (0/1: first).
         resolve_after: consecutive OK evaluations before a series stops counting.
@@ -127,7 +129,7 @@ class Rule(BaseModel):
         description="series name; a list means the first one the rank reports"
     )
     reference: str | None = Field(default=None, description="metric passed as ctx.reference")
-    per: Literal["rank", "group"] = "rank"
+    per: Literal["rank", "group", "gpu"] = "rank"
     severity: Severity = "warning"
     for_steps: NonNegativeInt = 1
     resolve_after: PositiveInt = 1

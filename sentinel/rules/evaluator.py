@@ -40,6 +40,10 @@ from sentinel.rules.registry import DETECTORS
 from sentinel.rules.threshold import ThresholdParams, check
 
 AMP_SKIPS = "sentinel_amp_skipped_steps_total"
+NODE_JOB = "node"
+"""The job of alerts about the machine rather than a training run (GPU health)."""
+NO_RANK = -1
+"""The rank of series that belong to no rank; never listed in an alert's ranks."""
 _IDENTITY = ("job", "run", "rank")
 
 
@@ -123,8 +127,9 @@ class RuleEngine:
         self._life = Lifecycle(recent_limit)
         self._lock = threading.RLock()
         compiled = [_compile(i, r) for i, r in enumerate(pack.enabled())]
-        self._step_rules = [c for c in compiled if not c.spec.time_based]
-        self._time_rules = [c for c in compiled if c.spec.time_based]
+        self._gpu_rules = [c for c in compiled if c.rule.per == "gpu"]
+        self._step_rules = [c for c in compiled if not c.spec.time_based and c.rule.per != "gpu"]
+        self._time_rules = [c for c in compiled if c.spec.time_based and c.rule.per != "gpu"]
         self._n_rules = len(compiled)
         self._runs: dict[tuple[str, str], set[int]] = {}
         self._ranks: dict[tuple[str, str, int], _Rank] = {}
@@ -264,6 +269,36 @@ class RuleEngine:
                         out += self._life.settle(c.rule.name, job, run, now, ranks)
             out += self._life.flush(now)
             return out
+
+    def evaluate_gpus(self, node: str, now: float | None = None) -> list[Transition]:
+        """Judge the ``per: gpu`` rules on every new sample of the node's GPU series (the
+        NVML poller's). Their alerts belong to job ``"node"`` and run ``node``, and list
+        the GPUs (``GPU <index> (<UUID>)``) as their groups. Call on the engine's tick."""
+        with self._lock:
+            now = self._clock() if now is None else now
+            store, life, out = self.store, self._life, []
+            for c in self._gpu_rules:
+                for m in c.rule.metrics:
+                    labelsets = store.labelsets(m)
+                    if labelsets:
+                        break
+                for ls in labelsets:
+                    series = store.series(m, ls)
+                    last = None if series is None else series.last()
+                    if series is None or last is None:
+                        continue
+                    key = (c.idx, ls)
+                    if self._done.get(key) == (last[0], last[1]):
+                        continue  # judged at an earlier tick
+                    self._done[key] = (last[0], last[1])
+                    d = dict(ls)
+                    verdict = c.spec.fn(series.window(c.samples), c.params, Context(step=last[0], now=now, series=d))
+                    self.evaluations += 1
+                    gpu = (("group", f"GPU {d.get('gpu', '?')} ({d.get('UUID', '?')})"),)
+                    life.observe(c.rule, NODE_JOB, node, NO_RANK, gpu, verdict, last[0], now)
+                if life.is_open(c.name, NODE_JOB, node):
+                    out += life.settle(c.name, NODE_JOB, node, now)
+            return out + life.flush(now)
 
     def retire(
         self, job: str, run: str, rank: int | None = None, now: float | None = None,

@@ -215,7 +215,8 @@ class Alert:
         details: dict[str, None] = {}
         latest: _Series | None = None
         for s in sorted(series, key=lambda s: s.rank):
-            ranks.add(s.rank)
+            if s.rank >= 0:  # node-level series (GPUs) have no rank
+                ranks.add(s.rank)
             if s.group is not None:
                 groups[s.group] = None
             if s.last is not None:

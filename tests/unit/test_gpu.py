@@ -81,3 +81,33 @@ def test_without_a_driver_only_up_is_exported() -> None:
     poller.poll()
     assert store.names() == []
     assert list(poller.rows()) == [("sentinel_gpu_monitoring_up", "gauge", (), 0.0)]
+
+
+def test_gpu_rules_fire_for_the_hot_gpu_its_xid_and_its_ecc_errors() -> None:
+    """The engine judges the poller's series on its tick: GPU 1 (91 °C, XID 79, 2
+    uncorrected ECC errors) fires all three rules, naming the GPU and its UUID; GPU 0 none."""
+    from sentinel.engine.engine import Engine
+
+    now = [1000.0]
+    engine = Engine(clock=lambda: now[0])
+    nvml = FakeNvml()
+    poller = GpuPoller(engine.store, nvml, interval=60, clock=lambda: now[0])
+    for _ in range(3):  # GPUOverheating needs 3 polls in a row
+        poller.poll()
+        now[0] += 5
+        engine.tick()
+    alerts = {a["alertname"]: a for a in engine.alerts_json()}
+    assert set(alerts) == {"GPUOverheating", "GPUXidError", "GPUEccErrors"}
+    for a in alerts.values():
+        assert a["state"] == "firing" and a["job"] == "node" and a["run"] == engine.node
+        assert a["groups"] == ["GPU 1 (GPU-h1)"] and a["ranks"] == []
+    assert alerts["GPUOverheating"]["summary"] == f"GPU overheating on {engine.node}: GPU 1 (GPU-h1) at 91 °C (limit 85 °C)"
+    assert alerts["GPUXidError"]["value"] == 79 and "GPU XID 79" in alerts["GPUXidError"]["summary"]
+    assert alerts["GPUEccErrors"]["value"] == 2
+    # no new XID or ECC error for 60 polls resolves those two; the heat goes on
+    for _ in range(60):
+        poller.poll()
+        now[0] += 5
+        engine.tick()
+    firing = {a["alertname"] for a in engine.alerts_json() if a["state"] == "firing"}
+    assert firing == {"GPUOverheating"}

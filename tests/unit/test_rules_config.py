@@ -20,7 +20,7 @@ BUILTIN = [
     "UpdateRatioHigh", "UpdateRatioLow", "OptimizerStateSaturated", "OOMRisk",
     "LossScaleCollapse", "TrainingStalled",
     # the daemon issue's: liveness, cross-rank and GPU health
-    "TrainingCrashed", "RankDivergence", "RankStraggler",
+    "TrainingCrashed", "RankDivergence", "RankStraggler", "GPUOverheating", "GPUXidError", "GPUEccErrors",
 ]  # fmt: skip
 
 EXTRA: dict[str, Any] = {
