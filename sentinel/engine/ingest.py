@@ -6,33 +6,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from sentinel.engine.clip import ingest_clip
 from sentinel.engine.crossrank import CrossRank
+from sentinel.engine.derived import GvrTracker, group_norms, write_update_ratios
+from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.shards import ShardAssembler
 from sentinel.engine.store import Labels, Store, labels_of
 
-GVR_WINDOW = 50
-"""Recent global grad norms the gradient variance ratio is taken over."""
 MAX_SCALAR_NAMES = 32
-
-
-def _sqrt(x: float) -> float:
-    return math.sqrt(x) if x >= 0 or math.isnan(x) else float("nan")
-
-
-def _group_norms(sumsq: list[float], groups: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Per-group norms from sums of squares (NaN for a negative sum), and the groups
-    whose sum is not finite, in order."""
-    a = np.asarray(sumsq, dtype=np.float64)
-    norms = np.sqrt(np.abs(a))
-    neg = a < 0.0
-    if neg.any():
-        norms[neg] = np.nan
-    fin = np.isfinite(a)
-    bad = [] if fin.all() else [groups[i] for i in np.flatnonzero(~fin).tolist()]
-    return norms, bad
 
 
 class Ingestor:
@@ -46,6 +27,7 @@ class Ingestor:
         self.store = store
         self.shards = ShardAssembler(store)
         self.crossrank = CrossRank(store)
+        self._gvr = GvrTracker()
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
         self._scalar_names: set[str] = set()
@@ -152,12 +134,14 @@ class Ingestor:
             total = math.fsum(gsq)
             norm = _sqrt(total)
             add("sentinel_grad_norm", norm)
-            norms, bad = _group_norms(gsq, groups)
+            norms, bad = group_norms(gsq, groups, total)
             store.add_row("sentinel_group_grad_norm", self._group_labels(base, groups), norms, step, t)
             self._nonfinite("grad", bool(bad) or not math.isfinite(total), add, base)
             if bad:
                 ctx["nonfinite_groups"]["grad"] = bad
-            self._gvr(norm, add, base)
+            gvr = self._gvr.push(base, norm)
+            if gvr is not None:
+                add("sentinel_gradient_variance_ratio", gvr)
             if isinstance(f.get("grad_l1"), (int, float)) and f.get("grad_count"):
                 n = float(f["grad_count"])
                 mean_abs, mean_sq = f["grad_l1"] / n, total / n
@@ -168,14 +152,16 @@ class Ingestor:
         if psq is not None:
             ptotal = math.fsum(psq)
             add("sentinel_param_norm", _sqrt(ptotal))
-            pnorms, pbad = _group_norms(psq, groups)
+            pnorms, pbad = group_norms(psq, groups, ptotal)
             store.add_row("sentinel_group_param_norm", self._group_labels(base, groups), pnorms, step, t)
             self._nonfinite("param", bool(pbad), add, base)
             if pbad:
                 ctx["nonfinite_groups"]["param"] = pbad
             dsq = f.get("delta_sumsq")
             if dsq is not None:
-                self._update_ratio(groups, psq, dsq, add, base, step, t)
+                ratio = write_update_ratios(store, base, self._group_labels(base, groups), psq, dsq, step, t)
+                if ratio is not None:
+                    add("sentinel_update_ratio", ratio)
         sat = f.get("sat")
         if isinstance(sat, list) and len(sat) == 2 and sat[1]:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
@@ -212,41 +198,6 @@ class Ingestor:
         skipped = prev is not None and scale < prev
         self.store.inc("sentinel_amp_skipped_steps_total", base, float(skipped))
         self._scale_last[base] = scale
-
-    def _update_ratio(self, groups: list[str], psq: list[float], dsq: list[Any],
-                      add: Callable[..., None], base: Labels, step: int, t: float) -> None:
-        num = den = 0.0
-        rows = []
-        for labels, p, d in zip(self._group_labels(base, groups), psq, dsq):
-            if d is None:
-                continue
-            num += d
-            den += p
-            if p > 0:  # ||w|| = 0: no ratio for this group
-                rows.append((labels, _sqrt(d) / _sqrt(p)))
-        self.store.add_many("sentinel_group_update_ratio", rows, step, t)
-        if den > 0:
-            add("sentinel_update_ratio", _sqrt(num) / _sqrt(den))
-
-    def _gvr(self, norm: float, add: Callable[..., None], base: Labels) -> None:
-        """The variance ratio of the last GVR_WINDOW global grad norms, this one included
-        (it is still queued, not yet in the store)."""
-        w = self.store.window("sentinel_grad_norm", base, GVR_WINDOW - 1)
-        if w is None or len(w) < 9:
-            return
-        vals = w.values
-        if math.isfinite(norm):
-            vals = np.append(vals, norm)
-        fin = np.isfinite(vals)
-        if not fin.all():
-            vals = vals[fin]
-        n = len(vals)
-        if n < 10:
-            return
-        mean = float(vals.sum()) / n
-        if mean > 0:
-            d = vals - mean
-            add("sentinel_gradient_variance_ratio", float(d @ d) / n / (mean * mean))
 
     def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:
         if not isinstance(lrs, list):

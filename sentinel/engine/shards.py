@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from sentinel.engine.derived import GvrTracker, write_update_ratios
+from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.store import Labels, Store
 
 MAX_STEPS = 8
@@ -49,13 +51,8 @@ MAX_RUNS = 64
 """Sharded runs tracked at once; the least recently seen is dropped beyond this."""
 MAX_WORLD = 4096
 """Larger world sizes are not assembled (they span many nodes: see the module docstring)."""
-GVR_WINDOW = 50  # as sentinel.engine.ingest.GVR_WINDOW (not imported: ingest imports us)
 
 _ADDITIVE = ("grad_sumsq", "param_sumsq", "delta_sumsq", "grad_l1", "grad_count")
-
-
-def _sqrt(x: float) -> float:
-    return math.sqrt(x) if x >= 0 or math.isnan(x) else float("nan")
 
 
 def _num(x: Any) -> bool:
@@ -124,6 +121,7 @@ class ShardAssembler:
         self._runs: OrderedDict[tuple[str, str], OrderedDict[int, dict[int, _Part]]] = OrderedDict()
         self._labels: dict[tuple[Labels, str], Labels] = {}
         self._rows: dict[tuple[Labels, tuple[str, ...]], tuple[Labels, ...]] = {}
+        self._gvr = GvrTracker()
         self.assembled = 0
         """Steps assembled so far (all runs)."""
         self.incomplete = 0
@@ -229,7 +227,7 @@ class ShardAssembler:
             scalars.append(("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan")))
         if pnorm is not None:
             scalars.append(("sentinel_param_norm", pnorm))
-        gvr = self._gvr(parts[0].base, norm)  # the same window on every rank: taken once
+        gvr = self._gvr.push((parts[0].base, "assembled"), norm)  # the same on every rank: taken once
         if gvr is not None:
             scalars.append(("sentinel_gradient_variance_ratio", gvr))
         for p in parts:  # every rank's series get the model's values, at that rank's time
@@ -239,33 +237,9 @@ class ShardAssembler:
             if psq is not None and pnorms is not None:
                 store.add_row("sentinel_group_param_norm", labels, pnorms, step, p.t)
                 if dsq is not None:
-                    self._update_ratio(p.base, order, psq.tolist(), dsq, step, p.t)
-
-    def _update_ratio(self, base: Labels, order: list[str], psq: list[float], dsq: list[float | None],
-                      step: int, t: float) -> None:
-        num = den = 0.0
-        rows = []
-        for labels, p, d in zip(self._group_labels(base, order), psq, dsq):
-            if d is None:
-                continue
-            num += d
-            den += p
-            if p > 0:
-                rows.append((labels, _sqrt(d) / _sqrt(p)))
-        self.store.add_many("sentinel_group_update_ratio", rows, step, t)
-        if den > 0:
-            self.store.add("sentinel_update_ratio", base, step, t, _sqrt(num) / _sqrt(den))
-
-    def _gvr(self, base: Labels, norm: float) -> float | None:
-        """var/mean² of the recent global norms, this step's ``norm`` included (None: too few)."""
-        w = self.store.window("sentinel_grad_norm", base, GVR_WINDOW - 1)
-        vals = [v for v in [*([] if w is None else w.values.tolist()), norm] if math.isfinite(v)]
-        if len(vals) < 10:
-            return None
-        mean = math.fsum(vals) / len(vals)
-        if mean <= 0:
-            return None
-        return math.fsum((v - mean) ** 2 for v in vals) / len(vals) / (mean * mean)
+                    ratio = write_update_ratios(store, p.base, labels, psq.tolist(), dsq, step, p.t)
+                    if ratio is not None:
+                        store.add("sentinel_update_ratio", p.base, step, p.t, ratio)
 
     def _label(self, base: Labels, key: str, value: str) -> Labels:
         ck = (base, key + "\0" + value)

@@ -62,10 +62,14 @@ class Series:
     def last(self) -> tuple[int, float, float] | None:
         return self._last
 
-    def window(self, n: int | None = None) -> Window:
+    def window(self, n: int | None = None, copy: bool = True) -> Window:
+        """The last ``n`` samples. With ``copy=False`` the arrays may be views of the ring,
+        valid only until the next append (the rule engine reads them at once)."""
         k = self._n if n is None else min(n, self._n)
         start, end = self._head - k, self._head
-        if start >= 0:  # one contiguous run: plain slices (copied; the ring keeps moving)
+        if start >= 0:  # one contiguous run: plain slices
+            if not copy:
+                return Window(self._steps[start:end], self._times[start:end], self._values[start:end])
             return Window(self._steps[start:end].copy(), self._times[start:end].copy(),
                           self._values[start:end].copy())
         cat = np.concatenate
@@ -128,11 +132,14 @@ class Column:
             return None
         return b.last_step, b.last_time, b.last_row[self._col]
 
-    def window(self, n: int | None = None) -> Window:
+    def window(self, n: int | None = None, copy: bool = True) -> Window:
+        """As :meth:`Series.window` (the values are always copied: a column is strided)."""
         b, c = self._block, self._col
         k = b._n if n is None else min(n, b._n)
         start, end = b._head - k, b._head
         if start >= 0:
+            if not copy:
+                return Window(b._steps[start:end], b._times[start:end], b._values[start:end, c].copy())
             return Window(b._steps[start:end].copy(), b._times[start:end].copy(), b._values[start:end, c].copy())
         cat = np.concatenate
         return Window(cat((b._steps[start:], b._steps[:end])), cat((b._times[start:], b._times[:end])),
@@ -188,6 +195,8 @@ class Store:
             for labels, value in rows:
                 s = series.get(labels)
                 if not isinstance(s, Series):
+                    if s is not None:  # a column of a block: the block no longer holds every series
+                        m.blocks.clear()
                     s = series[labels] = Series(cap)
                     self.generation += 1
                 s.append(step, t, value)

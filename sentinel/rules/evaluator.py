@@ -19,8 +19,8 @@ judged a sample of the rank: a series sampled more sparsely than every step (mem
 10 steps) may never have a sample on the rule's phase, and while the AMP scaler skips
 every step the step number stands still and only frames arrive.
 
-The series a rule reads for a rank are looked up once and refreshed every
-``refresh_steps`` steps.
+The series a rule reads for a rank are looked up once, and again when the store gains a
+series (its ``generation``) or every ``refresh_steps`` steps.
 """
 
 from __future__ import annotations
@@ -194,13 +194,12 @@ class RuleEngine:
                 if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                     continue
                 sel = sels[c.idx]
-                if (sel is None or sel.metric is None or sel.generation != gen
-                        or not 0 <= step - sel.refreshed < refresh):
+                # looked up again when the store has a new series (the rule's may be among
+                # them) and every refresh_steps
+                if sel is None or sel.generation != gen or not 0 <= step - sel.refreshed < refresh:
                     sel = self._select(c, job, run, rank, rs, step)
-                    if sel.metric is None:
-                        if c.every > 1:  # nothing to judge yet: look again in every_steps
-                            judged[c.idx] = (step, frame)
-                        continue
+                if sel.metric is None:
+                    continue  # nothing to judge for this rank (yet)
                 name, params, metric = c.name, c.params, sel.metric
                 # with no open alert only a firing verdict changes anything, so a value
                 # that cannot fire (spec.idle) needs no window and no verdict
@@ -226,7 +225,7 @@ class RuleEngine:
                         continue  # judged already, at an earlier frame of this step
                     done[done_key] = sample
                     if not c.fast:
-                        window = series.window(c.samples)
+                        window = series.window(c.samples, copy=False)  # read before any append
                         cctx = self._context(
                             c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped, note
                         )
@@ -400,8 +399,7 @@ class RuleEngine:
     ) -> None:
         step = rs.last_step
         sel = rs.sel[c.idx]
-        if (sel is None or sel.metric is None or sel.generation != self.store.generation
-                or not 0 <= step - sel.refreshed < self._refresh):
+        if sel is None or sel.generation != self.store.generation or not 0 <= step - sel.refreshed < self._refresh:
             sel = self._select(c, job, run, rank, rs, step)
         if sel.metric is None:
             return

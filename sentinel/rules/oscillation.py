@@ -88,7 +88,7 @@ def ljung_box(r: np.ndarray, lags: int) -> float:
     Large values mean the residuals are correlated from step to step (not white noise).
     """
     n = len(r)
-    d = r - r.mean()
+    d = r - float(r.sum()) / n
     den = float(d @ d)
     if den <= 0.0 or n <= lags + 1:
         return 0.0
@@ -106,16 +106,18 @@ def _residuals(x: np.ndarray, y: np.ndarray, degree: int) -> np.ndarray:
     ``np.polyfit`` or ``np.linalg.solve`` cost several times more for the ~100 samples
     used here, and this runs on the engine's hot path.
     """
-    span = float(x.max() - x.min())
+    n = float(len(x))
+    span = float(x[-1] - x[0])  # steps ascend in a window, but for a restarted run
+    if span <= 0.0:
+        span = float(x.max() - x.min())
     if span <= 0.0 or len(x) <= degree:
-        return y - y.mean()
-    u = (x - x.mean()) / span  # centred and scaled: well-conditioned for any step numbers
-    n = float(len(u))
+        return y - float(y.sum()) / n
+    u = (x - float(x.sum()) / n) / span  # centred and scaled: well-conditioned for any step numbers
     s1, s2, t0, t1 = float(u.sum()), float(u @ u), float(y.sum()), float(u @ y)
     if degree == 1:
         det = n * s2 - s1 * s1
         if det <= 0.0:
-            return y - y.mean()
+            return y - t0 / n
         c1 = (n * t1 - s1 * t0) / det
         return y - ((t0 - c1 * s1) / n + c1 * u)
     u2 = u * u
@@ -153,10 +155,10 @@ def _amplitude_of(r: np.ndarray, values: np.ndarray, logs: np.ndarray | None) ->
     if logs is not None:
         lo, hi = math.exp(quantile(ordered, 0.05)), math.exp(quantile(ordered, 0.95))
         rel = (hi - lo) / (hi + lo)  # half-range over the midpoint: 1.3 / 0.7 → 0.3
-        level = math.exp(float(logs.mean()))
+        level = math.exp(float(logs.sum()) / len(logs))
         return rel, rel * level
     half = (quantile(ordered, 0.95) - quantile(ordered, 0.05)) / 2.0
-    level = abs(float(values.mean()))
+    level = abs(float(values.sum()) / len(values))
     return (half / level if level > 0 else math.inf), half
 
 
@@ -196,7 +198,12 @@ def detect(window: Window, params: OscillationParams, ctx: Context) -> Verdict |
     rel, half = _amplitude_of(r, values, logs)
     detail = f"±{rel:.0%} around the trend"
     firing = rel > params.amplitude and half > params.min_amplitude
-    # the two guards below only ever veto, so the common quiet case skips them
+    # the two guards below only ever veto, so the common quiet case skips them; the
+    # whiteness test goes first, as small batches' independent noise is the usual veto
+    if firing and params.q > 0.0:
+        q = ljung_box(r, params.lags)
+        firing = q > params.q
+        detail += f", {'correlated' if firing else 'independent'} from step to step (Q={q:.0f})"
     if firing and use_log and params.max_trend > 0.0:
         moved = _level_change(values)
         swing = math.atanh(min(rel, 1.0 - 1e-12))  # the residuals' half-width, log scale
@@ -204,8 +211,4 @@ def detect(window: Window, params: OscillationParams, ctx: Context) -> Verdict |
             # a learning phase: its curvature is not a swing
             firing = False
             detail += f", level moved {math.exp(moved):.3g}×"
-    if firing and params.q > 0.0:
-        q = ljung_box(r, params.lags)
-        firing = q > params.q
-        detail += f", {'correlated' if firing else 'independent'} from step to step (Q={q:.0f})"
     return Verdict(firing, rel, params.amplitude, detail=detail)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from pydantic import Field
 
 from sentinel.engine.store import Window
@@ -60,17 +59,18 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         value is the latest sample, threshold ``factor × baseline`` and baseline the
         median.
     """
-    w = since(window, ctx.since_step)
-    if len(w) < params.min_samples + 1:
+    vals = since(window, ctx.since_step).values
+    if len(vals) < params.min_samples + 1:
         return None
-    last = float(w.values[-1])
+    last = float(vals[-1])
     if not math.isfinite(last):
         return None
-    base_arr = w.values[-params.window - 1 : -1]
-    base_arr = base_arr[np.isfinite(base_arr)]
-    if len(base_arr) < params.min_samples:
+    base = vals[-params.window - 1 : -1].tolist()
+    if not math.isfinite(sum(base)):  # rare: a NaN/Inf among them (or an overflowing sum)
+        base = [x for x in base if math.isfinite(x)]
+    if len(base) < params.min_samples:
         return None
-    base = sorted(base_arr.tolist())
+    base.sort()
     baseline = quantile(base, 0.5)
     threshold = baseline + (params.factor - 1.0) * abs(baseline)
     if last < threshold:  # the common case: no need for the spread (nor the detail)
@@ -78,7 +78,7 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
     detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}" if baseline > 0 else ""
     if params.log and last > 0.0 and base[0] > 0.0:
         med = math.log(baseline)
-        dev = sorted(abs(x - med) for x in np.log(base_arr).tolist())
+        dev = sorted(abs(math.log(x) - med) for x in base)
         spread = max(quantile(dev, 0.5) * 1.4826, params.min_spread)
         z = (math.log(last) - med) / spread
     else:

@@ -215,3 +215,19 @@ def test_snr_and_saturation_values(mlp: MLP) -> None:
     v = torch.cat([st["exp_avg_sq"].reshape(-1) for st in opt.state.values()])
     sat = sender.engine.store.last("sentinel_optimizer_state_saturation_ratio", labels)
     assert sat is not None and sat[2] == pytest.approx(float((v > 1e-6).double().mean()))
+
+
+def test_store_block_and_single_series_of_one_metric_never_lose_samples() -> None:
+    """A group row is one block; a later partial row (some groups unsampled) turns those
+    series into plain ones, and a full row after that starts a new block: the latest value
+    of every series is always the one written last."""
+    from sentinel.engine.store import Store, labels_of
+
+    store = Store(capacity=8)
+    labels = tuple(labels_of(job="j", run="r", rank=0, group=g) for g in "abc")
+    store.add_row("m", labels, [1.0, 2.0, 3.0], 1, 1.0)
+    store.add_many("m", [(labels[0], 10.0)], 2, 2.0)
+    store.add_row("m", labels, [4.0, 5.0, 6.0], 3, 3.0)
+    assert [store.last("m", ls) for ls in labels] == [(3, 3.0, 4.0), (3, 3.0, 5.0), (3, 3.0, 6.0)]
+    w = store.window("m", labels[1])
+    assert w is not None and w.values.tolist()[-1] == 5.0
