@@ -8,8 +8,8 @@ Two per-rank series come out of it, written when the last rank of a run reports 
   for bit, so anything above rounding means the ranks trained on different gradients: a
   desynchronised rank, or silent data corruption. (With two ranks both deviate equally:
   which one is wrong takes three.)
-- ``sentinel_rank_step_time_ratio``: each rank's median busy time over its last
-  ``STEP_WINDOW`` steps (data loading plus forward, before the gradient sync: the frame's
+- ``sentinel_rank_step_time_ratio``: every ``STEP_EVERY`` steps, each rank's median busy
+  time over its last ``STEP_WINDOW`` steps (data loading plus forward, before the gradient sync: the frame's
   ``busy_seconds``, else its step time) over the median of the other ranks' medians. In
   lockstep training the step times are equal, so the straggler shows in the time it
   spends before the sync while the others wait for it.
@@ -34,6 +34,8 @@ METRICS = (DEVIATION, STEP_RATIO)
 
 STEP_WINDOW = 20
 """Steps whose busy times give each rank's median."""
+STEP_EVERY = 5
+"""Steps between two straggler comparisons (medians move slowly; each costs ~3 µs a rank)."""
 MIN_SECONDS = 0.005
 """Busy medians are floored at this when divided, so that 1 ms against 3 ms of nothing
 does not read as a 3× straggler."""
@@ -99,25 +101,28 @@ class CrossRank:
         for old in [s for s in run.pending if s < step]:
             del run.pending[old]
         t = float(f["t"])
-        self._deviation(heard, labels_of_rank, step, t)
-        self._straggler(run, labels_of_rank, step, t)
-        return sorted(heard)
+        wrote = self._deviation(heard, labels_of_rank, step, t)
+        if step % STEP_EVERY == 0:
+            wrote = self._straggler(run, labels_of_rank, step, t) or wrote
+        return sorted(heard) if wrote else []
 
     def _deviation(self, norms: dict[int, float | None], labels_of_rank: Callable[[int], Labels],
-                   step: int, t: float) -> None:
+                   step: int, t: float) -> bool:
         vals = [v for v in norms.values() if v is not None and math.isfinite(v)]
         if len(vals) < 2 or len(vals) < len(norms):
-            return  # not DDP, or a non-finite norm (the non-finite rule's)
+            return False  # not DDP, or a non-finite norm (the non-finite rule's)
         mid = statistics.median(vals)
         rows = [(labels_of_rank(r), abs(v - mid) / mid if mid > 0 else (0.0 if v == mid else math.inf))
                 for r, v in norms.items() if v is not None]
         for labels, value in rows:
             self.store.add(DEVIATION, labels, step, t, value)
+        return True
 
-    def _straggler(self, run: _Run, labels_of_rank: Callable[[int], Labels], step: int, t: float) -> None:
+    def _straggler(self, run: _Run, labels_of_rank: Callable[[int], Labels], step: int, t: float) -> bool:
         medians = {r: statistics.median(q) for r, q in run.busy.items() if len(q) >= STEP_WINDOW // 2}
         if len(medians) < 2:
-            return
+            return False
         for r, m in medians.items():
             others = statistics.median([v for k, v in medians.items() if k != r])
             self.store.add(STEP_RATIO, labels_of_rank(r), step, t, m / max(others, MIN_SECONDS))
+        return True

@@ -97,7 +97,9 @@ class Engine:
     def ingest(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame and evaluate the rules; returns the rules' context."""
         job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
+        self.store.written.clear()
         ctx = self.ingestor.ingest(frame)
+        ctx["written"] = self.store.written  # the rules whose metrics got no sample have nothing new
         rk = (job, run, rank)
         if kind == "bye":
             pid = self.pids.pop(rk, None)

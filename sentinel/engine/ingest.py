@@ -34,6 +34,7 @@ class Ingestor:
         self._scale_last: dict[Labels, float] = {}
         self._labels: dict[tuple[object, ...], Labels] = {}
         self._bases: dict[tuple[object, ...], Labels] = {}
+        self._totals: dict[tuple[Labels, str], Any] = {}  # the last total written per counter
         self._groups_cache: dict[tuple[object, ...], tuple[Labels, ...]] = {}
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
@@ -49,9 +50,9 @@ class Ingestor:
         rows: list[tuple[str, Labels, float]] = []
         add = self._adder(base, rows)
         if "errors" in f:
-            self.store.set_counter("sentinel_instrument_errors_total", base, float(f["errors"]))
+            self._total("sentinel_instrument_errors_total", base, f["errors"])
         if "dropped" in f:
-            self.store.set_counter("sentinel_frames_dropped_total", base, float(f["dropped"]))
+            self._total("sentinel_frames_dropped_total", base, f["dropped"])
         kind = f["kind"]
         amp = f.get("amp")
         if isinstance(amp, dict) and isinstance(amp.get("scale"), (int, float)):
@@ -91,6 +92,15 @@ class Ingestor:
             append((name, labels, value))
         return add
 
+    def _total(self, name: str, labels: Labels, total: Any) -> None:
+        """Set a counter from the sender's running total, only when it moved (most stay 0)."""
+        key = (labels, name)
+        if self._totals.get(key) != total:
+            if len(self._totals) > 100_000:
+                self._totals.clear()
+            self._totals[key] = total
+            self.store.set_counter(name, labels, float(total))
+
     def _nonfinite(self, source: str, bad: bool, add: Callable[..., None], base: Labels) -> None:
         add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
         # inc by 0 too, so the counter exists (at 0) from the first report
@@ -98,7 +108,9 @@ class Ingestor:
         labels = self._labels.get(key)
         if labels is None:
             labels = self._labels[key] = tuple(sorted(base + (("source", source),)))
-        self.store.inc("sentinel_nonfinite_total", labels, float(bad))
+        if bad or (labels, "nf") not in self._totals:
+            self._totals[(labels, "nf")] = 0.0
+            self.store.inc("sentinel_nonfinite_total", labels, float(bad))
 
     def _scalars(self, scalars: dict[str, Any], add: Callable[..., None], base: Labels,
                  ctx: dict[str, Any]) -> None:
@@ -202,9 +214,11 @@ class Ingestor:
     def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:
         if not isinstance(lrs, list):
             return
+        prev = self._lr_last.get(base)
+        if prev == lrs:
+            return  # unchanged: the series keeps its value (no rule reads its history)
         for i, lr in enumerate(lrs):
             add("sentinel_learning_rate", float(lr), param_group=str(i))
-        prev = self._lr_last.get(base)
         if prev is not None and len(prev) == len(lrs):
             # a change of more than 10% in any group (schedulers' small steps are not changes)
             if any(abs(a - b) > 0.1 * max(abs(a), abs(b)) for a, b in zip(prev, lrs)):

@@ -172,15 +172,21 @@ class Store:
         # bumped whenever a series object is created or replaced, so readers that keep
         # series objects (see :meth:`series`) know when to look them up again
         self.generation = 0
+        # gauges written since the engine last cleared it: the rule engine judges only
+        # rules whose metrics are among them
+        self.written: set[str] = set()
 
     def add(self, name: str, labels: Labels, step: int, t: float, value: float) -> None:
         """Append a gauge sample."""
         with self.lock:
+            self.written.add(name)
             m = self._metrics.get(name)
             if m is None:
                 m = self._metrics[name] = _Metric("gauge")
             s = m.series.get(labels)
             if not isinstance(s, Series):
+                if s is not None:  # a column of a block: the block no longer holds every series
+                    m.blocks.clear()
                 s = m.series[labels] = Series(self.capacity)
                 self.generation += 1
             s.append(step, t, float(value))
@@ -188,6 +194,7 @@ class Store:
     def add_many(self, name: str, rows: Iterable[tuple[Labels, float]], step: int, t: float) -> None:
         """Append one sample to each of several series of a gauge (one lock, one lookup)."""
         with self.lock:
+            self.written.add(name)
             m = self._metrics.get(name)
             if m is None:
                 m = self._metrics[name] = _Metric("gauge")
@@ -204,13 +211,16 @@ class Store:
     def add_rows(self, rows: Iterable[tuple[str, Labels, float]], step: int, t: float) -> None:
         """Append one sample to each of several series, of any gauges (one lock)."""
         with self.lock:
-            metrics, cap = self._metrics, self.capacity
+            metrics, cap, written = self._metrics, self.capacity, self.written
             for name, labels, value in rows:
+                written.add(name)
                 m = metrics.get(name)
                 if m is None:
                     m = metrics[name] = _Metric("gauge")
                 s = m.series.get(labels)
                 if not isinstance(s, Series):
+                    if s is not None:  # a column of a block: the block no longer holds every series
+                        m.blocks.clear()
                     s = m.series[labels] = Series(cap)
                     self.generation += 1
                 s.append(step, t, value)
@@ -224,6 +234,7 @@ class Store:
         starts a new block, and series it shares with an older block restart their history.
         """
         with self.lock:
+            self.written.add(name)
             m = self._metrics.get(name)
             if m is None:
                 m = self._metrics[name] = _Metric("gauge")

@@ -20,7 +20,8 @@ judged a sample of the rank: a series sampled more sparsely than every step (mem
 every step the step number stands still and only frames arrive.
 
 The series a rule reads for a rank are looked up once, and again when the store gains a
-series (its ``generation``) or every ``refresh_steps`` steps.
+series (its ``generation``: a new series, or a block of group series rebuilt), and every
+``refresh_steps`` steps as a safety net.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from sentinel.rules.base import Context, DetectorSpec, Verdict
 from sentinel.rules.config import Rule, RulePack
 from sentinel.rules.lifecycle import Lifecycle, Transition
 from sentinel.rules.registry import DETECTORS
-from sentinel.rules.threshold import ThresholdParams, check
+from sentinel.rules.threshold import ThresholdParams, compare
 
 AMP_SKIPS = "sentinel_amp_skipped_steps_total"
 NODE_JOB = "node"
 """The job of alerts about the machine rather than a training run (GPU health)."""
+_NO_LABELS: Mapping[str, str] = {}  # shared: detectors never modify their context
 NO_RANK = -1
 """The rank of series that belong to no rank; never listed in an alert's ranks."""
 _IDENTITY = ("job", "run", "rank")
@@ -55,6 +57,7 @@ class _Compiled:
     samples: int
     offset: int  # phase of every_steps, so heavy rules don't all land on the same step
     fast: bool  # threshold on the latest value: no window needed
+    metrics: frozenset[str]
     # flattened for the hot loop
     name: str
     gate_until: int  # no verdict before this step (warm-up; 0 for critical rules)
@@ -93,7 +96,7 @@ def _compile(idx: int, rule: Rule) -> _Compiled:
     offset = zlib.crc32(rule.name.encode()) % rule.every_steps
     gate = 0 if rule.severity == "critical" else rule.warmup_steps
     return _Compiled(
-        idx, rule, spec, max(1, p.samples()), offset, fast,
+        idx, rule, spec, max(1, p.samples()), offset, fast, frozenset(rule.metrics),
         rule.name, gate, rule.every_steps, rule.lr_grace_steps, p,
     )  # fmt: skip
 
@@ -118,7 +121,7 @@ class RuleEngine:
         clock: Callable[[], float] = time.time,
         *,
         recent_limit: int = 200,
-        refresh_steps: int = 50,
+        refresh_steps: int = 1000,
     ) -> None:
         self.pack = pack
         self.store = store
@@ -151,7 +154,8 @@ class RuleEngine:
 
         Args:
             t: the frame's wall-clock time.
-            ctx: ``nonfinite_groups`` (``{source: [group, ...]}``, first ones first) and
+            ctx: ``nonfinite_groups`` (``{source: [group, ...]}``, first ones first),
+                ``written`` (the gauges this frame wrote: other rules are skipped) and
                 ``lr_change_step`` (the last step at which the learning rate changed by
                 more than the engine's factor, or None), and optionally ``note``, a
                 phrase for detectors that print one (``Context.note``).
@@ -165,6 +169,7 @@ class RuleEngine:
         lr_change: int | None = ctx.get("lr_change_step")
         nonfinite: Mapping[str, Sequence[str]] = ctx.get("nonfinite_groups") or {}
         note: str = ctx.get("note") or ""
+        written: set[str] | None = ctx.get("written")
         store, life = self.store, self._life
         with self._lock:
             now = self._clock()
@@ -183,9 +188,9 @@ class RuleEngine:
             frame = rs.frames
             touched: list[str] = []
             sels, judged, refresh, done, gen = rs.sel, rs.judged, self._refresh, self._done, store.generation
-            for c in self._step_rules:
-                if step < c.gate_until or only is not None and c.name not in only:
-                    continue
+            for c in self._step_rules if only is None else [c for c in self._step_rules if c.name in only]:
+                if step < c.gate_until or written is not None and c.metrics.isdisjoint(written):
+                    continue  # warming up, or no new sample of its metrics in this frame
                 if c.every > 1 and (step + c.offset) % c.every:
                     # off its phase: run only to catch up (a sparse series, a frozen step)
                     seen = judged[c.idx]
@@ -214,11 +219,15 @@ class RuleEngine:
                     if idle is not None and idle(last[2], params):
                         continue
                     verdict: Verdict | None
-                    if c.fast:
-                        verdict = check(last[2], params)
+                    if c.fast:  # check() inlined: most values are quiet and need no Verdict
                         self.evaluations += 1
-                        if verdict is None or not verdict.firing and (held is None or (rank, extra) not in held):
+                        v = last[2]
+                        if v != v or (params.skip_zero and v == 0.0):
+                            continue  # NaN or a skipped zero: no verdict
+                        firing = compare(v, params.op, params.value)
+                        if not firing and (held is None or (rank, extra) not in held):
                             continue  # a quiet value of a series the alert does not hold: no change
+                        verdict = Verdict(firing, v, params.value)
                     done_key = (c.idx, series_labels)
                     sample = (step, last[1])
                     if done.get(done_key) == sample:
@@ -388,7 +397,7 @@ class RuleEngine:
             now=t,
             since_step=max(r.warmup_steps, (lr_change or 0) if r.lr_resets_baseline else 0),
             reference=reference,
-            series=dict(extra),
+            series=dict(extra) if extra else _NO_LABELS,
             nonfinite_groups=nonfinite,
             amp_skipped=amp_skipped,
             note=note,

@@ -153,6 +153,8 @@ class Alert:
     series: dict[SeriesKey, _Series] = field(default_factory=dict)
     _active_since: float | None = None
     _seen_pending: bool = False
+    _dirty: bool = True  # a series came, went or changed state since the last _refresh
+    _touched: _Series | None = None  # the series of the latest failing verdict
 
     @property
     def alertname(self) -> str:
@@ -209,7 +211,15 @@ class Alert:
             "runbook": self.rule.runbook,
         }
 
+    def _follow(self) -> None:
+        """Take the numbers of the latest failing verdict, when nothing else changed (a
+        full :meth:`_refresh` walks every series: hundreds for a per-group rule on 8 ranks)."""
+        s = self._touched
+        if s is not None and s.active and s.last is not None and s.step >= self.step:
+            self.step, self.value, self.threshold, self.baseline = s.step, s.last.value, s.last.threshold, s.last.baseline
+
     def _refresh(self, series: Sequence[_Series]) -> None:
+        self._dirty = False
         ranks: set[int] = set()
         groups: dict[str, None] = {}
         details: dict[str, None] = {}
@@ -278,12 +288,14 @@ class Lifecycle:
             if s is None:
                 group = next((v for k, v in extra if k == "group"), None)
                 s = alert.series[skey] = _Series(rank, group)
+                alert._dirty = True
             s.fails += 1
             s.oks = 0
             s.last = verdict
             s.step = step
-            if s.fails >= max(1, rule.for_steps):
-                s.active = True
+            alert._touched = s
+            if not s.active and s.fails >= max(1, rule.for_steps):
+                s.active = alert._dirty = True
         elif s is not None:
             s.fails = 0
             s.oks += 1
@@ -291,6 +303,7 @@ class Lifecycle:
                 s.active = False
             if not s.active:
                 del alert.series[skey]
+                alert._dirty = True
 
     def tracks(self, name: str, job: str, run: str, rank: int) -> bool:
         """Whether an open alert of rule ``name`` holds a series of ``rank``."""
@@ -328,7 +341,10 @@ class Lifecycle:
         if a.state == "firing":
             if not active:
                 return [self._resolve(key, a, now)]
-            a._refresh(active)
+            if a._dirty or len(active) <= 16:  # small alerts: details of every series stay fresh
+                a._refresh(active)
+            else:
+                a._follow()
             return []
         if not active:
             if a._active_since is not None:
