@@ -40,6 +40,7 @@ typecheck: setup
 bench: setup
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/detection.py
+	$(PY) benchmarks/daemon.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cfg, pack = load_config(args.config)
     service = Service(cfg, pack, args.listen, on_message=tell)
-    listener = DatagramListener(args.socket, service.submit)
+    listener = DatagramListener(args.socket, service.submit_many)
     service.extra_rows.append(listener.rows)
     tell({"kind": "ready", "url": service.url})
     try:

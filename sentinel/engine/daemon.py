@@ -40,7 +40,7 @@ class Daemon:
 
     def __init__(self, config: SentinelConfig, pack: RulePack, listen: str, socket_path: str) -> None:
         self.service = Service(config, pack, listen)
-        self.listener = DatagramListener(socket_path, self.service.submit)
+        self.listener = DatagramListener(socket_path, self.service.submit_many)
         self.service.extra_rows.append(self.listener.rows)
         self.socket_path = socket_path
         self.url = self.service.url

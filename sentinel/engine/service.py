@@ -90,23 +90,35 @@ class Service:
         self.gpu.start()
         self.received = 0
         self.processed = 0
+        self._taken = 0  # frames the worker took off the queue
         self.dropped = 0
         # a SimpleQueue (C, lock-free for one producer) bounded here: queue.Queue's
         # conditions cost several µs a frame at 10,000 frames/s
         self.queue_size = queue_size
-        self._queue: queue.SimpleQueue[tuple[bytes, int | None] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[tuple[bytes, int | None]] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sentinel-engine", daemon=True)
         self._thread.start()
 
     def submit(self, data: bytes, pid: int | None = None) -> bool:
         """Queue one encoded frame for ingest; never blocks. False if dropped."""
-        if self._queue.qsize() >= self.queue_size:
-            self.dropped += 1
-            return False
-        self._queue.put((data, pid))
-        self.received += 1
-        return True
+        return self.submit_many([(data, pid)]) == 1
+
+    def submit_many(self, frames: list[tuple[bytes, int | None]]) -> int:
+        """Queue encoded frames (with their senders' pids) for ingest; never blocks.
+        Frames past ``queue_size`` waiting are dropped and counted. Returns those queued.
+
+        One thread submits (the listener, or the embedded engine's sender): ``received``
+        is written only here and ``_taken`` only by the worker, so their difference is the
+        queue's depth in frames."""
+        room = self.queue_size - (self.received - self._taken)
+        if room < len(frames):
+            self.dropped += len(frames) - max(room, 0)
+            frames = frames[:max(room, 0)]
+        if frames:
+            self.received += len(frames)
+            self._queue.put(frames)
+        return len(frames)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every frame submitted so far has been ingested; False on timeout."""
@@ -137,21 +149,23 @@ class Service:
                 except Exception:
                     log.warning("sentinel engine: error in the rule tick", exc_info=True)
             try:
-                item = self._queue.get(timeout=0.25)
+                batch = self._queue.get(timeout=0.25)
             except queue.Empty:
                 if self._stop.is_set():
                     return
                 continue
-            if item is None:
+            if batch is None:
                 if self._stop.is_set():
                     return
                 continue
-            try:
-                self.engine.feed(*item)
-            except Exception:  # a bug in the engine must not kill the worker silently
-                log.warning("sentinel engine: error ingesting a frame", exc_info=True)
-            finally:
-                self.processed += 1
+            self._taken += len(batch)
+            for data, pid in batch:
+                try:
+                    self.engine.feed(data, pid)
+                except Exception:  # a bug in the engine must not kill the worker silently
+                    log.warning("sentinel engine: error ingesting a frame", exc_info=True)
+                finally:
+                    self.processed += 1
 
     def _actions(self, t: Transition) -> None:
         """Alert messages for the training process, and the opt-in stop action."""
@@ -167,7 +181,7 @@ class Service:
 
     def _rows(self) -> Iterator[Row]:
         yield from self.engine.health_rows()
-        yield ("sentinel_daemon_queue_depth", "gauge", (), float(self._queue.qsize()))
+        yield ("sentinel_daemon_queue_depth", "gauge", (), float(self.received - self._taken))
         yield ("sentinel_daemon_queue_capacity", "gauge", (), float(self.queue_size))
         rss = resident_bytes()
         if rss is not None:

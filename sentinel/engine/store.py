@@ -37,7 +37,7 @@ class Window:
 class Series:
     """A fixed-capacity ring buffer of samples."""
 
-    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "_last")
+    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "_last", "count")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -47,9 +47,11 @@ class Series:
         self._n = 0
         self._head = 0  # next write position
         self._last: tuple[int, float, float] | None = None  # the rules read it on every frame
+        self.count = 0  # samples ever appended
 
     def append(self, step: int, t: float, value: float) -> None:
         self._last = (int(step), float(t), float(value))
+        self.count += 1
         i = self._head
         self._steps[i] = step
         self._times[i] = t
@@ -87,7 +89,8 @@ class Block:
     Its columns (:class:`Column`) read like :class:`Series`.
     """
 
-    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "last_step", "last_time", "last_row")
+    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "last_step", "last_time", "last_row",
+                 "count")
 
     def __init__(self, capacity: int, width: int) -> None:
         self.capacity = capacity
@@ -99,9 +102,11 @@ class Block:
         self.last_step = -1
         self.last_time = 0.0
         self.last_row: list[float] = []
+        self.count = 0  # rows ever appended
 
     def append(self, step: int, t: float, row: Sequence[float] | np.ndarray) -> None:
         self.last_step, self.last_time = int(step), float(t)
+        self.count += 1
         i = self._head
         self._steps[i] = step
         self._times[i] = t
@@ -125,6 +130,11 @@ class Column:
     @property
     def block(self) -> Block:
         return self._block
+
+    @property
+    def count(self) -> int:
+        """Samples ever appended."""
+        return self._block.count
 
     def last(self) -> tuple[int, float, float] | None:
         b = self._block

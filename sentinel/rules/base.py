@@ -66,6 +66,8 @@ class Context:
         amp_skipped: the AMP scaler skipped a step since the previous frame of this rank.
         note: a phrase the engine attaches to this evaluation (e.g. a dead rank's last
             values), for detectors that print it.
+        memo: a per-series dict a detector with a ``quiet`` shortcut may leave notes in
+            for it (see :class:`DetectorSpec`); None when the engine keeps none.
     """
 
     step: int
@@ -76,6 +78,7 @@ class Context:
     nonfinite_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
     amp_skipped: bool = False
     note: str = ""
+    memo: dict[str, Any] | None = None
 
 
 class Params(BaseModel):
@@ -103,12 +106,16 @@ class DetectorSpec:
             ``fn`` would not fire on any window ending in that value. While a rule has
             no open alert only firing verdicts matter, so the engine then skips reading
             the window at all.
+        quiet: like ``idle``, with what ``fn`` left in ``ctx.memo`` at its last full
+            evaluation of the series: ``(latest value, params, memo, samples appended to
+            the series since) -> bool``. True promises ``fn`` would not fire now.
     """
 
     fn: Detector
     params: type[Params]
     time_based: bool = False
     idle: Callable[[float, Any], bool] | None = None
+    quiet: Callable[[float, Any, dict[str, Any], int], bool] | None = None
 
 
 def since(window: Window, step: int) -> Window:

@@ -138,6 +138,8 @@ class RuleEngine:
         self._ranks: dict[tuple[str, str, int], _Rank] = {}
         # the last sample judged, as its (step, time), per rule and series
         self._done: dict[tuple[int, Labels], tuple[int, float]] = {}
+        # what a detector with a quiet() shortcut left at its last full evaluation, per series
+        self._memos: dict[tuple[int, Labels], dict[str, Any]] = {}
         self.evaluations = 0  # verdicts taken (rule × series), for sentinel_daemon_rule_evaluations_total
 
     def evaluate(
@@ -188,6 +190,7 @@ class RuleEngine:
             frame = rs.frames
             touched: list[str] = []
             sels, judged, refresh, done, gen = rs.sel, rs.judged, self._refresh, self._done, store.generation
+            memos = self._memos
             for c in self._step_rules if only is None else [c for c in self._step_rules if c.name in only]:
                 if step < c.gate_until or written is not None and c.metrics.isdisjoint(written):
                     continue  # warming up, or no new sample of its metrics in this frame
@@ -210,6 +213,8 @@ class RuleEngine:
                 # that cannot fire (spec.idle) needs no window and no verdict
                 held = life.open_series(name, job, run)
                 idle = None if held is not None else c.spec.idle
+                quiet = None if held is not None else c.spec.quiet
+                since = max(c.rule.warmup_steps, (lr_change or 0) if c.rule.lr_resets_baseline else 0)
                 sampled = False
                 for series_labels, extra, series in sel.series:
                     last = series.last()
@@ -218,6 +223,12 @@ class RuleEngine:
                     sampled = True
                     if idle is not None and idle(last[2], params):
                         continue
+                    memo = None
+                    if c.spec.quiet is not None:
+                        memo = memos.get((c.idx, series_labels))
+                        if (quiet is not None and memo is not None and memo.get("since") == since
+                                and quiet(last[2], params, memo, series.count - memo["count"])):
+                            continue  # cannot fire: no window, no verdict
                     verdict: Verdict | None
                     if c.fast:  # check() inlined: most values are quiet and need no Verdict
                         self.evaluations += 1
@@ -238,6 +249,12 @@ class RuleEngine:
                         cctx = self._context(
                             c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped, note
                         )
+                        if c.spec.quiet is not None:
+                            if memo is None:
+                                memo = memos[(c.idx, series_labels)] = {}
+                            memo.pop("base", None)  # fn leaves a new one, or none to go by
+                            memo["count"] = series.count
+                            cctx.memo = memo
                         verdict = c.spec.fn(window, params, cctx)
                         self.evaluations += 1
                     life.observe(c.rule, job, run, rank, extra, verdict, step, now)
@@ -328,9 +345,10 @@ class RuleEngine:
             for r in gone:
                 self._ranks.pop((job, run, r), None)
             gone_pairs = {("rank", str(r)) for r in gone}
-            for dk in [k for k in self._done if ("job", job) in k[1] and ("run", run) in k[1]]:
-                if any(p in gone_pairs for p in dk[1]):
-                    del self._done[dk]
+            for table in (self._done, self._memos):
+                for dk in [k for k in table if ("job", job) in k[1] and ("run", run) in k[1]]:
+                    if any(p in gone_pairs for p in dk[1]):
+                        del table[dk]
             return out
 
     def active(self) -> list[dict[str, Any]]:

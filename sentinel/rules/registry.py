@@ -21,7 +21,7 @@ DETECTORS: dict[str, DetectorSpec] = {
     "threshold": DetectorSpec(threshold.detect, threshold.ThresholdParams, idle=threshold.idle),
     "band": DetectorSpec(band.detect, band.BandParams),
     "nonfinite": DetectorSpec(nonfinite.detect, nonfinite.NonFiniteParams, idle=nonfinite.idle),
-    "spike": DetectorSpec(spike.detect, spike.SpikeParams),
+    "spike": DetectorSpec(spike.detect, spike.SpikeParams, quiet=spike.quiet),
     "divergence": DetectorSpec(divergence.detect, divergence.DivergenceParams),
     "oscillation": DetectorSpec(oscillation.detect, oscillation.OscillationParams),
     "plateau": DetectorSpec(plateau.detect, plateau.PlateauParams),

@@ -14,11 +14,18 @@ above it:
 Samples before ``ctx.since_step`` (warm-up, the last learning-rate change) are not part of
 the baseline, so an lr decay or the first steps' fast fall never form a baseline that a
 later sample seems to "spike" from.
+
+Cost: a full evaluation sorts the baseline. It leaves the sorted baseline in ``ctx.memo``,
+and until a sample could be a spike :func:`quiet` answers from it without the window: ``k``
+samples later the baseline has lost and gained at most ``k`` samples, so its median is at
+least the sorted old baseline's element ``k`` places below the middle, and a value under
+``factor`` times that cannot reach the threshold.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pydantic import Field
 
@@ -73,6 +80,8 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
     base.sort()
     baseline = quantile(base, 0.5)
     threshold = baseline + (params.factor - 1.0) * abs(baseline)
+    if ctx.memo is not None:  # for quiet(): the sorted baseline and where it started
+        ctx.memo["base"], ctx.memo["since"] = base, ctx.since_step
     if last < threshold:  # the common case: no need for the spread (nor the detail)
         return Verdict(False, last, threshold, baseline=baseline)
     detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}" if baseline > 0 else ""
@@ -86,3 +95,18 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         spread = max(quantile(dev, 0.5) * 1.4826, params.min_spread * abs(baseline), 1e-12)
         z = (last - baseline) / spread
     return Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail)
+
+
+def quiet(value: float, params: SpikeParams, memo: dict[str, Any], appended: int) -> bool:
+    """True when ``value`` cannot be a spike, judged from the sorted baseline that
+    :func:`detect` left in ``memo`` ``appended`` samples ago (see the module docstring).
+
+    Only for a positive baseline (the threshold is then ``factor ×`` the median); a value
+    that is not finite is the non-finite rule's, so it is quiet here too."""
+    base = memo.get("base")
+    if not base:
+        return False
+    i = (len(base) - 1) // 2 - appended
+    if i < 0 or base[i] <= 0.0:
+        return False
+    return not value >= params.factor * base[i] or not math.isfinite(value)

@@ -54,9 +54,9 @@ def test_daemon_killed_and_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyP
                 daemon = _daemon(sock, port)
                 wait_for(lambda: "sentinel_daemon_up 1.0" in _metrics(port), what="the restarted daemon")
             train_steps(model, opt, 1, mon, seed=2)
-            if mon is not None:
+            if mon is not None:  # the first step after the restart is on /metrics within a second
                 wait_for(lambda: 'sentinel_step{job="train",rank="0",run="restart"} 11.0' in _metrics(port),
-                         what="metrics from the restarted daemon")
+                         timeout=1.0, what="metrics from the restarted daemon")
                 mon.close()
             return [p.detach().clone() for p in model.parameters()], mon
 

@@ -115,7 +115,7 @@ def test_queue_depth_and_drops_when_the_engine_falls_behind() -> None:
     try:
         with service.engine._lock:  # the worker blocks on its first frame: the engine "falls behind"
             assert service.submit(_frame(1))
-            wait_for(lambda: service._queue.empty(), what="the worker to take the first frame")
+            wait_for(lambda: service._taken == 1, what="the worker to take the first frame")
             results = [service.submit(_frame(step)) for step in range(2, 11)]
             assert results == [True] * 4 + [False] * 5  # the queue holds 4; the other 5 are dropped
             m = _scrape(service.url)

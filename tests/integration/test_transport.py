@@ -110,4 +110,4 @@ def test_socket_folder_owned_by_someone_else_is_refused(tmp_path: object) -> Non
     os.mkdir(folder, 0o777)
     os.chown(folder, 65534, 65534)  # "nobody" got there first
     with pytest.raises(PermissionError, match="belongs to uid 65534"):
-        DatagramListener(os.path.join(folder, "engine.sock"), lambda data, pid: None)
+        DatagramListener(os.path.join(folder, "engine.sock"), lambda batch: None)

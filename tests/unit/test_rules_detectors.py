@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sentinel.engine.store import Window
 from sentinel.rules import DETECTORS
@@ -441,3 +443,29 @@ def test_exited_ignores_configured_codes() -> None:
 
     v = DETECTORS["exited"].fn(win([3.0]), ExitedParams(ignore_codes=[3]), Context(step=5, now=0.0))
     assert v is not None and not v.firing
+
+
+# -- spike: the quiet() shortcut never hides a spike ------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.floats(0.01, 100.0), st.just(math.nan), st.floats(1e3, 1e6)), min_size=30, max_size=90),
+    ahead=st.integers(1, 25),
+    factor=st.floats(1.5, 20.0),
+)
+def test_spike_quiet_never_hides_a_firing_verdict(values: list[float], ahead: int, factor: float) -> None:
+    """What detect() leaves in the memo lets quiet() answer for later samples without the
+    window; whenever quiet() says "cannot fire", a full evaluation agrees."""
+    from sentinel.rules.spike import quiet
+
+    p = SpikeParams(window=20, min_samples=5, factor=factor, z=3.0)
+    j = len(values) - ahead - 1
+    if j < 6:
+        return
+    memo: dict[str, Any] = {}
+    detect = DETECTORS["spike"].fn
+    detect(win(values[: j + 1]), p, Context(step=j, now=0.0, memo=memo))
+    later = detect(win(values), p, Context(step=len(values) - 1, now=0.0))
+    if quiet(values[-1], p, memo, ahead):
+        assert later is None or not later.firing
