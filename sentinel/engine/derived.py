@@ -35,6 +35,24 @@ def group_norms(sumsq: Sequence[float], groups: Sequence[str], total: float) -> 
     return norms, [groups[i] for i in np.flatnonzero(~fin).tolist()]
 
 
+class GroupLabels:
+    """The label set of each group series of a rank, built once per rank and group list:
+    the same tuple object each time, which :meth:`Store.add_row` keys its blocks by."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._rows: dict[tuple[Labels, tuple[str, ...]], tuple[Labels, ...]] = {}
+
+    def __call__(self, base: Labels, groups: Sequence[str]) -> tuple[Labels, ...]:
+        key = (base, tuple(groups))
+        out = self._rows.get(key)
+        if out is None:
+            if len(self._rows) > self.limit:
+                self._rows.clear()
+            out = self._rows[key] = tuple(tuple(sorted(base + (("group", g),))) for g in groups)
+        return out
+
+
 def write_update_ratios(store: Store, base: Labels, labels: tuple[Labels, ...], psq: Sequence[float],
                         dsq: Sequence[float | None], step: int, t: float) -> float | None:
     """Write ``sentinel_group_update_ratio`` (‖Δw‖/‖w‖ per group) and return the global

@@ -8,7 +8,7 @@ from typing import Any
 
 from sentinel.engine.clip import ingest_clip
 from sentinel.engine.crossrank import CrossRank
-from sentinel.engine.derived import GvrTracker, group_norms, write_update_ratios
+from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.shards import ShardAssembler
 from sentinel.engine.store import Labels, Store, labels_of
@@ -35,7 +35,7 @@ class Ingestor:
         self._labels: dict[tuple[object, ...], Labels] = {}
         self._bases: dict[tuple[object, ...], Labels] = {}
         self._totals: dict[tuple[Labels, str], Any] = {}  # the last total written per counter
-        self._groups_cache: dict[tuple[object, ...], tuple[Labels, ...]] = {}
+        self._group_labels = GroupLabels()
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame.
@@ -190,17 +190,6 @@ class Ingestor:
         mem = f.get("mem")
         if isinstance(mem, dict):
             self._memory(mem, add, base)
-
-    def _group_labels(self, base: Labels, groups: list[str]) -> tuple[Labels, ...]:
-        """The label set of each group's series, built once per rank and group list (the
-        same tuple object each time, which :meth:`Store.add_row` relies on)."""
-        key = (base, *groups)
-        out = self._groups_cache.get(key)
-        if out is None:
-            if len(self._groups_cache) > 10_000:
-                self._groups_cache.clear()
-            out = self._groups_cache[key] = tuple(tuple(sorted(base + (("group", g),))) for g in groups)
-        return out
 
     def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
         # GradScaler halves the scale exactly when it skips a step for inf/NaN grads, so each

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from sentinel.engine.derived import GvrTracker, write_update_ratios
+from sentinel.engine.derived import GroupLabels, GvrTracker, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.store import Labels, Store
 
@@ -120,7 +120,7 @@ class ShardAssembler:
         self.store = store
         self._runs: OrderedDict[tuple[str, str], OrderedDict[int, dict[int, _Part]]] = OrderedDict()
         self._labels: dict[tuple[Labels, str], Labels] = {}
-        self._rows: dict[tuple[Labels, tuple[str, ...]], tuple[Labels, ...]] = {}
+        self._group_labels = GroupLabels()
         self._gvr = GvrTracker()
         self.assembled = 0
         """Steps assembled so far (all runs)."""
@@ -249,14 +249,3 @@ class ShardAssembler:
                 self._labels.clear()
             labels = self._labels[ck] = tuple(sorted(base + ((key, value),)))
         return labels
-
-    def _group_labels(self, base: Labels, groups: list[str]) -> tuple[Labels, ...]:
-        """The group series' labels of a rank: the same tuple object each time, which
-        :meth:`Store.add_row` keys its blocks by."""
-        key = (base, tuple(groups))
-        out = self._rows.get(key)
-        if out is None:
-            if len(self._rows) > 10_000:
-                self._rows.clear()
-            out = self._rows[key] = tuple(tuple(sorted(base + (("group", g),))) for g in groups)
-        return out

@@ -20,7 +20,8 @@ from typing import Any
 
 import msgpack
 
-from sentinel.instrument.sender import DatagramSender
+from sentinel.instrument.options import WatchOptions
+from sentinel.instrument.sender import DatagramSender, NullSender, Sender
 
 log = logging.getLogger("sentinel")
 
@@ -100,3 +101,39 @@ class EngineProcess:
         self.messages.extend(self.poll())  # the engine's last words (alerts resolved at exit)
         self._reply.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
+    """Where a monitor's frames go: ``(sender, engine or None, metrics URL or None)``.
+
+    A daemon's socket in ``SENTINEL_SOCKET`` (``sentinel run``, a sidecar) wins in process
+    mode; otherwise the monitor's own engine starts (a child process, or a thread). An
+    engine that fails to start leaves training unmonitored, with a warning; a bad config
+    raises :class:`~sentinel.rules.config.ConfigError` here, at construction.
+    """
+    mode = options.engine
+    if mode == "off":
+        return NullSender(), None, None
+    daemon_socket = os.environ.get("SENTINEL_SOCKET")
+    if daemon_socket and mode == "process":
+        return DatagramSender(daemon_socket), None, os.environ.get("SENTINEL_URL")
+    if options.config:
+        from sentinel.config import load_config  # validate now: loud at construction
+
+        load_config(options.config)
+    try:
+        engine: Any
+        if mode == "thread":
+            from sentinel.engine.embedded import EngineThread
+
+            engine = EngineThread(options.listen, options.config)
+        else:
+            engine = EngineProcess(options.listen, options.config)
+        return engine.sender, engine, engine.url
+    except Exception as exc:
+        from sentinel.rules.config import ConfigError
+
+        if isinstance(exc, ConfigError):
+            raise
+        log.warning("sentinel: the engine failed to start; training continues unmonitored", exc_info=True)
+        return NullSender(), None, None

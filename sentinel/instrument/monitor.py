@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -15,10 +14,12 @@ from sentinel import wire
 from sentinel.instrument import clip, probes
 from sentinel.instrument.groups import assign_groups
 from sentinel.instrument.guard import Guard
+from sentinel.instrument.link import connect
 from sentinel.instrument.options import WatchOptions, from_kwargs
 from sentinel.instrument.readback import Readback
-from sentinel.instrument.sender import NullSender, Sender
+from sentinel.instrument.sender import Sender
 from sentinel.instrument.stats import GroupedTensors, UpdateSnapshot, adam_saturation, shard_plan
+from sentinel.instrument.timing import BusyClock, ddp_parts
 
 log = logging.getLogger("sentinel")
 
@@ -37,26 +38,6 @@ def _rank_world() -> tuple[int, int]:
         if rk in os.environ:
             return int(os.environ[rk]), int(os.environ.get(ws, "1"))
     return 0, 1
-
-
-def _ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool]:
-    """``(outer, inner, ddp)`` for a watched model: the module whose forward starts a
-    step's compute, the one whose forward is pure compute (no collective inside), and
-    whether the gradients are all-reduced across ranks (DistributedDataParallel).
-
-    The model may be the DDP wrapper or the module it wraps (then found with one gc
-    scan, once, and only in a multi-rank run)."""
-    if model is None:
-        return None, None, False
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    if isinstance(model, DDP):
-        return model, model.module, True
-    if world > 1:
-        for obj in gc.get_objects():
-            if isinstance(obj, DDP) and obj.module is model:
-                return obj, model, True
-    return model, model, False
 
 
 class TrainingHalted(RuntimeError):
@@ -101,7 +82,7 @@ class Monitor:
         self._grad_count = 0
         self._clip_max: float | None = None
 
-        outer, inner, self.ddp = _ddp_parts(model, self.world)
+        outer, inner, self.ddp = ddp_parts(model, self.world)
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
         names = {id(p): n for n, p in inner.named_parameters()} if inner is not None else {}
         per_opt: list[list[tuple[str, torch.Tensor]]] = []
@@ -126,7 +107,7 @@ class Monitor:
         self.devices = sorted({d for t in self._tensors for d in t.devices}, key=str)
 
         if sender is None:
-            sender = self._start_engine()
+            sender, self.engine, self.url = connect(o)
         self.sender: Sender = sender
 
         for k, opt in enumerate(self.optimizers):
@@ -135,14 +116,9 @@ class Monitor:
             self._handles.append(opt.register_load_state_dict_post_hook(self._on_load))
         self._handles.append(clip.attach(self.note_clip))
         # busy time: data loading plus forward compute, before the step's gradient sync
-        self._busy = 0.0
-        self._busy_seen = False
-        self._mark: float | None = None  # since when time counts as busy
-        self._fwd_t0 = 0.0
-        if outer is not None:
-            self._handles.append(outer.register_forward_pre_hook(_hook(self._outer_pre)))
-            self._handles.append(inner.register_forward_pre_hook(_hook(self._inner_pre)))
-            self._handles.append(inner.register_forward_hook(_hook(self._inner_post)))
+        self._busy = BusyClock(outer, inner, _hook) if outer is not None else None
+        if self._busy is not None:
+            self._handles += self._busy.handles
 
     # -- public ---------------------------------------------------------------------------
 
@@ -242,26 +218,6 @@ class Monitor:
             self.probe_seconds += time.perf_counter() - t0
         return post
 
-    # A rank's busy time per step is the time it spends before the step's gradient sync:
-    # from the end of the previous optimizer step to the model's forward (data loading),
-    # plus the forward itself (the wrapped module's, so DDP's buffer broadcast, a wait for
-    # the other ranks, is left out), plus anything between several forwards (gradient
-    # accumulation). Ranks in lockstep have equal step times, so this is what tells a
-    # straggler. Three perf_counter reads per forward; nothing here can raise.
-
-    def _outer_pre(self, module: Any, args: Any) -> None:
-        if self._mark is not None:
-            self._busy += time.perf_counter() - self._mark
-            self._mark = None
-
-    def _inner_pre(self, module: Any, args: Any) -> None:
-        self._fwd_t0 = time.perf_counter()
-
-    def _inner_post(self, module: Any, args: Any, out: Any) -> None:
-        self._mark = time.perf_counter()
-        self._busy += self._mark - self._fwd_t0
-        self._busy_seen = True
-
     def _on_load(self, opt: torch.optim.Optimizer) -> None:
         self._state_due = True
 
@@ -305,11 +261,11 @@ class Monitor:
         if self._last_step_time is not None:
             meta["step_seconds"] = now - self._last_step_time
         self._last_step_time = now
-        if self._busy_seen:
-            meta["busy_seconds"] = self._busy
+        busy = self._busy.step_done() if self._busy is not None else None
+        if busy is not None:
+            meta["busy_seconds"] = busy
         if self.ddp:
             meta["ddp"] = True
-        self._busy, self._busy_seen, self._mark = 0.0, False, time.perf_counter()
         if self._grad_count:
             meta["grad_count"], self._grad_count = self._grad_count, 0
         if self._clip_max is not None:
@@ -426,40 +382,6 @@ class Monitor:
 
     def _count_drop(self) -> None:
         self._report_drops += 1
-
-    def _start_engine(self) -> Sender:
-        mode = self.options.engine
-        if mode == "off":
-            return NullSender()
-        daemon_socket = os.environ.get("SENTINEL_SOCKET")
-        if daemon_socket and mode == "process":  # a daemon runs (sentinel run / sidecar): report to it
-            from sentinel.instrument.sender import DatagramSender
-
-            self.url = os.environ.get("SENTINEL_URL")
-            return DatagramSender(daemon_socket)
-        if self.options.config:
-            from sentinel.config import load_config  # validate now: loud at construction
-
-            load_config(self.options.config)
-        try:
-            if mode == "thread":
-                from sentinel.engine.embedded import EngineThread
-
-                self.engine = EngineThread(self.options.listen, self.options.config)
-            else:
-                from sentinel.instrument.link import EngineProcess
-
-                self.engine = EngineProcess(self.options.listen, self.options.config)
-            self.url = self.engine.url
-            return self.engine.sender
-        except Exception as exc:
-            from sentinel.rules.config import ConfigError
-
-            if isinstance(exc, ConfigError):
-                raise
-            log.warning("sentinel: the engine failed to start; training continues unmonitored",
-                        exc_info=True)
-            return NullSender()
 
     def _messages(self) -> None:
         """Act on what the engine said: alert callbacks and the stop action (training thread)."""

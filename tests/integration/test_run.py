@@ -22,11 +22,12 @@ SCRIPTS = Path(__file__).parent / "scripts"
 LOG: list[str] = []
 
 
-def _start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """Start `sentinel run -- args`; returns it and its metrics URL. Its stderr is drained
-    into LOG by a thread, so a chatty CMD can never block on a full pipe."""
-    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(args: list[str], config: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start `sentinel run [--config config] -- args`; returns it and its metrics URL. Its
+    stderr is drained into LOG by a thread, so a chatty CMD can never block on a full pipe."""
+    options = ["--config", config] if config else []
+    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", *options, "--listen", "127.0.0.1:0",
+                             "--", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     LOG.clear()
     for line in proc.stderr:  # type: ignore[union-attr]
         LOG.append(line)
@@ -56,18 +57,10 @@ def _metrics(url: str) -> str:
 
 def test_unmodified_script_is_monitored(tmp_path: Path) -> None:
     release = tmp_path / "release"
-    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
-                             sys.executable, str(SCRIPTS / "plain_train.py"), "30", str(release)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url = _start([sys.executable, str(SCRIPTS / "plain_train.py"), "30", str(release)])
     try:
-        url = None
-        for line in proc.stderr:  # type: ignore[union-attr]
-            m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url is not None
         assert proc.stdout is not None and proc.stdout.readline().strip() == "trained"
+
         def stepped() -> str | None:
             text = _metrics(url)
             return text if re.search(r"sentinel_step\{[^}]*\} 30.0", text) else None
@@ -155,22 +148,11 @@ def test_an_exception_fires_training_crashed_with_exit_status_1() -> None:
 def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> None:
     # the stall limit is max(min_seconds, factor x median step time): 2 s here, so the test is quick
     cfg = _config(tmp_path, "rules:\n  TrainingStalled:\n    params: {min_seconds: 2}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
-                             "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "30", "stall"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, url = _start([sys.executable, str(SCRIPTS / "faulty_train.py"), "30", "stall"], config=cfg)
     try:
-        url = None
-        for line in proc.stderr:  # type: ignore[union-attr]
-            m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url is not None
-
         def stalled() -> dict[str, Any] | None:
-            with urllib.request.urlopen(url + "/api/v1/alerts", timeout=5) as r:
-                alerts = json.loads(r.read())["data"]["alerts"]
-            return next((a for a in alerts if a["alertname"] == "TrainingStalled" and a["state"] == "firing"), None)
+            return next((a for a in _alerts(url) if a["alertname"] == "TrainingStalled" and a["state"] == "firing"),
+                        None)
 
         alert = wait_for(stalled, timeout=30, what="TrainingStalled firing")
         assert alert["ranks"] == [0] and alert["step"] == 30 and alert["severity"] == "critical"

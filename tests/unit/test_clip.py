@@ -140,7 +140,7 @@ import torch
 from torch import nn
 from torch.nn.utils import clip_grad_norm_
 from sentinel.instrument import auto
-from sentinel.instrument.monitor import Monitor
+from sentinel.instrument import monitor
 from sentinel import wire
 
 frames = []
@@ -153,7 +153,7 @@ class Capture:
     def close(self):
         pass
 
-Monitor._start_engine = lambda self: Capture()
+monitor.connect = lambda options: (Capture(), None, None)  # frames stay here
 assert auto.install()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -1,0 +1,78 @@
+"""How long a rank is busy before each step's gradient sync, and whether its gradients
+are all-reduced (DDP): what the engine compares across ranks (``RankStraggler``,
+``RankDivergence``).
+
+A rank's busy time per step runs from the end of the previous optimizer step to the
+model's forward (data loading), plus the forward itself (the wrapped module's, so DDP's
+buffer broadcast, a wait for the other ranks, is left out), plus anything between several
+forwards (gradient accumulation). Ranks in lockstep have equal step times, so this is what
+tells a straggler. Three ``perf_counter`` reads per forward; nothing here can raise.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool]:
+    """``(outer, inner, ddp)`` for a watched model: the module whose forward starts a
+    step's compute, the one whose forward is pure compute (no collective inside), and
+    whether the gradients are all-reduced across ranks (DistributedDataParallel).
+
+    The model may be the DDP wrapper or the module it wraps (then found with one gc
+    scan, once, and only in a multi-rank run)."""
+    if model is None:
+        return None, None, False
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if isinstance(model, DDP):
+        return model, model.module, True
+    if world > 1:
+        for obj in gc.get_objects():
+            if isinstance(obj, DDP) and obj.module is model:
+                return obj, model, True
+    return model, model, False
+
+
+class BusyClock:
+    """Accumulates a rank's busy time between two optimizer steps.
+
+    Args:
+        outer, inner: see :func:`ddp_parts` (the same module when not DDP).
+        wrap: applied to each hook (the monitor's: no autograd, never compiled).
+    """
+
+    def __init__(self, outer: torch.nn.Module, inner: torch.nn.Module,
+                 wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self._busy = 0.0
+        self._seen = False
+        self._mark: float | None = None  # since when time counts as busy
+        self._fwd_t0 = 0.0
+        self.handles = [outer.register_forward_pre_hook(wrap(self._outer_pre)),
+                        inner.register_forward_pre_hook(wrap(self._inner_pre)),
+                        inner.register_forward_hook(wrap(self._inner_post))]
+
+    def step_done(self) -> float | None:
+        """Call at the end of each optimizer step: the busy time of the step that just
+        ended (None if no forward ran), and the start of the next one's."""
+        busy = self._busy if self._seen else None
+        self._busy, self._seen, self._mark = 0.0, False, time.perf_counter()
+        return busy
+
+    def _outer_pre(self, module: Any, args: Any) -> None:
+        if self._mark is not None:
+            self._busy += time.perf_counter() - self._mark
+            self._mark = None
+
+    def _inner_pre(self, module: Any, args: Any) -> None:
+        self._fwd_t0 = time.perf_counter()
+
+    def _inner_post(self, module: Any, args: Any, out: Any) -> None:
+        self._mark = time.perf_counter()
+        self._busy += self._mark - self._fwd_t0
+        self._seen = True
