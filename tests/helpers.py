@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -116,3 +117,15 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def end_process(proc: subprocess.Popen[str]) -> None:
+    """Stop a process a test started, if it still runs: SIGTERM (which `sentinel run`
+    forwards to its command), then SIGKILL after 20 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import end_process, wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -85,10 +85,4 @@ def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> Non
         release.touch()
         assert proc.wait(120) == 0, "".join(log)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end_process(proc)

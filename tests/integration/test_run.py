@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Receiver, wait_for
+from tests.helpers import Receiver, end_process, wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -39,17 +39,6 @@ def _start(args: list[str], config: str | None = None) -> tuple[subprocess.Popen
     raise AssertionError("sentinel run printed no metrics address:\n" + "".join(LOG))
 
 
-def _end(proc: subprocess.Popen[str]) -> None:
-    """Stop a `sentinel run` that is still going: SIGTERM reaches CMD through it, then SIGKILL."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _metrics(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         return r.read().decode()
@@ -71,7 +60,7 @@ def test_unmodified_script_is_monitored(tmp_path: Path) -> None:
         release.touch()
         assert proc.wait(60) == 0
     finally:
-        _end(proc)
+        end_process(proc)
 
 
 @pytest.mark.parametrize(("code", "expected"), [("raise SystemExit(3)", 3),
@@ -109,7 +98,7 @@ def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
         release.touch()
         assert proc.wait(60) == 0
     finally:
-        _end(proc)
+        end_process(proc)
 
 
 def _config(tmp_path: Path, text: str) -> str:
@@ -163,7 +152,7 @@ def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> 
         assert alert["threshold"] == pytest.approx(2.0) and alert["value"] > 2.0
         assert "no step for" in alert["summary"]
     finally:
-        _end(proc)
+        end_process(proc)
 
 
 def _alerts(url: str) -> list[dict[str, Any]]:
@@ -193,4 +182,4 @@ def test_torchrun_cross_rank_faults_fire_their_rule(tmp_path: Path, fault: str, 
         release.touch()
         assert proc.wait(60) == 0
     finally:
-        _end(proc)
+        end_process(proc)
