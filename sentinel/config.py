@@ -49,6 +49,14 @@ class GpuConfig(BaseModel):
     interval_seconds: float = Field(default=5.0, gt=0)
 
 
+class RetentionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ended_seconds: float = Field(default=600.0, ge=0)
+    """A run that ended (every rank said goodbye or crashed) keeps its series this long."""
+    idle_seconds: float = Field(default=86_400.0, gt=0)
+    """A run that sent nothing for this long is forgotten too."""
+
+
 class SentinelConfig(BaseSettings):
     """The whole config file. ``SENTINEL_NOTIFY__URLS='["json://…"]'`` style env overrides."""
 
@@ -58,6 +66,7 @@ class SentinelConfig(BaseSettings):
     notify: NotifyConfig = NotifyConfig()
     actions: ActionsConfig = ActionsConfig()
     gpu: GpuConfig = GpuConfig()
+    retention: RetentionConfig = RetentionConfig()
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[SentinelConfig, RulePack]:

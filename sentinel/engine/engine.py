@@ -43,15 +43,21 @@ Listener = Callable[[Transition], None]
 class Engine:
     """Accepts encoded frames, keeps the series, evaluates the rules, hands out transitions.
 
+    A daemon outlives the runs it watches, so a run's series are dropped once it has
+    ended (every rank said goodbye or crashed) and ``ended_ttl`` seconds have passed, time
+    for a last scrape, or once it has sent nothing for ``idle_ttl`` seconds.
+
     Args:
         store: the series store (a fresh one by default).
         pack: the rule pack (the built-in defaults by default).
         clock: wall clock, for tests.
         history: transitions kept in memory for the API.
+        ended_ttl, idle_ttl: see above.
     """
 
     def __init__(self, store: Store | None = None, pack: RulePack | None = None,
-                 clock: Callable[[], float] = time.time, history: int = 500) -> None:
+                 clock: Callable[[], float] = time.time, history: int = 500,
+                 ended_ttl: float = 600.0, idle_ttl: float = 86_400.0) -> None:
         self.store = store or Store()
         self.clock = clock
         self.ingestor = Ingestor(self.store)
@@ -67,6 +73,9 @@ class Engine:
         self.pids: dict[tuple[str, str, int], int] = {}
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
+        self.ended_ttl, self.idle_ttl = ended_ttl, idle_ttl
+        self.runs_seen: dict[tuple[str, str], float] = {}  # the time of each run's last frame
+        self.runs_dropped = 0
         self._crash_rules = self.rules.rules_of_kind("exited")
         self._cross_rules = self.rules.rules_reading(crossrank.METRICS)
         self.node = socket.gethostname()  # the run of node-level (GPU) alerts
@@ -101,6 +110,7 @@ class Engine:
         ctx = self.ingestor.ingest(frame)
         ctx["written"] = self.store.written  # the rules whose metrics got no sample have nothing new
         rk = (job, run, rank)
+        self.runs_seen[(job, run)] = float(frame["t"])
         if kind == "bye":
             pid = self.pids.pop(rk, None)
             if isinstance(frame.get("exc"), str):  # it is leaving on an uncaught exception
@@ -141,6 +151,7 @@ class Engine:
             now = self.clock() if now is None else now
             if status == 0:
                 return []
+            self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
             if rank is not None:
                 ranks = [rank]
             else:
@@ -201,8 +212,27 @@ class Engine:
         with self._lock:
             self.check_processes(now)
             out = self.rules.tick(now) + self.rules.evaluate_gpus(self.node, now)
+            out += self._drop_old_runs(self.clock() if now is None else now)
             self._publish(out)
             return out
+
+    def _drop_old_runs(self, now: float) -> list[Transition]:
+        out: list[Transition] = []
+        for (job, run), seen in list(self.runs_seen.items()):
+            ended = not self.rules.ranks(job, run)  # every rank said goodbye or crashed
+            if now - seen < (self.ended_ttl if ended else self.idle_ttl):
+                continue
+            out += self.rules.retire(job, run, now=now)  # crash alerts included: the run is gone
+            self.store.drop(job, run)
+            self.ingestor.forget(job, run)
+            del self.runs_seen[(job, run)]
+            self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
+            self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
+            self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
+            self.runs_dropped += 1
+            log.info("sentinel engine: dropped the series of run %s/%s (%s)", job, run,
+                     "ended" if ended else "silent")
+        return out
 
     def _publish(self, transitions: list[Transition]) -> None:
         for t in transitions:

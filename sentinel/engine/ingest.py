@@ -64,6 +64,14 @@ class Ingestor:
         self.store.add_rows(rows, step, t)
         return ctx
 
+    def forget(self, job: str, run: str) -> None:
+        """Drop what is kept per rank of a run that ended (the label caches are bounded
+        on their own)."""
+        pairs = (("job", job), ("run", run))
+        for table in (self._lr_last, self.lr_change_step, self._scale_last):
+            for base in [b for b in table if all(p in b for p in pairs)]:
+                del table[base]
+
     def _base(self, job: str, run: str, rank: int) -> Labels:
         """The ``job, run, rank`` labels (built once per rank)."""
         rk = (job, run, rank)

@@ -63,7 +63,8 @@ class Service:
     def __init__(self, config: SentinelConfig, pack: RulePack, listen: str,
                  on_message: Callable[[Message], None] | None = None, queue_size: int = 8192) -> None:
         self.config = config
-        self.engine = Engine(pack=pack)
+        self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
+                             idle_ttl=config.retention.idle_seconds)
         self.on_message = on_message
         notifiers = [AppriseNotifier(config.notify.urls, config.notify.min_severity)] if config.notify.urls else []
         self.dispatcher = Dispatcher(notifiers)

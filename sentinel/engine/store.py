@@ -309,6 +309,25 @@ class Store:
                 return []
             return list(m.series) if m.kind == "gauge" else list(m.totals)
 
+    def drop(self, job: str, run: str) -> int:
+        """Forget every series and counter of a run (one that ended); returns how many."""
+        pair_job, pair_run = ("job", job), ("run", run)
+        dropped = 0
+        with self.lock:
+            for m in self._metrics.values():
+                for table in (m.series, m.totals):
+                    gone = [ls for ls in table if pair_run in ls and pair_job in ls]
+                    for ls in gone:
+                        del table[ls]
+                    dropped += len(gone)
+                for key in [k for k, (labels, _) in m.blocks.items() if labels and pair_run in labels[0]
+                            and pair_job in labels[0]]:
+                    del m.blocks[key]
+            for name in [n for n, m in self._metrics.items() if not m.series and not m.totals]:
+                del self._metrics[name]
+            self.generation += 1
+        return dropped
+
     def names(self) -> list[str]:
         with self.lock:
             return list(self._metrics)

@@ -115,3 +115,38 @@ def test_a_goodbye_on_an_uncaught_exception_is_a_crash_a_plain_one_is_not() -> N
     alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
     assert alert["ranks"] == [1] and "rank 1 raised RuntimeError" in alert["summary"]
     assert "exited with status 1" in alert["summary"]
+
+
+def _runs_in_store(engine: Engine) -> set[str]:
+    return {dict(labels).get("run", "") for _, _, labels, _ in engine.store.snapshot()}
+
+
+def test_a_daemon_forgets_runs_that_ended_and_runs_gone_silent() -> None:
+    """A node daemon outlives its jobs: the series of a finished run go after ended_ttl
+    (time for a last scrape), those of a run silent for idle_ttl after that long."""
+    clock = Clock()
+    engine = Engine(clock=clock, ended_ttl=60, idle_ttl=3600)
+    for run in ("done", "crashed", "going", "silent"):
+        for step in range(5):
+            clock.t += 0.1
+            engine.feed(wire.encode({"kind": "step", "job": "train", "run": run, "rank": 0, "world": 1, "step": step,
+                                     "t": clock.t, "groups": ["a"], "grad_sumsq": [1.0], "scalars": {"loss": 1.0}}))
+    engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "done", "rank": 0, "step": 5, "t": clock.t}))
+    engine.exited("train", "crashed", 137, rank=0)
+    assert _runs_in_store(engine) == {"done", "crashed", "going", "silent"}
+    clock.t += 30
+    engine.tick()
+    assert _runs_in_store(engine) == {"done", "crashed", "going", "silent"}  # not yet scraped for the last time
+    for _ in range(40):  # "going" keeps reporting
+        clock.t += 1
+        engine.feed(wire.encode({"kind": "step", "job": "train", "run": "going", "rank": 0, "world": 1, "step": 9,
+                                 "t": clock.t, "scalars": {"loss": 1.0}}))
+        engine.tick()
+    assert _runs_in_store(engine) == {"going", "silent"}
+    crash = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
+    assert crash["state"] == "resolved"  # the run is gone with its series
+    clock.t += 3600
+    engine.feed(wire.encode({"kind": "step", "job": "train", "run": "going", "rank": 0, "world": 1, "step": 10,
+                             "t": clock.t, "scalars": {"loss": 1.0}}))
+    engine.tick()
+    assert _runs_in_store(engine) == {"going"} and engine.runs_dropped == 3
