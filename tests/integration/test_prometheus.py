@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_for
-from tests.integration.test_run import LOG, SCRIPTS, _end, _start
+from tests.helpers import end_process, wait_for
+from tests.integration.test_run import LOG, SCRIPTS, _start
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")]
@@ -74,4 +74,4 @@ def test_prometheus_scrapes_every_rank(tmp_path: Path) -> None:
         try:
             job.wait(60)
         finally:
-            _end(job)
+            end_process(job)
