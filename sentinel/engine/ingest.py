@@ -71,6 +71,8 @@ class Ingestor:
         for table in (self._lr_last, self.lr_change_step, self._scale_last):
             for base in [b for b in table if all(p in b for p in pairs)]:
                 del table[base]
+        for key in [k for k in self._totals if all(p in k[0] for p in pairs)]:
+            del self._totals[key]  # a run started again under the same name gets its counters back
 
     def _base(self, job: str, run: str, rank: int) -> Labels:
         """The ``job, run, rank`` labels (built once per rank)."""
