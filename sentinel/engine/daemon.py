@@ -9,9 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import tempfile
 import threading
 from types import FrameType
+from typing import Any
+
+import msgpack
 
 from sentinel.config import SentinelConfig
 from sentinel.engine.listener import DatagramListener
@@ -39,15 +43,40 @@ class Daemon:
     """
 
     def __init__(self, config: SentinelConfig, pack: RulePack, listen: str, socket_path: str) -> None:
-        self.service = Service(config, pack, listen)
+        self.service = Service(config, pack, listen, on_message=self._route)
         self.listener = DatagramListener(socket_path, self.service.submit_many)
+        engine = self.service.engine
+        engine.reply_dir = os.path.dirname(os.path.abspath(socket_path))
+        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._out.setblocking(False)
+        self.messages_sent = self.messages_failed = 0
         self.service.extra_rows.append(self.listener.rows)
         self.socket_path = socket_path
         self.url = self.service.url
 
+    def _route(self, msg: dict[str, Any]) -> None:
+        """Alert and stop messages to the training processes of the run they are about,
+        on the reply sockets their frames named (the engine's worker thread, under its
+        lock). A stop goes to every rank: stopping one would leave the others hanging in
+        their next collective."""
+        engine = self.service.engine
+        key = (msg.get("job"), msg.get("run"))
+        if msg.get("kind") == "stop":
+            engine.halted.add((str(key[0]), str(key[1])))
+        data = msgpack.packb(msg, use_bin_type=True)
+        for rk, path in list(engine.replies.items()):
+            if rk[:2] != key:
+                continue
+            try:
+                self._out.sendto(data, path)
+                self.messages_sent += 1
+            except OSError:  # the process is gone, or its queue is full: it is told no more
+                self.messages_failed += 1
+
     def stop(self) -> None:
         self.listener.close()
         self.service.stop()
+        self._out.close()
 
 
 def serve_forever(daemon: Daemon) -> None:

@@ -74,6 +74,11 @@ class Engine:
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
         self.ended_ttl, self.idle_ttl = ended_ttl, idle_ttl
+        # a shared daemon's way back to the ranks: their reply sockets, which must lie in
+        # reply_dir (the daemon's own private folder; None: take none)
+        self.reply_dir: str | None = None
+        self.replies: dict[tuple[str, str, int], str] = {}
+        self.halted: set[tuple[str, str]] = set()  # runs the stop action stopped: their exit is no crash
         self.runs_seen: dict[tuple[str, str], float] = {}  # the time of each run's last frame
         self.runs_dropped = 0
         self._crash_rules = self.rules.rules_of_kind("exited")
@@ -121,6 +126,11 @@ class Engine:
                 self._publish(self.rules.retire(job, run, rank))
         elif kind in ("step", "log"):
             self.finished.discard(rk)
+            reply = frame.get("reply")
+            if self.reply_dir is not None and isinstance(reply, str) and reply != self.replies.get(rk):
+                name = os.path.basename(reply)
+                if os.path.dirname(reply) == self.reply_dir and name.startswith("reply-") and len(reply) < 200:
+                    self.replies[rk] = reply
             if rk in self.exited_ranks:  # reporting again (a restart): its crash is over
                 del self.exited_ranks[rk]
                 self.store.add(EXIT_STATUS, self._labels(rk), frame["step"], float(frame["t"]), 0.0)
@@ -149,8 +159,8 @@ class Engine:
         """
         with self._lock:
             now = self.clock() if now is None else now
-            if status == 0:
-                return []
+            if status == 0 or (rank is None and (job, run) in self.halted):
+                return []  # a clean exit, or the stop action's own doing
             self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
             if rank is not None:
                 ranks = [rank]
@@ -229,6 +239,8 @@ class Engine:
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
+            self.replies = {rk: v for rk, v in self.replies.items() if rk[:2] != (job, run)}
+            self.halted.discard((job, run))
             self.runs_dropped += 1
             log.info("sentinel engine: dropped the series of run %s/%s (%s)", job, run,
                      "ended" if ended else "silent")

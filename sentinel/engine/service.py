@@ -175,7 +175,7 @@ class Service:
         self.on_message({"kind": "alert", **t.to_json()})
         stop_on = self.config.actions.stop_on
         if t.state_to == "firing" and (t.severity in stop_on or t.alertname in stop_on):
-            self.on_message({"kind": "stop", "reason": (
+            self.on_message({"kind": "stop", "job": t.job, "run": t.run, "reason": (
                 f"sentinel stopped training: {t.alertname} ({t.severity}) fired at step {t.step} "
                 f"of run {t.run}: {t.summary}. Save a checkpoint and exit; first checks: "
                 + "; ".join(t.checks[:3]))})

@@ -69,22 +69,11 @@ class EngineProcess:
         """Messages from the engine received since the last poll (never blocks)."""
         out: list[dict[str, Any]] = list(self.messages)  # what stop() collected last
         self.messages.clear()
-        for _ in range(100 if self._reply.fileno() >= 0 else 0):
-            if not select.select([self._reply], [], [], 0)[0]:  # cheaper than a failing recv
-                break
-            try:
-                data = self._reply.recv(65536)
-            except OSError:
-                break
-            try:
-                msg = msgpack.unpackb(data, raw=False)
-            except Exception:
-                continue
-            if isinstance(msg, dict):
-                if msg.get("kind") == "ready":
-                    self.url = str(msg.get("url"))
-                else:
-                    out.append(msg)
+        for msg in _drain(self._reply):
+            if msg.get("kind") == "ready":
+                self.url = str(msg.get("url"))
+            else:
+                out.append(msg)
         return out
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -103,6 +92,68 @@ class EngineProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _drain(sock: socket.socket) -> list[dict[str, Any]]:
+    """The msgpack maps waiting on a non-blocking socket (at most 100; never blocks)."""
+    out: list[dict[str, Any]] = []
+    for _ in range(100 if sock.fileno() >= 0 else 0):
+        if not select.select([sock], [], [], 0)[0]:  # cheaper than a failing recv
+            break
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            break
+        try:
+            msg = msgpack.unpackb(data, raw=False)
+        except Exception:
+            continue
+        if isinstance(msg, dict):
+            out.append(msg)
+    return out
+
+
+class DaemonLink:
+    """The way back from a shared daemon (``sentinel run``, a sidecar) to this process.
+
+    A socket of this process's own in the daemon's private folder; its path rides on the
+    step frames (``reply``), and the daemon sends alert and stop messages there, as the
+    engine process of ``watch`` does on its reply socket.
+
+    Args:
+        daemon_socket: the daemon's socket path.
+    """
+
+    def __init__(self, daemon_socket: str) -> None:
+        self.url = os.environ.get("SENTINEL_URL")
+        self.messages: deque[dict[str, Any]] = deque()
+        folder = os.path.dirname(os.path.abspath(daemon_socket))
+        self.reply_path = os.path.join(folder, f"reply-{os.getpid()}-{id(self):x}.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(self.reply_path)
+        except OSError:
+            self._sock.close()
+            raise
+        finally:
+            os.umask(old)
+        self._sock.setblocking(False)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Messages from the daemon received since the last poll (never blocks)."""
+        out = list(self.messages) + _drain(self._sock)
+        self.messages.clear()
+        return out
+
+    def stop(self) -> None:
+        """Keep what is waiting for the last poll, close and remove the socket."""
+        self.messages.extend(_drain(self._sock))
+        self._sock.close()
+        try:
+            os.unlink(self.reply_path)
+        except OSError:
+            pass
+
+
 def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
     """Where a monitor's frames go: ``(sender, engine or None, metrics URL or None)``.
 
@@ -116,7 +167,13 @@ def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
         return NullSender(), None, None
     daemon_socket = os.environ.get("SENTINEL_SOCKET")
     if daemon_socket and mode == "process":
-        return DatagramSender(daemon_socket), None, os.environ.get("SENTINEL_URL")
+        try:
+            link: DaemonLink | None = DaemonLink(daemon_socket)
+        except OSError:  # no way back (e.g. the daemon's folder is gone): frames still go
+            log.warning("sentinel: no reply socket beside %s; alerts will not reach this process",
+                        daemon_socket, exc_info=True)
+            link = None
+        return DatagramSender(daemon_socket), link, os.environ.get("SENTINEL_URL")
     if options.config:
         from sentinel.config import load_config  # validate now: loud at construction
 

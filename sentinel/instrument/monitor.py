@@ -378,6 +378,9 @@ class Monitor:
     def _send(self, frame: dict[str, Any]) -> None:
         o = self.options
         frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
+        reply = getattr(self.engine, "reply_path", None)  # a shared daemon's way back to us
+        if reply and frame["kind"] == "step":
+            frame["reply"] = reply
         self.sender.send(wire.encode(frame))
 
     def _count_drop(self) -> None:

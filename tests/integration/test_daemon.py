@@ -68,3 +68,33 @@ def test_daemon_killed_and_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyP
     finally:
         daemon.terminate()
         daemon.wait(20)
+
+
+def test_on_alert_callbacks_reach_a_watched_loop_through_a_shared_daemon(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`watch(on_alert=...)` with a sidecar daemon: the daemon answers on the reply socket
+    the frames name, and the callback runs in the training thread at a later step."""
+    sock, port = tmp_path / "run" / "engine.sock", _free_port()
+    monkeypatch.setenv("SENTINEL_SOCKET", str(sock))
+    daemon = _daemon(sock, port)
+    try:
+        wait_for(lambda: sock.exists() and "sentinel_daemon_up 1.0" in _metrics(port), what="the daemon")
+        seen: list[dict[str, object]] = []
+        torch.manual_seed(0)
+        model = MLP()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        mon = sentinel.watch(model, opt, run="callbacks", on_alert=seen.append)
+
+        def poison(i: int) -> None:
+            if i == 3:
+                next(model.parameters()).grad.fill_(float("nan"))  # type: ignore[union-attr]
+
+        train_steps(model, opt, 5, mon, before_step=poison)
+        wait_for(lambda: (train_steps(model, opt, 1, mon), seen)[1], what="an alert in the callback")
+        mon.close()
+        firing = [a for a in seen if a["alertname"] == "TrainingNonFinite" and a["state_to"] == "firing"]
+        assert firing and firing[0]["run"] == "callbacks" and firing[0]["ranks"] == [0]
+        assert not list(sock.parent.glob("reply-*"))  # the reply socket went with the monitor
+    finally:
+        daemon.terminate()
+        daemon.wait(20)

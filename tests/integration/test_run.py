@@ -183,3 +183,16 @@ def test_torchrun_cross_rank_faults_fire_their_rule(tmp_path: Path, fault: str, 
         assert proc.wait(60) == 0
     finally:
         end_process(proc)
+
+
+def test_stop_action_reaches_an_unmodified_script_through_the_daemon(tmp_path: Path) -> None:
+    """`actions.stop_on` under `sentinel run`: the daemon sends the stop to the ranks' reply
+    sockets, the next optimizer step raises TrainingHalted, and that exit is no crash."""
+    cfg = _config(tmp_path, "actions:\n  stop_on: [critical]\n")
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                          "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "400", "nan"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert "trained" not in out.stdout  # stopped before the 400 steps were done
+    assert "sentinel.instrument.monitor.TrainingHalted: sentinel stopped training: TrainingNonFinite" in out.stderr
+    assert "TrainingCrashed" not in out.stderr, out.stderr

@@ -2,7 +2,8 @@
 
 argv: steps, then what happens after them: ``kill`` (SIGKILL itself, as the OOM killer
 would), ``raise`` (an exception), or ``stall`` (stop stepping for 60 s, like a hung
-collective or a stuck data loader).
+collective or a stuck data loader); or ``nan``: from the middle of the steps on, the
+inputs are NaN.
 """
 
 import os
@@ -19,6 +20,8 @@ model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
 for i in range(steps):
     x = torch.randn(16, 8)
+    if fault == "nan" and i >= steps // 2:
+        x = x * float("nan")
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
     opt.zero_grad()
     loss.backward()
