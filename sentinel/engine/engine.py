@@ -235,6 +235,12 @@ class Engine:
             out += self.rules.retire(job, run, now=now)  # crash alerts included: the run is gone
             self.store.drop(job, run)
             self.ingestor.forget(job, run)
+            for rk, path in self.replies.items():  # a crashed rank never removed its reply socket
+                if rk[:2] == (job, run) and rk in self.exited_ranks:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
             del self.runs_seen[(job, run)]
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
