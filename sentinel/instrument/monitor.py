@@ -116,7 +116,7 @@ class Monitor:
             self._handles.append(opt.register_load_state_dict_post_hook(self._on_load))
         self._handles.append(clip.attach(self.note_clip))
         # busy time: data loading plus forward compute, before the step's gradient sync
-        self._busy = BusyClock(outer, inner, _hook) if outer is not None else None
+        self._busy = BusyClock(outer, inner) if outer is not None else None
         if self._busy is not None:
             self._handles += self._busy.handles
 
