@@ -21,12 +21,12 @@ bounded: a few pending steps per run, a few runs.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from sentinel.engine.store import Labels, Store
+from sentinel.rules.base import median
 
 DEVIATION = "sentinel_rank_grad_norm_deviation"
 STEP_RATIO = "sentinel_rank_step_time_ratio"
@@ -111,7 +111,7 @@ class CrossRank:
         vals = [v for v in norms.values() if v is not None and math.isfinite(v)]
         if len(vals) < 2 or len(vals) < len(norms):
             return False  # not DDP, or a non-finite norm (the non-finite rule's)
-        mid = statistics.median(vals)
+        mid = median(vals)
         rows = [(labels_of_rank(r), abs(v - mid) / mid if mid > 0 else (0.0 if v == mid else math.inf))
                 for r, v in norms.items() if v is not None]
         for labels, value in rows:
@@ -119,10 +119,10 @@ class CrossRank:
         return True
 
     def _straggler(self, run: _Run, labels_of_rank: Callable[[int], Labels], step: int, t: float) -> bool:
-        medians = {r: statistics.median(q) for r, q in run.busy.items() if len(q) >= STEP_WINDOW // 2}
+        medians = {r: median(q) for r, q in run.busy.items() if len(q) >= STEP_WINDOW // 2}
         if len(medians) < 2:
             return False
         for r, m in medians.items():
-            others = statistics.median([v for k, v in medians.items() if k != r])
+            others = median([v for k, v in medians.items() if k != r])
             self.store.add(STEP_RATIO, labels_of_rank(r), step, t, m / max(others, MIN_SECONDS))
         return True

@@ -111,9 +111,10 @@ class Engine:
     def ingest(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame and evaluate the rules; returns the rules' context."""
         job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
-        self.store.written.clear()
+        store = self.store
+        with store.lock:  # the GPU poller's thread writes the store too
+            store.written.clear()
         ctx = self.ingestor.ingest(frame)
-        ctx["written"] = self.store.written  # the rules whose metrics got no sample have nothing new
         rk = (job, run, rank)
         self.runs_seen[(job, run)] = float(frame["t"])
         if kind == "bye":
@@ -134,6 +135,8 @@ class Engine:
             if rk in self.exited_ranks:  # reporting again (a restart): its crash is over
                 del self.exited_ranks[rk]
                 self.store.add(EXIT_STATUS, self._labels(rk), frame["step"], float(frame["t"]), 0.0)
+            with store.lock:  # the rules whose metrics got no sample have nothing new
+                ctx["written"] = frozenset(store.written)
             self._publish(self.rules.evaluate(job, run, rank, frame["step"], float(frame["t"]), ctx))
             for other in ctx.get("crossrank", ()):  # the last rank of a step completed the comparison
                 if other != rank and self._cross_rules:

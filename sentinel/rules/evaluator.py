@@ -171,7 +171,7 @@ class RuleEngine:
         lr_change: int | None = ctx.get("lr_change_step")
         nonfinite: Mapping[str, Sequence[str]] = ctx.get("nonfinite_groups") or {}
         note: str = ctx.get("note") or ""
-        written: set[str] | None = ctx.get("written")
+        written: frozenset[str] | None = ctx.get("written")
         store, life = self.store, self._life
         with self._lock:
             now = self._clock()

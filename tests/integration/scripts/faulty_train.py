@@ -7,9 +7,11 @@ inputs are NaN.
 """
 
 import os
+import re
 import signal
 import sys
 import time
+import urllib.request
 
 import torch
 from torch import nn
@@ -28,8 +30,15 @@ for i in range(steps):
     opt.step()
     time.sleep(0.01)
 print("trained", flush=True)
-time.sleep(0.3)  # let the last reports reach the daemon
 if fault == "kill":
+    # the test checks that the crash message carries the last step's values: wait until the
+    # daemon that `sentinel run` started has them (an OOM kill does not wait, of course)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(os.environ["SENTINEL_URL"] + "/metrics", timeout=5) as r:
+            if re.search(rf"^sentinel_step{{[^}}]*}} {steps}\.0$", r.read().decode(), re.M):
+                break
+        time.sleep(0.02)
     os.kill(os.getpid(), signal.SIGKILL)
 elif fault == "raise":
     raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
