@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from sentinel.demo.scenarios import SCENARIOS, ScenarioResult, run_scenario
-from sentinel.demo.tasks import MLP
+from sentinel.demo.tasks import MLP, backward_and_step
 from sentinel.engine.engine import Engine
 from sentinel.instrument.monitor import Monitor
 from sentinel.instrument.options import from_kwargs
@@ -150,12 +150,7 @@ def record(steps: int, amp: bool, seed: int = 0) -> tuple[list[bytes], int]:
         x = torch.randn(16, 8, generator=gen)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
         opt.zero_grad(set_to_none=True)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
+        backward_and_step(loss, opt, scaler)
         mon.log(loss=loss)
     mon.close()
     return rec.frames, len(mon.groups)

@@ -16,6 +16,7 @@ the fault step, and the clock is advanced (no sleeping) until the stall rule fir
 from __future__ import annotations
 
 import time
+from functools import partial
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from sentinel.demo.tasks import DEFAULT_LR, MODELS, OPTIMIZERS, ModelName, OptimizerName, Task
-from sentinel.demo.tasks import make_optimizer
+from sentinel.demo.tasks import backward_and_step, make_optimizer
 from sentinel.engine.engine import Engine
 from sentinel.instrument import probes
 from sentinel.instrument.monitor import Monitor
@@ -304,13 +305,7 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
             x, y = inject.batch(it, *task.batch(inject.only_class(it)))
             loss = inject.loss(it, task.loss(task.model(x), y))
             opt.zero_grad(set_to_none=True)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            inject.after_backward(it)
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
+            backward_and_step(loss, opt, scaler, after_backward=partial(inject.after_backward, it))
             mon.log(loss=loss)
             if inject.at(it):
                 # the step its frames report: a step the GradScaler skipped reports the last

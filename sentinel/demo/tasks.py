@@ -14,8 +14,8 @@ depend on the inputs), which the fault injectors of :mod:`sentinel.demo.scenario
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -152,3 +152,17 @@ def make_optimizer(name: OptimizerName, params: Iterable[nn.Parameter], lr: floa
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=lr)
     raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def backward_and_step(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: Any = None,
+                      after_backward: Callable[[], None] | None = None) -> None:
+    """One training step's backward and optimizer step, through a GradScaler if given
+    (which may skip the step on inf/NaN gradients and lower its scale)."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if after_backward is not None:
+        after_backward()
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
