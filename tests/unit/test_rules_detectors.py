@@ -469,3 +469,17 @@ def test_spike_quiet_never_hides_a_firing_verdict(values: list[float], ahead: in
     later = detect(win(values), p, Context(step=len(values) - 1, now=0.0))
     if quiet(values[-1], p, memo, ahead):
         assert later is None or not later.firing
+
+
+def test_spike_quiet_answers_for_a_steady_series_and_defers_near_the_threshold() -> None:
+    """The shortcut does engage (that is its point): a value near the baseline is quiet for
+    a few samples after a full evaluation; one near factor x baseline is not."""
+    from sentinel.rules.spike import quiet
+
+    p = SpikeParams(window=20, min_samples=5, factor=3.0, z=3.0)
+    memo: dict[str, Any] = {}
+    values = [1.0 + 0.01 * (i % 5) for i in range(30)]
+    DETECTORS["spike"].fn(win(values), p, Context(step=29, now=0.0, memo=memo))
+    assert quiet(1.02, p, memo, 1) and quiet(1.02, p, memo, 5)
+    assert not quiet(3.5, p, memo, 1)  # past 3x the baseline: only a full evaluation can tell
+    assert not quiet(1.02, p, memo, 20)  # the old baseline says nothing any more
