@@ -64,9 +64,9 @@ from detection import record, render  # noqa: E402  (a sibling script, not a pac
 
 from sentinel import wire  # noqa: E402
 from sentinel.config import load_config  # noqa: E402
-from sentinel.engine.daemon import Daemon  # noqa: E402
+from sentinel.daemon.daemon import Daemon  # noqa: E402
 from sentinel.engine.engine import Engine  # noqa: E402
-from sentinel.engine.service import Service  # noqa: E402
+from sentinel.daemon.service import Service  # noqa: E402
 from sentinel.rules.config import RulePack, default_rules, load_pack  # noqa: E402
 
 GROUPS = 64

@@ -69,7 +69,7 @@ def daemon(
     socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
 ) -> None:
     """Run the engine standalone (a sidecar or a systemd unit) until SIGINT/SIGTERM."""
-    from sentinel.engine.daemon import Daemon, default_socket_path, serve_forever
+    from sentinel.daemon.daemon import Daemon, default_socket_path, serve_forever
 
     cfg, pack = _load_or_exit(config)
     path = socket_path or default_socket_path()

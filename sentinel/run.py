@@ -12,7 +12,7 @@ from types import FrameType
 
 import sentinel_hooks
 from sentinel.config import SentinelConfig
-from sentinel.engine.daemon import Daemon
+from sentinel.daemon.daemon import Daemon
 from sentinel.instrument.options import default_run_name
 from sentinel.rules.config import RulePack
 

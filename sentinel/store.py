@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 Labels = tuple[tuple[str, str], ...]
+Row = tuple[str, str, Labels, float]
+"""An exported sample that lives outside the store: ``(name, kind, labels, value)``."""
 """Sorted ``(name, value)`` pairs; always includes ``job``, ``run`` and ``rank``."""
 
 

@@ -19,14 +19,14 @@ from typing import Any
 import msgpack
 
 from sentinel.config import load_config
-from sentinel.engine.listener import DatagramListener
-from sentinel.engine.service import Service
+from sentinel.daemon.listener import DatagramListener
+from sentinel.daemon.service import Service
 
 log = logging.getLogger("sentinel")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sentinel.engine.child")
+    p = argparse.ArgumentParser(prog="python -m sentinel.daemon.child")
     p.add_argument("--socket", required=True)
     p.add_argument("--reply", required=True)
     p.add_argument("--listen", required=True)

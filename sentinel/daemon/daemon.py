@@ -18,8 +18,8 @@ from typing import Any
 import msgpack
 
 from sentinel.config import SentinelConfig
-from sentinel.engine.listener import DatagramListener
-from sentinel.engine.service import Service
+from sentinel.daemon.listener import DatagramListener
+from sentinel.daemon.service import Service
 from sentinel.rules.config import RulePack
 
 log = logging.getLogger("sentinel")

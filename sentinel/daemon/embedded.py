@@ -1,6 +1,6 @@
 """Thread mode (``engine="thread"``): the engine service inside the training process.
 
-The default is a child process (:mod:`sentinel.engine.child`), which keeps the engine's
+The default is a child process (:mod:`sentinel.daemon.child`), which keeps the engine's
 Python work off the training process's GIL; thread mode suits notebooks and tests that
 want the store at hand.
 """
@@ -11,7 +11,7 @@ from collections import deque
 from typing import Any
 
 from sentinel.config import load_config
-from sentinel.engine.service import Service
+from sentinel.daemon.service import Service
 
 
 class _ServiceSender:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sentinel.engine.store import Store, labels_of
+from sentinel.store import Store, labels_of
 
 log = logging.getLogger("sentinel")
 

@@ -18,13 +18,14 @@ from typing import Any
 
 from sentinel.config import SentinelConfig
 from sentinel.engine.engine import Engine
-from sentinel.engine.exporter import Row, StoreCollector, make_registry
-from sentinel.engine.gpu import GpuPoller, load_nvml
-from sentinel.engine.http import HttpServer
-from sentinel.engine.status import status_page
+from sentinel.serve.exporter import StoreCollector, make_registry
+from sentinel.daemon.gpu import GpuPoller, load_nvml
+from sentinel.serve.http import HttpServer
+from sentinel.serve.status import status_page
 from sentinel.instrument.options import parse_listen
-from sentinel.notify import AppriseNotifier, Dispatcher
+from sentinel.delivery import AppriseNotifier, Dispatcher
 from sentinel.rules.config import RulePack
+from sentinel.store import Row
 from sentinel.rules.lifecycle import Transition
 
 log = logging.getLogger("sentinel")

@@ -1,5 +1,7 @@
-"""Alert delivery: apprise for chat and pagers. Senders return a bool and never raise."""
+"""Alert delivery: apprise for chat and pagers (routes, the outbox and other sinks go here).
 
-from sentinel.notify.apprise_notifier import AppriseNotifier, Dispatcher, render
+Senders return a bool and never raise."""
+
+from sentinel.delivery.apprise_sink import AppriseNotifier, Dispatcher, render
 
 __all__ = ["AppriseNotifier", "Dispatcher", "render"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sentinel.engine.store import Labels, Store
+from sentinel.store import Labels, Store
 
 
 def _num(x: Any) -> bool:

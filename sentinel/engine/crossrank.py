@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sentinel.engine.store import Labels, Store
+from sentinel.store import Labels, Store
 from sentinel.rules.base import median
 
 DEVIATION = "sentinel_rank_grad_norm_deviation"

@@ -11,7 +11,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from sentinel.engine.store import Labels, Store
+from sentinel.store import Labels, Store
 
 GVR_WINDOW = 50
 """Recent finite global grad norms the gradient variance ratio is taken over."""

@@ -14,9 +14,8 @@ from typing import Any
 
 from sentinel import wire
 from sentinel.engine import crossrank
-from sentinel.engine.exporter import Row
 from sentinel.engine.ingest import Ingestor
-from sentinel.engine.store import Store, labels_of
+from sentinel.store import Row, Store, labels_of
 from sentinel.rules.config import RulePack, load_pack
 from sentinel.rules.evaluator import RuleEngine
 from sentinel.rules.lifecycle import Transition

@@ -11,7 +11,7 @@ from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.shards import ShardAssembler
-from sentinel.engine.store import Labels, Store, labels_of
+from sentinel.store import Labels, Store, labels_of
 
 MAX_SCALAR_NAMES = 32
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from sentinel.engine.derived import GroupLabels, GvrTracker, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
-from sentinel.engine.store import Labels, Store
+from sentinel.store import Labels, Store
 
 MAX_STEPS = 8
 """Steps of one run that may wait for missing ranks' frames."""

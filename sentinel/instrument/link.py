@@ -47,7 +47,7 @@ class EngineProcess:
         os.chmod(reply_path, 0o600)
         self._reply.setblocking(False)
         self.messages: deque[dict[str, Any]] = deque(maxlen=1000)
-        cmd = [sys.executable, "-m", "sentinel.engine.child", "--socket", self.socket_path,
+        cmd = [sys.executable, "-m", "sentinel.daemon.child", "--socket", self.socket_path,
                "--reply", reply_path, "--listen", listen]
         if config:
             cmd += ["--config", config]
@@ -181,7 +181,7 @@ def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
     try:
         engine: Any
         if mode == "thread":
-            from sentinel.engine.embedded import EngineThread
+            from sentinel.daemon.embedded import EngineThread
 
             engine = EngineThread(options.listen, options.config)
         else:

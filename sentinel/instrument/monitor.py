@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -12,10 +11,11 @@ import torch
 
 from sentinel import wire
 from sentinel.instrument import clip, probes
+from sentinel.instrument.frames import assemble
 from sentinel.instrument.groups import assign_groups
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.link import connect
-from sentinel.instrument.options import WatchOptions, from_kwargs
+from sentinel.instrument.options import WatchOptions, from_kwargs, rank_world
 from sentinel.instrument.readback import Readback
 from sentinel.instrument.sender import Sender
 from sentinel.instrument.stats import GroupedTensors, UpdateSnapshot, adam_saturation, shard_plan
@@ -29,15 +29,6 @@ Segs = dict[torch.device, dict[str, torch.Tensor]]
 def _hook(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Hook bodies run without autograd and are never traced by torch.compile."""
     return torch.compiler.disable(torch.no_grad()(fn))
-
-
-def _rank_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    for rk, ws in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        if rk in os.environ:
-            return int(os.environ[rk]), int(os.environ.get(ws, "1"))
-    return 0, 1
 
 
 class TrainingHalted(RuntimeError):
@@ -62,7 +53,7 @@ class Monitor:
         self.on_alert = [on_alert] if callable(on_alert) else list(on_alert)
         self._halt: str | None = None
         self.guard = Guard(o.max_errors)
-        self.rank, self.world = _rank_world()
+        self.rank, self.world = rank_world()
         self.steps = 0
         self.probe_seconds = 0.0
         """Wall time spent inside sentinel's hooks and ``log`` (host side), cumulative."""
@@ -345,32 +336,7 @@ class Monitor:
             self.guard.run("emit", self._emit, meta, values)
 
     def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:
-        frame = dict(meta)
-        if values.get("amp_scale"):
-            frame["amp"] = {"scale": values["amp_scale"][0]}
-        dev_scalars = {name[2:]: vals[0] for name, vals in values.items() if name.startswith("s:") and vals}
-        if dev_scalars or "scalars" in frame:
-            frame["scalars"] = {**frame.get("scalars", {}), **dev_scalars}
-        if frame["kind"] == "step":
-            g = len(self.groups)
-            frame["grad_sumsq"] = values.get("grad_sumsq") or [0.0] * g
-            if "param_sumsq" in values:
-                frame["param_sumsq"] = values["param_sumsq"]
-            if "delta_sumsq" in values:
-                sampled = set(frame.pop("delta_groups", ()))
-                frame["delta_sumsq"] = [v if i in sampled else None
-                                        for i, v in enumerate(values["delta_sumsq"])]
-            frame.pop("delta_groups", None)
-            if "grad_l1" in values and "grad_count" in frame:
-                frame["grad_l1"] = values["grad_l1"][0]
-            if "sat_above" in values and "sat_total" in frame:
-                frame["sat"] = [values["sat_above"][0], frame.pop("sat_total")]
-            frame.pop("sat_total", None)
-            if values.get("clip_norm") and "clip_max" in frame:
-                frame["clip_norm"] = values["clip_norm"][0]
-            else:
-                frame.pop("clip_max", None)
-            frame["shard"] = "sharded" if self.sharded else "replicated"
+        frame = assemble(meta, values, len(self.groups), self.sharded)
         frame["errors"] = self.guard.errors
         frame["dropped"] = self.frames_dropped
         self._send(frame)

@@ -112,3 +112,15 @@ def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
         else:
             values[name] = env
     return WatchOptions(**values)
+
+
+def rank_world() -> tuple[int, int]:
+    """This process's ``(rank, world size)``: torch.distributed's, else the launcher's."""
+    import torch  # here, not at the top: the daemon reads parse_listen and needs no torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    for rk, ws in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if rk in os.environ:
+            return int(os.environ[rk]), int(os.environ.get(ws, "1"))
+    return 0, 1

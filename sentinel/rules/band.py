@@ -6,7 +6,7 @@ import math
 
 from pydantic import PositiveInt, model_validator
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
 
 

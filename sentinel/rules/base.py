@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 
 _EMPTY: Mapping[str, Any] = {}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, model_validator
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median, since
 
 

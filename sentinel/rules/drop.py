@@ -16,7 +16,7 @@ import math
 import numpy as np
 from pydantic import Field
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, since
 
 

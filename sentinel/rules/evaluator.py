@@ -28,17 +28,15 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sentinel.engine.store import Column, Labels, Series, Store, labels_of
-from sentinel.rules.base import Context, DetectorSpec, Verdict
+from sentinel.store import Labels, Store, labels_of
+from sentinel.rules.base import Context, Verdict
+from sentinel.rules.compiled import Compiled, RankState, compile_rule, select
 from sentinel.rules.config import Rule, RulePack
 from sentinel.rules.lifecycle import Lifecycle, Transition
-from sentinel.rules.registry import DETECTORS
-from sentinel.rules.threshold import ThresholdParams, compare
+from sentinel.rules.threshold import compare
 
 AMP_SKIPS = "sentinel_amp_skipped_steps_total"
 NODE_JOB = "node"
@@ -46,59 +44,6 @@ NODE_JOB = "node"
 _NO_LABELS: Mapping[str, str] = {}  # shared: detectors never modify their context
 NO_RANK = -1
 """The rank of series that belong to no rank; never listed in an alert's ranks."""
-_IDENTITY = ("job", "run", "rank")
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    idx: int
-    rule: Rule
-    spec: DetectorSpec
-    samples: int
-    offset: int  # phase of every_steps, so heavy rules don't all land on the same step
-    fast: bool  # threshold on the latest value: no window needed
-    metrics: frozenset[str]
-    # flattened for the hot loop
-    name: str
-    gate_until: int  # no verdict before this step (warm-up; 0 for critical rules)
-    every: int
-    grace: int
-    params: Any
-
-
-@dataclass
-class _Selection:
-    refreshed: int
-    generation: int  # the store's generation when selected
-    metric: str | None
-    series: list[tuple[Labels, Labels, Series | Column]]  # (labels, labels beyond job/run/rank, series)
-
-
-class _Rank:
-    """What the engine keeps per rank: its labels, progress and per-rule lookups."""
-
-    __slots__ = ("labels", "last_step", "frames", "amp", "sel", "judged")
-
-    def __init__(self, labels: Labels, rules: int) -> None:
-        self.labels = labels
-        self.last_step = 0
-        self.frames = 0  # frames evaluated
-        self.amp = 0.0  # AMP skipped steps seen
-        self.sel: list[_Selection | None] = [None] * rules  # by rule index
-        # (step, frame number) at which each rule last judged any series of the rank
-        self.judged: list[tuple[int, int] | None] = [None] * rules
-
-
-def _compile(idx: int, rule: Rule) -> _Compiled:
-    spec = DETECTORS[rule.kind]
-    p = rule.params
-    fast = isinstance(p, ThresholdParams) and p.reduce == "last"
-    offset = zlib.crc32(rule.name.encode()) % rule.every_steps
-    gate = 0 if rule.severity == "critical" else rule.warmup_steps
-    return _Compiled(
-        idx, rule, spec, max(1, p.samples()), offset, fast, frozenset(rule.metrics),
-        rule.name, gate, rule.every_steps, rule.lr_grace_steps, p,
-    )  # fmt: skip
 
 
 class RuleEngine:
@@ -129,13 +74,13 @@ class RuleEngine:
         self._refresh = refresh_steps
         self._life = Lifecycle(recent_limit)
         self._lock = threading.RLock()
-        compiled = [_compile(i, r) for i, r in enumerate(pack.enabled())]
+        compiled = [compile_rule(i, r) for i, r in enumerate(pack.enabled())]
         self._gpu_rules = [c for c in compiled if c.rule.per == "gpu"]
         self._step_rules = [c for c in compiled if not c.spec.time_based and c.rule.per != "gpu"]
         self._time_rules = [c for c in compiled if c.spec.time_based and c.rule.per != "gpu"]
         self._n_rules = len(compiled)
         self._runs: dict[tuple[str, str], set[int]] = {}
-        self._ranks: dict[tuple[str, str, int], _Rank] = {}
+        self._ranks: dict[tuple[str, str, int], RankState] = {}
         # the last sample judged, as its (step, time), per rule and series
         self._done: dict[tuple[int, Labels], tuple[int, float]] = {}
         # what a detector with a quiet() shortcut left at its last full evaluation, per series
@@ -205,7 +150,7 @@ class RuleEngine:
                 # looked up again when the store has a new series (the rule's may be among
                 # them) and every refresh_steps
                 if sel is None or sel.generation != gen or not 0 <= step - sel.refreshed < refresh:
-                    sel = self._select(c, job, run, rank, rs, step)
+                    sel = select(c, self.store, job, run, rank, rs, step)
                 if sel.metric is None:
                     continue  # nothing to judge for this rank (yet)
                 name, params, metric = c.name, c.params, sel.metric
@@ -387,11 +332,11 @@ class RuleEngine:
 
     # -- internals ---------------------------------------------------------------
 
-    def _rank(self, job: str, run: str, rank: int) -> _Rank:
+    def _rank(self, job: str, run: str, rank: int) -> RankState:
         rk = (job, run, rank)
         rs = self._ranks.get(rk)
         if rs is None:
-            rs = self._ranks[rk] = _Rank(labels_of(job=job, run=run, rank=rank), self._n_rules)
+            rs = self._ranks[rk] = RankState(labels_of(job=job, run=run, rank=rank), self._n_rules)
         return rs
 
     def _context(
@@ -422,12 +367,12 @@ class RuleEngine:
         )
 
     def _time_eval(
-        self, c: _Compiled, job: str, run: str, rank: int, rs: _Rank, t: float, now: float
+        self, c: Compiled, job: str, run: str, rank: int, rs: RankState, t: float, now: float
     ) -> None:
         step = rs.last_step
         sel = rs.sel[c.idx]
         if sel is None or sel.generation != self.store.generation or not 0 <= step - sel.refreshed < self._refresh:
-            sel = self._select(c, job, run, rank, rs, step)
+            sel = select(c, self.store, job, run, rank, rs, step)
         if sel.metric is None:
             return
         for _, extra, series in sel.series:
@@ -436,31 +381,3 @@ class RuleEngine:
             verdict = c.spec.fn(window, c.rule.params, cctx)
             self.evaluations += 1
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)
-
-    def _select(self, c: _Compiled, job: str, run: str, rank: int, rs: _Rank, step: int) -> _Selection:
-        """Look up (again) the series of ``c.rule`` for one rank: those of the first of
-        its metrics the rank reports. Cached in ``rs.sel``."""
-        store, r, labels = self.store, c.rule, rs.labels
-        gen = store.generation
-        rank_pair, run_pair, job_pair = ("rank", str(rank)), ("run", run), ("job", job)
-        sel = _Selection(step, gen, None, [])
-        for m in r.metrics:
-            if r.per == "rank":
-                obj = store.series(m, labels)
-                if obj is not None:
-                    sel = _Selection(step, gen, m, [(labels, (), obj)])
-                    break
-            found = []
-            for ls in store.labelsets(m):
-                if rank_pair in ls and run_pair in ls and job_pair in ls:
-                    extra = tuple(p for p in ls if p[0] not in _IDENTITY)
-                    if r.per == "group" and not any(k == "group" for k, _ in extra):
-                        continue
-                    obj = store.series(m, ls)
-                    if obj is not None:
-                        found.append((ls, extra, obj))
-            if found:
-                sel = _Selection(step, gen, m, found)
-                break
-        rs.sel[c.idx] = sel
-        return sel

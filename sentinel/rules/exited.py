@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
 
 _HINTS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
 
 

@@ -39,7 +39,7 @@ import math
 import numpy as np
 from pydantic import Field, model_validator
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median, quantile, since
 
 

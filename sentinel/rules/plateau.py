@@ -13,7 +13,7 @@ import math
 
 from pydantic import Field, model_validator
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, finite, median, since
 
 

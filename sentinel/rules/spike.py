@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import Field
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, quantile, since
 
 

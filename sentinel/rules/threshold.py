@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median
 
 Op = Literal[">", ">=", "<", "<="]

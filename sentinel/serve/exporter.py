@@ -13,10 +13,8 @@ from prometheus_client.openmetrics import exposition as _om
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString, parse_version
 
-from sentinel.engine.catalog import spec
-from sentinel.engine.store import Labels, Store
-
-Row = tuple[str, str, Labels, float]
+from sentinel.catalog import spec
+from sentinel.store import Labels, Row, Store
 
 _NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # every escaping scheme leaves such names alone
 _MAX_CACHED_LABELS = 200_000

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel import wire
 from sentinel.config import load_config
-from sentinel.engine.service import Service
+from sentinel.daemon.service import Service
 from tests.helpers import wait_for
 from tests.integration.test_prometheus import _free_port
 

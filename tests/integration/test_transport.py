@@ -104,7 +104,7 @@ def test_killed_engine_leaves_training_untouched() -> None:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to create a folder as another uid")
 def test_socket_folder_owned_by_someone_else_is_refused(tmp_path: object) -> None:
-    from sentinel.engine.listener import DatagramListener
+    from sentinel.daemon.listener import DatagramListener
 
     folder = os.path.join(str(tmp_path), "planted")
     os.mkdir(folder, 0o777)

@@ -16,7 +16,7 @@ from torch import nn
 
 from sentinel import wire
 from sentinel.engine.engine import Engine
-from sentinel.engine.store import labels_of
+from sentinel.store import labels_of
 from sentinel.instrument import clip
 from tests.helpers import MLP, make_monitor
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from sentinel import wire
 from sentinel.engine.engine import Engine
-from sentinel.engine.store import labels_of
+from sentinel.store import labels_of
 
 
 def _frame(rank: int, step: int, norm: float, busy: float, world: int = 3, ddp: bool = True) -> bytes:

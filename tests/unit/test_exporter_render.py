@@ -7,8 +7,8 @@ import math
 import pytest
 from prometheus_client.exposition import choose_encoder
 
-from sentinel.engine.exporter import Row, StoreCollector, _fast_format, make_registry
-from sentinel.engine.store import Store, labels_of
+from sentinel.serve.exporter import Row, StoreCollector, _fast_format, make_registry
+from sentinel.store import Store, labels_of
 
 ACCEPTS = [
     "",

@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sentinel.engine.gpu import GpuPoller
-from sentinel.engine.store import Store, labels_of
+from sentinel.daemon.gpu import GpuPoller
+from sentinel.store import Store, labels_of
 
 
 class FakeNvml:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sentinel.engine.store import Window
+from sentinel.store import Window
 from sentinel.rules import DETECTORS
 from sentinel.rules.base import Context, finite, median, quantile, since
 from sentinel.rules.band import BandParams

@@ -10,7 +10,7 @@ import pytest
 from sentinel import wire
 from sentinel.engine.engine import Engine
 from sentinel.engine.shards import MAX_STEPS
-from sentinel.engine.store import labels_of
+from sentinel.store import labels_of
 
 GROUPS = ["a", "b"]
 

@@ -221,7 +221,7 @@ def test_store_block_and_single_series_of_one_metric_never_lose_samples() -> Non
     """A group row is one block; a later partial row (some groups unsampled) turns those
     series into plain ones, and a full row after that starts a new block: the latest value
     of every series is always the one written last."""
-    from sentinel.engine.store import Store, labels_of
+    from sentinel.store import Store, labels_of
 
     store = Store(capacity=8)
     labels = tuple(labels_of(job="j", run="r", rank=0, group=g) for g in "abc")

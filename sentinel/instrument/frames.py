@@ -1,0 +1,45 @@
+"""A report's frame: the host-side meta of a step merged with the values read back from
+the device (see :mod:`sentinel.wire` for the fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int, sharded: bool) -> dict[str, Any]:
+    """The frame for one report: ``meta`` (host-side fields) with the read-back ``values``.
+
+    Args:
+        meta: the report's host-side fields (``kind``, ``step``, ``groups``, ...).
+        values: device values by segment name, as :class:`~sentinel.instrument.readback.Readback`
+            returns them (``grad_sumsq``, ``s:<scalar>``, ``amp_scale``, ...).
+        n_groups: the number of groups, for a step frame whose gradients were all missing.
+        sharded: whether the sums are of local shards.
+    """
+    frame = dict(meta)
+    if values.get("amp_scale"):
+        frame["amp"] = {"scale": values["amp_scale"][0]}
+    dev_scalars = {name[2:]: vals[0] for name, vals in values.items() if name.startswith("s:") and vals}
+    if dev_scalars or "scalars" in frame:
+        frame["scalars"] = {**frame.get("scalars", {}), **dev_scalars}
+    if frame["kind"] == "step":
+        g = n_groups
+        frame["grad_sumsq"] = values.get("grad_sumsq") or [0.0] * g
+        if "param_sumsq" in values:
+            frame["param_sumsq"] = values["param_sumsq"]
+        if "delta_sumsq" in values:
+            sampled = set(frame.pop("delta_groups", ()))
+            frame["delta_sumsq"] = [v if i in sampled else None
+                                    for i, v in enumerate(values["delta_sumsq"])]
+        frame.pop("delta_groups", None)
+        if "grad_l1" in values and "grad_count" in frame:
+            frame["grad_l1"] = values["grad_l1"][0]
+        if "sat_above" in values and "sat_total" in frame:
+            frame["sat"] = [values["sat_above"][0], frame.pop("sat_total")]
+        frame.pop("sat_total", None)
+        if values.get("clip_norm") and "clip_max" in frame:
+            frame["clip_norm"] = values["clip_norm"][0]
+        else:
+            frame.pop("clip_max", None)
+        frame["shard"] = "sharded" if sharded else "replicated"
+    return frame

@@ -1,0 +1,224 @@
+"""The alert record: what one alert says (its series, step, value, summary), and the
+transitions the life cycle makes of it. :mod:`sentinel.rules.lifecycle` decides the states."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentinel.rules.base import Verdict
+from sentinel.rules.config import Rule
+from sentinel.store import Labels
+
+AlertKey = tuple[str, str, str]
+"""``(alertname, job, run)``."""
+SeriesKey = tuple[int, Labels]
+"""``(rank, labels beyond job/run/rank)``."""
+
+
+def compact_ranks(ranks: Sequence[int]) -> str:
+    """``[3]`` → ``rank 3``; ``[0..7, 9]`` → ``ranks 0–7, 9``; ``[]`` → ``no rank``."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return "no rank"
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    parts, start, prev = [], rs[0], rs[0]
+    for r in [*rs[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ", ".join(parts)
+
+
+def compact_groups(groups: Sequence[str], limit: int = 3) -> str:
+    """The first ``limit`` groups, then ``(+N more)``; ``-`` when there are none."""
+    if not groups:
+        return "-"
+    head = ", ".join(groups[:limit])
+    return head if len(groups) <= limit else f"{head} (+{len(groups) - limit} more)"
+
+
+@dataclass(slots=True)
+class _Series:
+    rank: int
+    group: str | None
+    fails: int = 0
+    oks: int = 0
+    active: bool = False
+    last: Verdict | None = None  # the latest failing verdict
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of an alert's state, to ``firing`` or to ``resolved``.
+
+    ``notify`` is False for changes inside the rule's cooldown: store them, don't send.
+    """
+
+    alertname: str
+    severity: str
+    state_from: str
+    state_to: str
+    job: str
+    run: str
+    ranks: tuple[int, ...]
+    groups: tuple[str, ...]
+    step: int
+    time: float
+    value: float
+    threshold: float
+    summary: str
+    causes: tuple[str, ...]
+    checks: tuple[str, ...]
+    runbook: str
+    notify: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (lists for tuples, None for NaN)."""
+        return {
+            "alertname": self.alertname,
+            "severity": self.severity,
+            "state_from": self.state_from,
+            "state_to": self.state_to,
+            "job": self.job,
+            "run": self.run,
+            "ranks": list(self.ranks),
+            "groups": list(self.groups),
+            "step": self.step,
+            "time": self.time,
+            "value": _num(self.value),
+            "threshold": _num(self.threshold),
+            "summary": self.summary,
+            "causes": list(self.causes),
+            "checks": list(self.checks),
+            "runbook": self.runbook,
+            "notify": self.notify,
+        }
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+@dataclass(eq=False)
+class Alert:
+    """The open (or recently resolved) alert of one rule in one run.
+
+    ``ranks``, ``groups``, ``step``, ``value``, ``threshold`` describe the failing series
+    (the latest failing verdict for the numbers); they are refreshed as verdicts arrive.
+    """
+
+    rule: Rule
+    job: str
+    run: str
+    state: str = "pending"
+    pending_since: float = 0.0
+    started_at: float | None = None
+    resolved_at: float | None = None
+    notify: bool = True
+    ranks: tuple[int, ...] = ()
+    groups: tuple[str, ...] = ()
+    step: int = 0
+    value: float = math.nan
+    threshold: float = math.nan
+    baseline: float | None = None
+    detail: str = ""
+    series: dict[SeriesKey, _Series] = field(default_factory=dict)
+    _active_since: float | None = None
+    _seen_pending: bool = False
+    _dirty: bool = True  # a series came, went or changed state since the last _refresh
+    _touched: _Series | None = None  # the series of the latest failing verdict
+
+    @property
+    def alertname(self) -> str:
+        return self.rule.name
+
+    @property
+    def severity(self) -> str:
+        return self.rule.severity
+
+    @property
+    def summary(self) -> str:
+        """The rule's summary template rendered with the current fields."""
+        where = compact_ranks(self.ranks)
+        if self.groups:
+            where += f" ({compact_groups(self.groups)})"
+        fields = {
+            "alertname": self.rule.name,
+            "severity": self.rule.severity,
+            "job": self.job,
+            "run": self.run,
+            "step": self.step,
+            "value": self.value,
+            "threshold": self.threshold,
+            "baseline": math.nan if self.baseline is None else self.baseline,
+            "detail": self.detail,
+            "ranks": compact_ranks(self.ranks),
+            "groups": compact_groups(self.groups),
+            "where": where,
+        }
+        try:
+            return self.rule.summary.format(**fields)
+        except (ValueError, TypeError, KeyError, IndexError):  # validated at load; belt and braces
+            return f"{self.rule.name} on {where}: {self.value:g} (threshold {self.threshold:g})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The HTTP API's view: alertname, severity, state, job, run, ranks, groups, step,
+        value, threshold, summary, started_at, resolved_at, plus causes, checks, runbook."""
+        return {
+            "alertname": self.rule.name,
+            "severity": self.rule.severity,
+            "state": self.state,
+            "job": self.job,
+            "run": self.run,
+            "ranks": list(self.ranks),
+            "groups": list(self.groups),
+            "step": self.step,
+            "value": _num(self.value),
+            "threshold": _num(self.threshold),
+            "summary": self.summary,
+            "started_at": self.started_at,
+            "resolved_at": self.resolved_at,
+            "causes": list(self.rule.causes),
+            "checks": list(self.rule.checks),
+            "runbook": self.rule.runbook,
+        }
+
+    def _follow(self) -> None:
+        """Take the numbers of the latest failing verdict, when nothing else changed (a
+        full :meth:`_refresh` walks every series: hundreds for a per-group rule on 8 ranks)."""
+        s = self._touched
+        if s is not None and s.active and s.last is not None and s.step >= self.step:
+            self.step, self.value, self.threshold, self.baseline = s.step, s.last.value, s.last.threshold, s.last.baseline
+
+    def _refresh(self, series: Sequence[_Series]) -> None:
+        self._dirty = False
+        ranks: set[int] = set()
+        groups: dict[str, None] = {}
+        details: dict[str, None] = {}
+        latest: _Series | None = None
+        for s in sorted(series, key=lambda s: s.rank):
+            if s.rank >= 0:  # node-level series (GPUs) have no rank
+                ranks.add(s.rank)
+            if s.group is not None:
+                groups[s.group] = None
+            if s.last is not None:
+                groups.update(dict.fromkeys(s.last.groups))
+                if s.last.detail:
+                    details[s.last.detail] = None
+                if latest is None or s.step > latest.step:
+                    latest = s
+        self.ranks = tuple(sorted(ranks))
+        self.groups = tuple(groups)
+        self.detail = ", ".join(details)
+        if latest is not None and latest.last is not None:
+            v = latest.last
+            self.step, self.value, self.threshold = latest.step, v.value, v.threshold
+            self.baseline = v.baseline
