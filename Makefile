@@ -15,7 +15,8 @@ $(VENV)/.installed: pyproject.toml
 	else \
 		$(PY) -m pip install --quiet "torch==$(TORCH_CPU_VERSION)"; \
 	fi
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# the frameworks extra must never replace torch: hold it at the build installed above
+	$(PY) -m pip install --quiet -e ".[dev,frameworks]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	@touch $@
 
 setup: $(VENV)/.installed
