@@ -1,0 +1,163 @@
+"""Lightning: ``Trainer(callbacks=[SentinelCallback(run="exp-42")])``.
+
+The callback watches the LightningModule and the trainer's optimizers when training
+starts and closes the monitor when it ends (or raises). What it adds to the zero-code mode:
+
+- **The step's loss as Lightning sees it.** In automatic optimization Lightning divides
+  ``training_step``'s loss by ``accumulate_grad_batches`` before ``backward()``, and the
+  ``outputs["loss"]`` that ``on_train_batch_end`` receives is that divided value. The
+  callback adds up the micro-batches of an optimizer step and logs their mean (the sum
+  times ``k``, divided by the micro-batches actually run, so a short last window at the
+  end of an epoch is a mean too), once, right after the step.
+- **The global step**: a run resumed from a checkpoint at ``global_step`` n reports n+1
+  next (``Monitor.sync_step``).
+- **The run name**: ``run=`` if given, else the launcher's (``SENTINEL_RUN``,
+  torchrun's or Slurm's id, which all ranks share), else the logger's ``name/version``.
+- **Metrics the LightningModule logged** with ``self.log(..., on_step=True)``: their
+  tensors, at most ``max_metrics``, named as logged (``sentinel_scalar{name=...}``).
+  They are taken from the values ``self.log`` stored, not from ``trainer.callback_metrics``,
+  whose progress-bar entries are converted with ``.item()`` (a host sync on CUDA).
+
+Gradient statistics need nothing from Lightning: the monitor hooks the real optimizer
+under its ``LightningOptimizer`` and reads the gradients the step applies, also when
+Lightning runs forward and backward in a closure inside ``optimizer.step``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ImportError:  # the standalone pytorch_lightning package
+    from pytorch_lightning import Callback, LightningModule, Trainer  # type: ignore[assignment]
+
+import sentinel
+from sentinel.integrations._scalars import MAX_SCALARS, launcher_run, scalars
+
+log = logging.getLogger("sentinel")
+
+__all__ = ["SentinelCallback"]
+
+
+class SentinelCallback(Callback):  # type: ignore[misc]
+    """Watch a Lightning ``fit`` with :func:`sentinel.watch`.
+
+    Args:
+        max_metrics: at most this many of the module's logged step metrics per step.
+        **watch_options: passed to :func:`sentinel.watch` (``run``, ``listen``,
+            ``config``, ``on_alert``, ``scaler``, ...).
+    """
+
+    def __init__(self, max_metrics: int = MAX_SCALARS, **watch_options: Any) -> None:
+        super().__init__()
+        self.watch_options = watch_options
+        self.max_metrics = max_metrics
+        self.monitor: sentinel.Monitor | None = None
+        self._loss: torch.Tensor | None = None
+        self._micro = 0
+        self._global_step = 0
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # here, not in on_fit_start: a resumed checkpoint's global step is restored by now
+        if self.monitor is not None:
+            return
+        options = dict(self.watch_options)
+        if not options.get("run") and not launcher_run():  # ranks agree on a launcher's id
+            options["run"] = _run_name(trainer)
+        try:
+            self.monitor = sentinel.watch(pl_module, list(trainer.optimizers), **options)
+        except Exception:  # never into training
+            log.warning("sentinel: SentinelCallback could not watch this fit; training continues", exc_info=True)
+            return
+        self._global_step = trainer.global_step
+        if trainer.global_step:
+            self.monitor.sync_step(trainer.global_step)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        mon = self.monitor
+        if mon is None:
+            return
+        try:
+            loss = _loss_of(outputs)
+            if loss is not None:
+                # automatic optimization divided it by k before backward (and before here)
+                k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+                loss = loss.detach().reshape(()) * k
+                self._loss = loss if self._loss is None else self._loss + loss
+                self._micro += 1
+            if trainer.global_step == self._global_step:  # accumulating: no step yet
+                return
+            self._global_step = trainer.global_step
+            mean = self._loss / self._micro if self._loss is not None else None
+            self._loss, self._micro = None, 0
+            mon.log(loss=mean, **_step_metrics(trainer, self.max_metrics))
+        except Exception:
+            log.warning("sentinel: SentinelCallback could not log this step", exc_info=True)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._close(None)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._close(exception)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._close(None)
+
+    def _close(self, error: BaseException | None) -> None:
+        mon, self.monitor = self.monitor, None
+        if mon is not None:
+            mon.close(error)
+
+
+def _loss_of(outputs: Any) -> torch.Tensor | None:
+    """The loss in what ``training_step`` returned, as Lightning hands it on."""
+    if isinstance(outputs, dict):
+        outputs = outputs.get("loss")
+    if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+        return outputs
+    return None
+
+
+def _run_name(trainer: Trainer) -> str:
+    """``name/version`` of the trainer's first logger; empty (sentinel's default) without one."""
+    logger = trainer.logger
+    if logger is None:
+        return ""
+    try:
+        name, version = logger.name, logger.version
+    except Exception:
+        return ""
+    version = f"version_{version}" if isinstance(version, int) else version
+    return "/".join(str(p) for p in (name, version) if p not in (None, ""))
+
+
+def _step_metrics(trainer: Trainer, limit: int) -> dict[str, Any]:
+    """The step values the module passed to ``self.log`` this batch, as tensors.
+
+    Read from the trainer's result collection (what ``self.log`` stored): the public
+    ``trainer.callback_metrics`` would also convert every progress-bar value with
+    ``.item()``. Lightning's internals may move: then no metrics, never an error.
+    """
+    if limit <= 0:
+        return {}
+    try:
+        results = trainer._results
+        if results is None:
+            return {}
+        items = []
+        for _, metric in results.valid_items():
+            meta = metric.meta
+            value = metric._forward_cache
+            if meta.on_step and isinstance(value, torch.Tensor):
+                items.append((meta.name, value))
+        return scalars(items, limit)
+    except Exception:
+        return {}
