@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             results[tokens] = run_config(b, tokens, args.steps, args.repeats, args.warmup)
             print(f"  {tokens} tokens/step done in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
-        snap_bytes = sum(s.buffer_bytes for s in b.mon._snapshots)
+        snap_bytes = sum(s.buffer_bytes for s in b.mon.layout.snapshots)
         param_bytes = b.mon.param_bytes
         errors, dropped = b.mon.errors, b.mon.frames_dropped
     finally:

@@ -19,7 +19,9 @@ G, C = "gauge", "counter"
 
 CATALOG: dict[str, Spec] = {
     "sentinel_loss": Spec(G, "Training loss as passed to Monitor.log (unscaled)."),
-    "sentinel_scalar": Spec(G, "Other scalars passed to Monitor.log, by name.", ("name",)),
+    "sentinel_scalar": Spec(G, "Other scalars passed to Monitor.log, by name (the step's mean).", ("name",)),
+    "sentinel_scalars_dropped_total": Spec(
+        C, "Values passed to Monitor.log that were dropped: not a real number, a bad name, or past the name cap."),
     "sentinel_grad_norm": Spec(G, "Global L2 norm of the gradients at the optimizer step."),
     "sentinel_group_grad_norm": Spec(G, "L2 norm of the gradients of one parameter group.", ("group",)),
     "sentinel_grad_norm_preclip": Spec(

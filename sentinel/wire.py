@@ -30,6 +30,7 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``amp``?           ``{"scale": float, "skipped": int}``
 ``scalars``?       ``{name: float}`` from ``Monitor.log``
 ``errors``?        instrument errors so far (monotonic)
+``scalars_dropped``? values ``Monitor.log`` dropped so far (monotonic)
 ``dropped``?       frames dropped by the sender so far (monotonic)
 =================  ==========================================================
 

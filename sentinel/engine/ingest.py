@@ -53,6 +53,8 @@ class Ingestor:
             self._total("sentinel_instrument_errors_total", base, f["errors"])
         if "dropped" in f:
             self._total("sentinel_frames_dropped_total", base, f["dropped"])
+        if "scalars_dropped" in f:
+            self._total("sentinel_scalars_dropped_total", base, f["scalars_dropped"])
         kind = f["kind"]
         amp = f.get("amp")
         if isinstance(amp, dict) and isinstance(amp.get("scale"), (int, float)):
@@ -89,7 +91,7 @@ class Ingestor:
         queue is written to the store in one go)."""
         cache, append = self._labels, rows.append
 
-        def add(name: str, value: float, **extra: str) -> None:
+        def add(metric: str, value: float, /, **extra: str) -> None:  # a label may be called "name"
             if extra:
                 key = (base, *extra.items())
                 labels = cache.get(key)
@@ -99,7 +101,7 @@ class Ingestor:
                     labels = cache[key] = tuple(sorted(base + tuple(extra.items())))
             else:
                 labels = base
-            append((name, labels, value))
+            append((metric, labels, value))
         return add
 
     def _total(self, name: str, labels: Labels, total: Any) -> None:

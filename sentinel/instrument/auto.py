@@ -1,22 +1,25 @@
 """Zero-code instrumentation, switched on by ``SENTINEL_AUTO=1`` (``sentinel run`` sets it).
 
-:func:`install` is idempotent and cheap: it registers torch's *global* optimizer step hooks,
-wraps ``Tensor.backward`` to remember the last scalar loss, and wraps gradient clipping
-(:mod:`sentinel.instrument.clip`) to keep the pre-clip total norm. Nothing connects until an
-optimizer actually steps, so launchers and DataLoader workers never do. At an optimizer's
-first step a :class:`~sentinel.instrument.monitor.Monitor` is attached to it, with the
-module that owns its parameters (found once) naming the groups.
+:func:`install` is idempotent and cheap: it tells the registry
+(:mod:`sentinel.instrument.registry`, whose one global optimizer step hook sees every
+optimizer that steps) to attach a monitor to any optimizer no monitor watches, and wraps
+gradient clipping (:mod:`sentinel.instrument.clip`) to keep the pre-clip total norm.
+Nothing connects until an optimizer actually steps, so launchers and DataLoader workers
+never do. At an optimizer's first step a :class:`~sentinel.instrument.monitor.Monitor`
+is attached to it, with the module that owns its parameters (found once) naming the
+groups, taking the step's loss from ``backward()`` (:mod:`sentinel.instrument.losses`).
+An optimizer re-created over the same parameters is followed by the same monitor, and a
+script's own ``sentinel.watch`` of an optimizer replaces the automatic monitor.
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
-import sys
 import logging
 import os
+import sys
 import warnings
-import weakref
 from typing import Any
 
 import torch
@@ -24,11 +27,8 @@ import torch
 log = logging.getLogger("sentinel")
 
 _installed = False
-_monitors: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
-_last_loss: torch.Tensor | None = None
-_scaler: Any = None  # the GradScaler that scaled the last loss, if any
+_monitors: list[Any] = []
 _last_clip: tuple[torch.Tensor, float] | None = None  # clipped before any monitor attached
-_failures = 0
 
 
 def enabled() -> bool:
@@ -42,14 +42,13 @@ def install() -> bool:
         return False
     _installed = True
     atexit.register(close_all)
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    register_optimizer_step_pre_hook(_on_pre_step)
+    from sentinel.instrument import clip, losses, registry
+
+    losses.install()
+    registry.set_fallback(_attach)
     register_optimizer_step_post_hook(_on_post_step)
-    _wrap_backward()
-    _wrap_grad_scaler()
-    from sentinel.instrument import clip
-
     clip.attach(_on_clip)
     return True
 
@@ -78,82 +77,20 @@ def _find_model(opt: torch.optim.Optimizer) -> torch.nn.Module | None:
 
 
 def _attach(opt: torch.optim.Optimizer) -> Any:
+    from sentinel.instrument.losses import scaler
     from sentinel.instrument.monitor import Monitor
     from sentinel.instrument.options import from_kwargs
 
-    mon = Monitor(_find_model(opt), [opt], from_kwargs({}), scaler=_scaler)
-    _monitors[opt] = mon
+    mon = Monitor(_find_model(opt), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True)
+    _monitors.append(mon)
     if _last_clip is not None:  # clipped just before this first step: it belongs to it
         mon.note_clip(*_last_clip)
     return mon
 
 
-def _on_pre_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    global _failures
-    if opt in _monitors or _failures >= 3:
-        return
-    try:
-        _attach(opt)  # its own pre hook is registered now and runs right after this one
-    except Exception:
-        _failures += 1
-        if _failures == 1:
-            log.warning("sentinel: could not attach to %s; training continues", type(opt).__name__,
-                        exc_info=True)
-
-
 def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    # runs after the monitor's own post hook closed the step's report: the loss rides on it
     global _last_clip
     _last_clip = None
-    mon = _monitors.get(opt)
-    if mon is None or _last_loss is None:
-        return
-    if mon.scaler is None and _scaler is not None:
-        mon.scaler = _scaler
-    mon.log(loss=_unscaled(_last_loss))
-
-
-def _unscaled(loss: torch.Tensor) -> torch.Tensor:
-    scale = getattr(_scaler, "_scale", None)
-    if isinstance(scale, torch.Tensor) and getattr(loss, "_sentinel_scaled", False):
-        return loss / scale.to(loss.device)  # on the device: no sync
-    return loss
-
-
-def _wrap_backward() -> None:
-    original = torch.Tensor.backward
-
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        global _last_loss
-        try:
-            if self.numel() == 1 and self.requires_grad:
-                _last_loss = self.detach()
-                if getattr(self, "_sentinel_scaled", False):
-                    _last_loss._sentinel_scaled = True  # type: ignore[attr-defined]
-        except Exception:
-            pass
-        return original(self, *args, **kwargs)
-
-    backward.__doc__ = original.__doc__
-    torch.Tensor.backward = backward  # type: ignore[method-assign]
-
-
-def _wrap_grad_scaler() -> None:
-    scaler_cls = torch.amp.GradScaler
-    original = scaler_cls.scale
-
-    def scale(self: Any, outputs: Any) -> Any:
-        global _scaler
-        out = original(self, outputs)
-        try:
-            if isinstance(out, torch.Tensor) and out.numel() == 1:
-                _scaler = self
-                out._sentinel_scaled = True  # type: ignore[attr-defined]
-        except Exception:
-            pass
-        return out
-
-    scaler_cls.scale = scale  # type: ignore[method-assign]
 
 
 def close_all() -> None:
@@ -162,7 +99,7 @@ def close_all() -> None:
     After an uncaught exception the interpreter has set ``sys.last_value`` by the time
     atexit runs, so the goodbye frames say the script raised."""
     error = getattr(sys, "last_value", None)
-    for mon in list(_monitors.values()):
+    for mon in list(_monitors):
         try:
             mon.close(error if isinstance(error, BaseException) else None)
         except Exception:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from sentinel.instrument.scalars import means
+
 
 def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int, sharded: bool) -> dict[str, Any]:
     """The frame for one report: ``meta`` (host-side fields) with the read-back ``values``.
 
     Args:
-        meta: the report's host-side fields (``kind``, ``step``, ``groups``, ...).
+        meta: the report's host-side fields (``kind``, ``step``, ``groups``, ...;
+            ``scalars`` as :meth:`~sentinel.instrument.scalars.Scalars.meta` gives them).
         values: device values by segment name, as :class:`~sentinel.instrument.readback.Readback`
             returns them (``grad_sumsq``, ``s:<scalar>``, ``amp_scale``, ...).
         n_groups: the number of groups, for a step frame whose gradients were all missing.
@@ -19,9 +22,8 @@ def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int
     frame = dict(meta)
     if values.get("amp_scale"):
         frame["amp"] = {"scale": values["amp_scale"][0]}
-    dev_scalars = {name[2:]: vals[0] for name, vals in values.items() if name.startswith("s:") and vals}
-    if dev_scalars or "scalars" in frame:
-        frame["scalars"] = {**frame.get("scalars", {}), **dev_scalars}
+    if "scalars" in frame:
+        frame["scalars"] = means(frame["scalars"], values)
     if frame["kind"] == "step":
         g = n_groups
         frame["grad_sumsq"] = values.get("grad_sumsq") or [0.0] * g

@@ -10,15 +10,17 @@ from typing import Any
 import torch
 
 from sentinel import wire
-from sentinel.instrument import clip, probes
+from sentinel.instrument import clip, losses, probes, registry
 from sentinel.instrument.frames import assemble
-from sentinel.instrument.groups import assign_groups
 from sentinel.instrument.guard import Guard
+from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
+from sentinel.instrument.losses import LossSum
 from sentinel.instrument.options import WatchOptions, from_kwargs, rank_world
 from sentinel.instrument.readback import Readback
-from sentinel.instrument.sender import Sender
-from sentinel.instrument.stats import GroupedTensors, UpdateSnapshot, adam_saturation, shard_plan
+from sentinel.instrument.scalars import NameBudget, Scalars, to_value
+from sentinel.instrument.sender import NullSender, Sender
+from sentinel.instrument.stats import adam_saturation
 from sentinel.instrument.timing import BusyClock, ddp_parts
 
 log = logging.getLogger("sentinel")
@@ -41,16 +43,26 @@ class Monitor:
 
     Call :meth:`log` with the loss each step; :meth:`close` (or leaving a ``with`` block)
     removes every hook, flushes the last report and stops the embedded engine.
+
+    Args:
+        model: the module whose parameter names define the groups (may be None).
+        optimizers: the real optimizers (see :func:`~sentinel.instrument.registry.unwrap`).
+        options: see :class:`~sentinel.instrument.options.WatchOptions`.
+        sender: where frames go (default: the engine :func:`~sentinel.instrument.link.connect` finds).
+        auto: made by zero-code mode; an explicit :func:`watch` of its optimizer replaces it.
     """
 
     def __init__(self, model: torch.nn.Module | None, optimizers: Sequence[torch.optim.Optimizer],
                  options: WatchOptions, sender: Sender | None = None, *, scaler: Any = None,
                  on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
-                 ) -> None:
+                 auto: bool = False) -> None:
         self.options = o = options
         self.optimizers = list(optimizers)
         self.scaler = scaler
+        self.auto = auto
         self.on_alert = [on_alert] if callable(on_alert) else list(on_alert)
+        self.active = True
+        """False for the inert monitor :func:`watch` returns when it cannot watch."""
         self._halt: str | None = None
         self.guard = Guard(o.max_errors)
         self.rank, self.world = rank_world()
@@ -59,8 +71,9 @@ class Monitor:
         """Wall time spent inside sentinel's hooks and ``log`` (host side), cumulative."""
         self.url: str | None = None
         self.engine: Any = None
-        self._closed = False
+        self.closed = False
         self._handles: list[Any] = []
+        self._opt_handles: list[list[Any]] = []
         self._readback = Readback(o.max_pending, on_drop=self._count_drop)
         self._report_drops = 0
         self._last_step_time: float | None = None
@@ -68,62 +81,70 @@ class Monitor:
         self._sat_cursor = 0
         self._contributed: set[int] = set()
         self._segs: Segs = {}
-        self._open: tuple[dict[str, Any], Segs] | None = None  # finalized, waiting for log()
+        self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
+        self._pending = Scalars()  # logged while no report was open: the coming step's
+        self._names = NameBudget()
         self._meta_groups: set[int] = set()
         self._grad_count = 0
         self._clip_max: float | None = None
+        self._closure_done: dict[int, bool] = {}  # optimizer k stepping with a closure: read yet?
+        self._losses = LossSum() if o.capture_loss else None
 
         outer, inner, self.ddp = ddp_parts(model, self.world)
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
-        names = {id(p): n for n, p in inner.named_parameters()} if inner is not None else {}
-        per_opt: list[list[tuple[str, torch.Tensor]]] = []
-        for k, opt in enumerate(self.optimizers):
-            plist = []
-            for gi, group in enumerate(opt.param_groups):
-                for pi, p in enumerate(group["params"]):
-                    if p.requires_grad:
-                        plist.append((names.get(id(p), f"optimizer{k}.group{gi}.{pi}"), p))
-            per_opt.append(plist)
-        all_names = [n for plist in per_opt for n, _ in plist]
-        self.groups, assignment = assign_groups(all_names, o.group_depth, o.max_groups)
-        gmap = dict(zip(all_names, assignment))
-        # groups come from every name, so all ranks of a sharded run list the same groups
-        self.sharded, keep = shard_plan([p for pl in per_opt for _, p in pl], self.rank)
-        kept = iter(keep)
-        per_opt = [[(n, p) for n, p in pl if next(kept)] for pl in per_opt]
-        self._tensors = [GroupedTensors([p for _, p in pl], [gmap[n] for n, _ in pl], len(self.groups),
-                                        self.sharded) for pl in per_opt]
-        self._snapshots = [UpdateSnapshot(t, o.update_snapshot_bytes) for t in self._tensors]
-        self.param_bytes = sum(t.param_bytes for t in self._tensors)
-        self.devices = sorted({d for t in self._tensors for d in t.devices}, key=str)
-
+        self._names_by_id = {id(p): n for n, p in inner.named_parameters()} if inner is not None else {}
+        self._relayout()
         if sender is None:
             sender, self.engine, self.url = connect(o)
         self.sender: Sender = sender
+        try:
+            for k, opt in enumerate(self.optimizers):
+                self._opt_handles.append(self._hook_optimizer(k, opt))
+            self._handles.append(clip.attach(self.note_clip))
+            # busy time: data loading plus forward compute, before the step's gradient sync
+            self._busy = BusyClock(outer, inner) if outer is not None else None
+            if self._busy is not None:
+                self._handles += self._busy.handles
+        except Exception:  # leave nothing behind: no hook, no engine process
+            self.close()
+            raise
 
-        for k, opt in enumerate(self.optimizers):
-            self._handles.append(opt.register_step_pre_hook(_hook(self._make_pre(k))))
-            self._handles.append(opt.register_step_post_hook(_hook(self._make_post(k))))
-            self._handles.append(opt.register_load_state_dict_post_hook(self._on_load))
-        self._handles.append(clip.attach(self.note_clip))
-        # busy time: data loading plus forward compute, before the step's gradient sync
-        self._busy = BusyClock(outer, inner) if outer is not None else None
-        if self._busy is not None:
-            self._handles += self._busy.handles
+    @classmethod
+    def inert(cls, options: WatchOptions, reason: str) -> Monitor:
+        """A monitor that watches nothing (what :func:`watch` returns when it cannot watch)."""
+        mon = cls(None, [], options, NullSender())
+        mon.active, mon.closed = False, True
+        mon.guard.errors = 1
+        mon.reason = reason
+        return mon
+
+    reason = ""
+    """Why this monitor is inert (empty while it is active)."""
 
     # -- public ---------------------------------------------------------------------------
 
     def log(self, loss: Any = None, **scalars: Any) -> None:
-        """Record the loss (and any other scalars) for the current step.
+        """Record the loss and any other scalars for the current step.
 
-        Tensors are read back without a host sync; values appear in the next frame.
-        Never raises.
+        Values are numbers or one-element tensors; tensors are read back without a host
+        sync, and values appear in the step's frame. Call it after ``optimizer.step()``;
+        values logged between two steps (each micro-batch of an accumulation window) are
+        averaged into the step. Other names are exported as ``sentinel_scalar{name=...}``.
+        A bad value or name is dropped and counted. Never raises.
         """
+        if not self.active:
+            return
         t0 = time.perf_counter()
         if loss is not None:
             scalars["loss"] = loss
         self.guard.run("log", self._log, scalars)
         self.probe_seconds += time.perf_counter() - t0
+
+    def sync_step(self, step: int) -> None:
+        """Continue counting from ``step`` (the next optimizer step reports ``step + 1``),
+        e.g. for a framework that resumed at its global step."""
+        if self.active and step >= 0:
+            self.steps = int(step)
 
     def close(self, error: BaseException | None = None) -> None:
         """Remove the hooks, flush pending reports and stop the embedded engine. Idempotent.
@@ -133,12 +154,16 @@ class Monitor:
                 type (only the type: messages may hold anything) so the engine reports a
                 crash rather than a finished run.
         """
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
-        for h in self._handles:
+        self.closed = True
+        for h in self._handles + [h for hs in self._opt_handles for h in hs]:
             h.remove()
         self._handles.clear()
+        self._opt_handles.clear()
+        registry.release(self)
+        if self._losses is not None:
+            self._losses.close()
         self.guard.run("report", self._submit_open)
         self.guard.run("emit", self._emit_ready, True)
         bye: dict[str, Any] = {"kind": "bye", "step": self.steps, "t": time.time()}
@@ -160,7 +185,29 @@ class Monitor:
         """Record the total gradient norm that ``clip_grad_norm_`` computed before clipping
         (called by :mod:`sentinel.instrument.clip`). The tensor is read back with the
         coming step's report, never here. Never raises."""
-        self.guard.run("clip", self._note_clip, total_norm, max_norm)
+        if self.active:
+            self.guard.run("clip", self._note_clip, total_norm, max_norm)
+
+    def adopt(self, opt: torch.optim.Optimizer) -> None:
+        """Follow ``opt``, a new optimizer over parameters this monitor watches (one
+        re-created mid-run), in place of the one it replaces; the step count goes on."""
+        new = {id(p) for g in opt.param_groups for p in g["params"]}
+        k = next((i for i, old in enumerate(self.optimizers)
+                  if any(id(p) in new for g in old.param_groups for p in g["params"])), len(self.optimizers))
+        old_name = type(self.optimizers[k]).__name__ if k < len(self.optimizers) else "none"
+        if k < len(self.optimizers):
+            for h in self._opt_handles[k]:
+                h.remove()
+            registry.release(self, self.optimizers[k])
+            self.optimizers[k] = opt
+            self._opt_handles[k] = self._hook_optimizer(k, opt)
+        else:
+            self.optimizers.append(opt)
+            self._opt_handles.append(self._hook_optimizer(k, opt))
+        self._contributed.discard(k)
+        self._relayout()
+        log.warning("sentinel: a new %s steps the watched parameters (in place of %s): following it; "
+                    "steps continue from %d", type(opt).__name__, old_name, self.steps)
 
     def __enter__(self) -> Monitor:
         return self
@@ -179,8 +226,26 @@ class Monitor:
 
     # -- hooks ----------------------------------------------------------------------------
 
-    def _make_pre(self, k: int) -> Callable[..., None]:
-        def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _hook_optimizer(self, k: int, opt: torch.optim.Optimizer) -> list[Any]:
+        handles = [opt.register_step_pre_hook(_hook(self._make_pre(k))),
+                   opt.register_step_post_hook(_hook(self._make_post(k))),
+                   opt.register_load_state_dict_post_hook(self._on_load)]
+        registry.claim(self, opt, [p for g in opt.param_groups for p in g["params"]])
+        return handles
+
+    def _relayout(self) -> None:
+        o = self.options
+        self.layout = Layout(self._names_by_id, self.optimizers, self.rank, o.group_depth, o.max_groups,
+                             o.update_snapshot_bytes)
+        self.groups, self.sharded, self.devices = self.layout.groups, self.layout.sharded, self.layout.devices
+        self.param_bytes = self.layout.param_bytes
+        self._state_due = True
+        if self._opt_handles:  # parameters added to an optimizer are watched ones now
+            for opt in self.optimizers:
+                registry.claim(self, opt, [p for g in opt.param_groups for p in g["params"]])
+
+    def _make_pre(self, k: int) -> Callable[..., Any]:
+        def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
             t0 = time.perf_counter()
             self.guard.run("messages", self._messages)
             if self._halt is not None:  # opt-in stop action: deliberately raised into the loop
@@ -190,16 +255,46 @@ class Monitor:
             if k in self._contributed:  # this optimizer steps again: a new report begins
                 self.guard.run("report", self._finalize)
             step = self.steps + 1
-            self.guard.run("grad", self._grad_stats, k, step)
+            if not self._contributed and self.guard.run(
+                    "layout", self.layout.changed, self.optimizers, step % self.options.update_every == 0):
+                self.guard.run("layout", self._relayout)
+            out = self.guard.run("grad", self._closure_aware, k, step, args, kwargs)
             if step % self.options.update_every == 0:
-                self.guard.run("update", self._snapshots[k].take)
+                self.guard.run("update", self.layout.snapshots[k].take)
             self.probe_seconds += time.perf_counter() - t0
+            return out
         return pre
+
+    def _closure_aware(self, k: int, step: int, args: Any, kwargs: Any) -> Any:
+        """Read the gradients now, or, when ``step`` was given a closure (Lightning's
+        automatic optimization, LBFGS), right after the closure's first call inside
+        ``step()``: the gradients the optimizer applies. The plain loop pays nothing."""
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args else None)
+        if not callable(closure):
+            self._grad_stats(k, step)
+            return None
+        self._closure_done[k] = False
+
+        def closure_then_read(*a: Any, **kw: Any) -> Any:
+            out = closure(*a, **kw)
+            if not self._closure_done.get(k, True):
+                self._closure_done[k] = True
+                with torch.no_grad():
+                    self.guard.run("grad", self._grad_stats, k, step)
+                if self._losses is not None:
+                    self._losses.freeze()  # LBFGS re-evaluates: the first loss is the step's
+            return out
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_read}
+        return (closure_then_read, *args[1:]), kwargs
 
     def _make_post(self, k: int) -> Callable[..., None]:
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             t0 = time.perf_counter()
             step = self.steps + 1
+            if self._closure_done.pop(k, True) is False:  # the optimizer never called the closure
+                self.guard.run("grad", self._grad_stats, k, step)
             if step % self.options.update_every == 0:
                 self.guard.run("update", self._update_stats, k)
                 self.guard.run("param", self._param_stats, k)
@@ -220,15 +315,15 @@ class Monitor:
             segs[name] = segs[name] + t if name in segs else t
 
     def _grad_stats(self, k: int, step: int) -> None:
-        sums, _ = self._tensors[k].grad_sums(2.0)
+        sums, _ = self.layout.tensors[k].grad_sums(2.0)
         self._add("grad_sumsq", sums)
         if step % self.options.health_every == 0:
-            l1, count = self._tensors[k].grad_sums(1.0)
+            l1, count = self.layout.tensors[k].grad_sums(1.0)
             self._add("grad_l1", {d: t.sum().reshape(1) for d, t in l1.items()})
             self._grad_count += count
 
     def _update_stats(self, k: int) -> None:
-        snap = self._snapshots[k]
+        snap = self.layout.snapshots[k]
         self._add("delta_sumsq", snap.delta_sumsq())
         self._meta_groups |= snap.groups
 
@@ -240,7 +335,7 @@ class Monitor:
         self._clip_max = float(max_norm)
 
     def _param_stats(self, k: int) -> None:
-        self._add("param_sumsq", self._tensors[k].param_sumsq())
+        self._add("param_sumsq", self.layout.tensors[k].param_sumsq())
 
     def _finalize(self) -> None:
         """Close the current report: add host-side values and start its readback."""
@@ -281,13 +376,31 @@ class Monitor:
                 meta["mem"] = mem
         if self._open is not None:
             self._submit_open()
-        self._open, self._segs = (meta, self._segs), {}
+        scalars, self._pending = self._pending, Scalars()  # logged before this step's end: its own
+        if self._losses is not None:
+            if self.scaler is None:
+                self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
+            captured = self._losses.take()
+            if captured is not None and "loss" not in scalars:
+                scalars.add("loss", captured)
+        self._open, self._segs = (meta, self._segs, scalars), {}
+        if self._losses is not None:  # nobody calls log(): send the report now
+            self._submit_open()
 
     def _submit_open(self) -> None:
         """Start the readback of the finalized report (with any scalars log() added)."""
         if self._open is None:
             return
-        (meta, segs), self._open = self._open, None
+        (meta, segs, scalars), self._open = self._open, None
+        self._submit(meta, segs, scalars)
+
+    def _submit(self, meta: dict[str, Any], segs: Segs, scalars: Scalars) -> None:
+        if scalars:
+            meta["scalars"] = scalars.meta()
+            for dev, named in scalars.segments().items():
+                segs.setdefault(dev, {}).update(named)
+        if self._names.dropped:
+            meta["scalars_dropped"] = self._names.dropped
         self._add_amp_scale(segs)
         self._readback.submit(meta, segs)
         self._emit_ready(False)
@@ -307,27 +420,24 @@ class Monitor:
         return mem
 
     def _log(self, scalars: dict[str, Any]) -> None:
-        # the common loop logs right after the step: ride on that step's report (one frame)
-        merge = self._open is not None and self._open[0]["step"] == self.steps
-        host: dict[str, float] = {}
-        dev: Segs = self._open[1] if merge and self._open is not None else {}
+        values = Scalars()
         for name, v in scalars.items():
-            if isinstance(v, torch.Tensor):
-                if v.device.type == "cpu":  # reading a CPU tensor is no sync
-                    v = v.detach()
-                    host[name] = float(v.reshape(-1)[0]) if v.numel() != 1 else float(v)
-                else:
-                    dev.setdefault(v.device, {})[f"s:{name}"] = v.detach().reshape(-1)[:1].to(torch.float32)
-            else:
-                host[name] = float(v)
-        if merge and self._open is not None:
-            self._open[0].setdefault("scalars", {}).update(host)
+            value = to_value(v) if self._names.admit(name) else None
+            if value is None:
+                if name in self._names.names:
+                    self._names.dropped += 1  # a known name with a bad value
+                continue
+            values.add(name, value)
+        # the common loop logs right after the step: ride on that step's report (one frame)
+        if self._open is not None and self._open[0]["step"] == self.steps:
+            self._open[2].merge(values)
             self._submit_open()
-            return
-        self._add_amp_scale(dev)
-        meta = {"kind": "log", "step": self.steps, "t": time.time(), "scalars": host}
-        self._readback.submit(meta, dev)
-        self._emit_ready(False)
+        elif self.scaler is not None:
+            # with a GradScaler, an iteration without an optimizer step is a step the scaler
+            # skipped: report it at once, so the loss and the scale of skipped steps show
+            self._submit({"kind": "log", "step": self.steps, "t": time.time()}, {}, values)
+        else:  # before the step (gradient accumulation): the coming step's report
+            self._pending.merge(values)
 
     # -- emission -------------------------------------------------------------------------
 
@@ -365,8 +475,13 @@ class Monitor:
                     self.guard.run("on_alert", cb, alert)
 
 
+unsupported_total = 0
+"""How many times :func:`watch` was handed something it cannot watch (and returned an
+inert monitor)."""
+
+
 def watch(model: torch.nn.Module | None,
-          optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer],
+          optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | Any,
           *, scaler: Any = None,
           on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
           **options: Any) -> Monitor:
@@ -375,6 +490,9 @@ def watch(model: torch.nn.Module | None,
     Args:
         model: the module whose parameter names define the groups (may be None).
         optimizer: one optimizer or several; a report closes when each has stepped once.
+            Framework wrappers (Accelerate's ``AcceleratedOptimizer``, Lightning's
+            ``LightningOptimizer``, anything holding the real one as ``.optimizer``) are
+            unwrapped and the real optimizer is hooked.
         scaler: a ``torch.amp.GradScaler``, to export its scale and count skipped steps.
         on_alert: callables given each firing/resolved alert (a dict, as in
             ``/api/v1/alerts``). They run in the training thread at the next optimizer
@@ -383,14 +501,48 @@ def watch(model: torch.nn.Module | None,
             ``listen="127.0.0.1:9400"``, ``run="exp-42"``, ``update_every=10``.
 
     Returns:
-        A :class:`Monitor`; also a context manager.
+        A :class:`Monitor`; also a context manager. An optimizer that a live monitor
+        already watches gets that monitor back (with a warning). Handed something it
+        cannot watch, ``watch`` logs one warning, counts it in :data:`unsupported_total`
+        and returns an inert monitor (``mon.active`` is False) with no engine behind it.
 
     Raises:
         TypeError: an unknown option.
         ValueError: an invalid option value.
+        ConfigError: an invalid config file.
     """
+    global unsupported_total
     opts = from_kwargs(options)
-    optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
-    if not optimizers:
-        raise ValueError("optimizer: at least one optimizer is required")
-    return Monitor(model, optimizers, opts, scaler=scaler, on_alert=on_alert)
+    try:
+        many = not isinstance(optimizer, torch.optim.Optimizer) and not hasattr(optimizer, "optimizer")
+        given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
+        optimizers = [registry.unwrap(o) for o in given]
+        if not optimizers:
+            raise registry.UnsupportedOptimizer("no optimizer was given")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise registry.UnsupportedOptimizer(f"the model is a {type(model).__name__}, not a torch.nn.Module")
+    except Exception as exc:
+        unsupported_total += 1
+        log.warning("sentinel: cannot watch this (%s); training continues unmonitored", exc)
+        return Monitor.inert(opts, str(exc))
+    owners = [registry.monitor_of(o) for o in optimizers]
+    for m in owners:
+        if m is not None and not m.auto and not m.closed:
+            log.warning("sentinel: this optimizer is already watched (run %r); returning that monitor",
+                        m.options.run)
+            return m  # type: ignore[no-any-return]
+    autos = {m for m in owners if m is not None and not m.closed}  # zero-code monitors give way
+    start = max((m.steps for m in autos), default=0)
+    for m in autos:
+        m.close()
+    try:
+        mon = Monitor(model, optimizers, opts, scaler=scaler, on_alert=on_alert)
+    except Exception as exc:
+        if type(exc).__name__ == "ConfigError":  # sentinel.rules.config's: loud at construction
+            raise
+        unsupported_total += 1
+        log.warning("sentinel: watch failed (%s: %s); training continues unmonitored", type(exc).__name__, exc,
+                    exc_info=True)
+        return Monitor.inert(opts, f"{type(exc).__name__}: {exc}")
+    mon.sync_step(start)
+    return mon

@@ -47,6 +47,10 @@ class WatchOptions:
     engine: str = "process"
     """Where the engine runs when no daemon is reachable: ``process`` (a child process,
     off this process's GIL), ``thread`` (a thread of this process) or ``off``."""
+    capture_loss: bool = False
+    """Take each step's loss from ``Tensor.backward`` (the sum of the losses passed to it
+    since the previous step, unscaled for a GradScaler), as zero-code mode does, instead
+    of from :meth:`~sentinel.instrument.monitor.Monitor.log`."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

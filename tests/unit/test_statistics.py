@@ -87,7 +87,7 @@ def test_update_ratio_matches_manual_snapshot(mlp: MLP, budget: int) -> None:
     assert seen == {"layers.0", "layers.1", "layers.2", "head"}
     if budget == 1:  # rotation: one group per sampling step
         assert all(sum(d is not None for d in f["delta_sumsq"]) == 1 for f in sender.steps())
-        assert mon._snapshots[0].buffer_bytes <= max(mon._snapshots[0].group_bytes)
+        assert mon.layout.snapshots[0].buffer_bytes <= max(mon.layout.snapshots[0].group_bytes)
     # the exported global ratio is sqrt(sum d)/sqrt(sum p) over the sampled groups
     labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
     assert sender.engine.store.last("sentinel_update_ratio", labels) is not None

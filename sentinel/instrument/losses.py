@@ -1,0 +1,119 @@
+"""The step's loss, taken where the script hands it to autograd: ``Tensor.backward``.
+
+Zero-code mode (``sentinel run``) and monitors made with ``capture_loss=True`` (the HF
+Trainer adapter) read the loss here. The loss of an optimizer step is the **sum** of the
+scalar losses passed to ``backward()`` since the previous step, each divided by the
+``GradScaler`` scale when the scaler scaled it. With gradient accumulation, scripts and
+frameworks divide each micro-batch loss by the number of micro-batches before
+``backward()`` (HF Trainer, Accelerate, Lightning), so the sum is the step's mean loss,
+which is what they log; a script that does not divide gets the sum of its micro-batches.
+
+Only a single-element tensor that requires grad counts as a loss (a ``backward(gradient)``
+on a non-scalar is not one). The sum stays on the loss's device: adding is one small
+kernel, never a read-back. A closure optimizer (LBFGS) calls its closure several times
+per step; :meth:`LossSum.freeze` keeps the first evaluation's loss, the one ``step()``
+returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+import torch
+
+log = logging.getLogger("sentinel")
+
+_sums: weakref.WeakSet[LossSum] = weakref.WeakSet()
+_installed = False
+_scaler: Any = None  # the GradScaler that scaled the last loss, if any
+_failures = 0
+
+
+class LossSum:
+    """The losses passed to ``backward()`` since the last :meth:`take`, summed on the device."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.count = 0
+        self.frozen = False
+        install()
+        _sums.add(self)
+
+    def add(self, loss: torch.Tensor) -> None:
+        if self.frozen:
+            return
+        self.total = loss if self.total is None else self.total + loss.to(self.total.device)
+        self.count += 1
+
+    def freeze(self) -> None:
+        """Ignore further losses until the next :meth:`take` (closure re-evaluations)."""
+        self.frozen = True
+
+    def take(self) -> torch.Tensor | None:
+        """The sum since the last take (None if nothing was passed to backward), and reset."""
+        total, self.total, self.count, self.frozen = self.total, None, 0, False
+        return total
+
+    def close(self) -> None:
+        _sums.discard(self)
+
+
+def scaler() -> Any:
+    """The ``GradScaler`` that scaled the last loss passed to backward, if any."""
+    return _scaler
+
+
+def _seen(loss: torch.Tensor) -> None:
+    global _failures
+    if not _sums or _failures >= 3:
+        return
+    try:
+        if loss.numel() != 1 or not loss.requires_grad:
+            return
+        value = loss.detach().reshape(()).float()
+        if getattr(loss, "_sentinel_scaled", False):
+            scale = getattr(_scaler, "_scale", None)
+            if isinstance(scale, torch.Tensor):
+                value = value / scale.reshape(()).to(value.device)  # on the device: no sync
+        for s in list(_sums):
+            s.add(value)
+    except Exception:  # never into training
+        _failures += 1
+        if _failures == 1:
+            log.warning("sentinel: reading the loss at backward() failed; training continues", exc_info=True)
+
+
+def install() -> None:
+    """Wrap ``Tensor.backward`` and ``GradScaler.scale`` once per process (cheap while no
+    :class:`LossSum` listens: one function call per ``backward()``)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    original = torch.Tensor.backward
+
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        _seen(self)
+        return original(self, *args, **kwargs)
+
+    backward.__doc__ = original.__doc__
+    torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+    scaler_cls = torch.amp.GradScaler
+    original_scale = scaler_cls.scale
+
+    def scale(self: Any, outputs: Any) -> Any:
+        global _scaler
+        out = original_scale(self, outputs)
+        try:
+            if isinstance(out, torch.Tensor) and out.numel() == 1:
+                _scaler = self
+                out._sentinel_scaled = True  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        return out
+
+    scale.__doc__ = original_scale.__doc__
+    scaler_cls.scale = scale  # type: ignore[method-assign]

@@ -1,0 +1,130 @@
+"""Which monitor watches which optimizer, process-wide: one monitor per optimizer.
+
+- :func:`unwrap` finds the real ``torch.optim.Optimizer`` inside a framework's wrapper.
+- :func:`claim` and :func:`release` keep the map from optimizers (and their parameters)
+  to the live monitors.
+- One global optimizer step pre-hook (torch's ``register_optimizer_step_pre_hook``,
+  registered with the first monitor) looks at every optimizer that steps. One that no
+  monitor hooks but that steps a watched model's parameters is an optimizer re-created
+  mid-run (an LR finder, a restart): the monitor follows it and its step count goes on.
+  Zero-code mode (:mod:`sentinel.instrument.auto`) hands in what to do with any other
+  unwatched optimizer: attach a new monitor. The hook costs one dictionary lookup per
+  step.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger("sentinel")
+
+_by_opt: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
+_owner: dict[int, weakref.ref[Any]] = {}  # id(parameter) -> the monitor watching it
+_hooked = False
+_fallback: Callable[[torch.optim.Optimizer], None] | None = None
+_failures = 0
+
+
+class UnsupportedOptimizer(TypeError):
+    """What :func:`unwrap` says of an object that holds no usable optimizer."""
+
+
+def unwrap(obj: Any) -> torch.optim.Optimizer:
+    """The ``torch.optim.Optimizer`` that really steps, inside any wrappers.
+
+    Accelerate's ``AcceleratedOptimizer`` (an ``Optimizer`` subclass that never ran
+    ``Optimizer.__init__``), Lightning's ``LightningOptimizer``, DeepSpeed-style wrappers:
+    anything that keeps the real one as ``.optimizer`` or ``._optimizer``.
+
+    Raises:
+        UnsupportedOptimizer: no initialised ``torch.optim.Optimizer`` inside ``obj``.
+    """
+    seen = {id(obj)}
+    for _ in range(8):
+        inner = None
+        for attr in ("optimizer", "_optimizer"):
+            try:
+                cand = getattr(obj, attr, None)
+            except Exception:
+                cand = None
+            if isinstance(cand, torch.optim.Optimizer) and id(cand) not in seen:
+                inner = cand
+                break
+        if inner is None:
+            break
+        seen.add(id(inner))
+        obj = inner
+    if not isinstance(obj, torch.optim.Optimizer) or not hasattr(obj, "_optimizer_step_pre_hooks"):
+        raise UnsupportedOptimizer(f"{type(obj).__name__} is not a torch.optim.Optimizer and holds none "
+                                   "as .optimizer")
+    return obj
+
+
+def monitor_of(opt: torch.optim.Optimizer) -> Any:
+    """The live monitor hooking ``opt``, or None."""
+    return _by_opt.get(opt)
+
+
+def claim(monitor: Any, opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    """Record that ``monitor`` hooks ``opt`` and watches ``params``."""
+    _hook()
+    _by_opt[opt] = monitor
+    ref = weakref.ref(monitor)
+    for p in params:
+        _owner[id(p)] = ref
+
+
+def release(monitor: Any, opt: torch.optim.Optimizer | None = None) -> None:
+    """Forget ``opt`` (or every optimizer and parameter of ``monitor``)."""
+    for o in [o for o, m in list(_by_opt.items()) if m is monitor and (opt is None or o is opt)]:
+        del _by_opt[o]
+    if opt is None:
+        for pid in [pid for pid, r in _owner.items() if r() is monitor or r() is None]:
+            del _owner[pid]
+
+
+def set_fallback(fn: Callable[[torch.optim.Optimizer], None] | None) -> None:
+    """What to do with an optimizer that steps no watched parameter (zero-code: attach)."""
+    global _fallback
+    _fallback = fn
+    if fn is not None:
+        _hook()
+
+
+def _hook() -> None:
+    global _hooked
+    if not _hooked:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_on_step)
+        _hooked = True
+
+
+def _first_param(opt: torch.optim.Optimizer) -> torch.Tensor | None:
+    return next((p for g in opt.param_groups for p in g["params"]), None)
+
+
+def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    global _failures
+    if opt in _by_opt or _failures >= 3:
+        return
+    try:
+        first = _first_param(opt)
+        ref = _owner.get(id(first)) if first is not None else None
+        mon = ref() if ref is not None else None
+        if mon is not None and not getattr(mon, "closed", True):
+            mon.adopt(opt)  # its own hooks are registered now and run right after this one
+        elif _fallback is not None:
+            _fallback(opt)
+        else:
+            _by_opt[opt] = None  # nobody's: don't look again
+    except Exception:
+        _failures += 1
+        if _failures == 1:
+            log.warning("sentinel: could not attach to %s; training continues", type(opt).__name__,
+                        exc_info=True)
