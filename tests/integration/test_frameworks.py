@@ -1,0 +1,121 @@
+"""The frameworks people train with, run for real on the CPU: Lightning's Trainer, the HF
+Trainer, Accelerate, ``torch.optim.LBFGS`` and a plain loop with four backward calls per
+step. Each runs with its adapter or ``sentinel.watch`` (in this process, the engine in a
+thread) and unmodified under ``sentinel run`` (zero-code). At every step before the fault
+the exported ``sentinel_grad_norm`` equals the reference taken where the framework's
+gradients are final, ``sentinel_grad_norm_preclip`` the framework's own norm where it
+clips, ``sentinel_loss`` the framework's loss; a NaN injected at step 4, in the loss or in
+the gradients only, fires ``TrainingNonFinite`` at step 4.
+
+The scripts (``scripts/frameworks_train.py``) take the references and poll their own
+monitor's /metrics after each optimizer step; the test compares what they wrote.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+SCRIPTS = Path(__file__).parent / "scripts"
+FAULT_STEP = 4
+FAULTS = ("grad", "loss")
+REL = 1e-5
+CLIPS = {"accelerate", "lightning_clip", "lightning_accum_clip", "hf"}
+SCALARS = {"lightning": "train_mse", "lightning_accum": "train_mse", "lightning_clip": "train_mse",
+           "lightning_accum_clip": "train_mse", "hf": "learning_rate"}
+RUNS = {"plain4": "plain4", "lbfgs": "lbfgs", "accelerate": "accelerate", "lightning": "lightning-1-None",
+        "lightning_accum": "lightning-2-None", "lightning_clip": "lightning-1-0.05",
+        "lightning_accum_clip": "lightning-2-0.05", "hf": "hf-tiny-gpt2"}
+ADAPTER_CASES = list(RUNS)
+# under `sentinel run` each case is a fresh Python that imports its framework: the cases
+# that together cover closures, accumulation and clipping in every framework
+ZERO_CODE_CASES = ["plain4", "lbfgs", "accelerate", "lightning_accum_clip", "hf"]
+
+for _name in ("lightning", "transformers", "accelerate"):
+    pytest.importorskip(_name, reason="the frameworks extra: pip install -e '.[frameworks]'")
+
+
+def _mismatches(result: dict[str, Any], case: str, adapter: bool) -> list[str]:
+    """Every exported value before the fault step that is not its reference."""
+    bad = []
+    if result["error"]:
+        return [result["error"]]
+    checks = [("sentinel_grad_norm", "grad_norm"), ("sentinel_loss", "loss")]
+    if case in CLIPS:
+        checks.append(("sentinel_grad_norm_preclip", "preclip"))
+    if adapter and case in SCALARS:
+        checks.append((f"scalar:{SCALARS[case]}",) * 2)
+    for step in range(1, FAULT_STEP):
+        ref, got = result["refs"].get(str(step), {}), result["exported"].get(str(step), {})
+        for exported, reference in checks:
+            want, have = ref.get(reference), got.get(exported)
+            if want is None or have is None or have != pytest.approx(want, rel=REL):
+                bad.append(f"step {step}: {exported} = {have}, reference {reference} = {want}")
+        if adapter and got.get("run") != RUNS[case]:
+            bad.append(f"step {step}: run label {got.get('run')!r}, expected {RUNS[case]!r}")
+    if case in CLIPS:  # the reference really clipped, so pre- and post-clip norms differ
+        ref1 = result["refs"]["1"]
+        assert ref1["preclip"] > 1.5 * ref1["grad_norm"], ref1
+    return bad
+
+
+def _check(result: dict[str, Any], case: str, fault: str, adapter: bool) -> None:
+    bad = _mismatches(result, case, adapter)
+    alerts = [a for a in result["alerts"] if a["alertname"] == "TrainingNonFinite"]
+    if not alerts:
+        bad.append(f"no TrainingNonFinite after a NaN in the {fault} at step {FAULT_STEP}")
+    elif alerts[0]["step"] != FAULT_STEP:
+        bad.append(f"TrainingNonFinite at step {alerts[0]['step']}, the NaN ({fault}) was at step {FAULT_STEP}")
+    assert not bad, f"{case}, NaN in the {fault}:\n" + "\n".join(bad)
+
+
+@pytest.fixture(scope="module")
+def cases() -> Any:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        yield importlib.import_module("frameworks_train")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("case", ADAPTER_CASES)
+def test_adapter_or_watch_exports_the_frameworks_values(cases: Any, case: str, fault: str, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    cases.run(case, fault, str(out), watch=True)
+    _check(json.loads(out.read_text()), case, fault, adapter=True)
+
+
+@pytest.mark.parametrize("case", ZERO_CODE_CASES)
+def test_sentinel_run_exports_the_frameworks_values(case: str, tmp_path: Path) -> None:
+    # one script trains twice (NaN in the gradients, then in the loss), as two runs
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                           sys.executable, str(SCRIPTS / "frameworks_train.py"), case, str(tmp_path), *FAULTS],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    bad = []
+    for fault in FAULTS:
+        try:
+            _check(json.loads((tmp_path / f"{fault}.json").read_text()), case, fault, adapter=False)
+        except AssertionError as e:
+            bad.append(str(e))
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_sentinel_imports_no_framework() -> None:
+    code = ("import sys, sentinel, sentinel.integrations; sentinel.watch; "
+            "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
