@@ -48,7 +48,7 @@ class SentinelCallback(TrainerCallback):  # type: ignore[misc]
             ``config``, ``on_alert``, ...). ``capture_loss`` defaults to True.
     """
 
-    def __init__(self, max_metrics: int = MAX_SCALARS, **watch_options: Any) -> None:
+    def __init__(self, *, max_metrics: int = MAX_SCALARS, **watch_options: Any) -> None:
         self.watch_options = watch_options
         self.max_metrics = max_metrics
         self.monitor: sentinel.Monitor | None = None

@@ -52,7 +52,7 @@ class SentinelCallback(Callback):  # type: ignore[misc]
             ``config``, ``on_alert``, ``scaler``, ...).
     """
 
-    def __init__(self, max_metrics: int = MAX_SCALARS, **watch_options: Any) -> None:
+    def __init__(self, *, max_metrics: int = MAX_SCALARS, **watch_options: Any) -> None:
         super().__init__()
         self.watch_options = watch_options
         self.max_metrics = max_metrics
