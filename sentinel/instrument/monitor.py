@@ -269,7 +269,8 @@ class Monitor:
         """Read the gradients now, or, when ``step`` was given a closure (Lightning's
         automatic optimization, LBFGS), right after the closure's first call inside
         ``step()``: the gradients the optimizer applies. The plain loop pays nothing."""
-        closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args else None)
+        # torch passes step()'s own arguments, the optimizer first: (opt, closure?)
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
         if not callable(closure):
             self._grad_stats(k, step)
             return None
@@ -287,7 +288,7 @@ class Monitor:
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": closure_then_read}
-        return (closure_then_read, *args[1:]), kwargs
+        return (args[0], closure_then_read, *args[2:]), kwargs
 
     def _make_post(self, k: int) -> Callable[..., None]:
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

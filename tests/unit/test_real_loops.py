@@ -1,0 +1,348 @@
+"""Right numbers where real training code differs from the plain loop (README "Frameworks").
+
+Closures, gradient accumulation, wrapped optimizers, extra scalars in ``log()``, and
+parameters and optimizers that change mid-run. Each case trains a real model on the CPU
+and compares the frames (fed to a real engine) with a reference taken where torch says
+the value is final.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import sentinel
+from sentinel.instrument import monitor as monitor_module
+from tests.helpers import MLP, CaptureSender, make_monitor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _norm(model: nn.Module) -> float:
+    return float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+
+
+def _frame_norms(sender: CaptureSender) -> list[float]:
+    return [math.sqrt(math.fsum(f["grad_sumsq"])) for f in sender.steps()]
+
+
+def _batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(i)
+    x = torch.randn(8, 16, generator=gen)
+    return x, x.sum(dim=1, keepdim=True)
+
+
+def _labels(mon: Any, **extra: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"job": "train", "rank": "0", "run": mon.options.run, **extra}.items()))
+
+
+@pytest.mark.parametrize("how", ["positional", "keyword"])
+def test_a_closure_step_reports_the_gradients_it_applies(mlp: MLP, how: str) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01, momentum=0.9)
+    mon, sender = make_monitor(mlp, opt)
+    expected, losses = [], []
+    for i in range(4):
+        x, y = _batch(i)
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(mlp(x), y)
+            loss.backward()
+            expected.append(_norm(mlp))  # the gradients step() is about to apply
+            return loss
+
+        loss = opt.step(closure) if how == "positional" else opt.step(closure=closure)
+        losses.append(float(loss))
+        mon.log(loss=loss)
+    mon.close()
+    assert _frame_norms(sender) == pytest.approx(expected, rel=1e-5)
+    assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(losses, rel=1e-6)
+
+
+def test_lbfgs_reports_the_first_evaluation_of_each_step(mlp: MLP) -> None:
+    opt = torch.optim.LBFGS(mlp.parameters(), lr=0.5, max_iter=4)
+    mon, sender = make_monitor(mlp, opt, capture_loss=True)
+    first_norms, first_losses = [], []
+    for i in range(3):
+        x, y = _batch(i)
+        calls = []
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(mlp(x), y)
+            loss.backward()
+            if not calls:
+                first_norms.append(_norm(mlp))
+                first_losses.append(float(loss))
+            calls.append(1)
+            return loss
+
+        returned = opt.step(closure)
+        assert len(calls) > 1  # LBFGS evaluated several times: only the first counts
+        assert float(returned) == pytest.approx(first_losses[-1])
+    mon.close()
+    assert _frame_norms(sender) == pytest.approx(first_norms, rel=1e-5)
+    assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(first_losses, rel=1e-6)
+
+
+def test_a_nan_only_in_the_gradients_of_a_closure_step_fires_at_that_step(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    for i in range(4):
+        x, y = _batch(i)
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(mlp(x), y)
+            loss.backward()
+            if i == 3:  # the 4th and last step: a NaN in one gradient, the loss is fine
+                mlp.head.weight.grad[0, 0] = float("nan")
+            return loss
+
+        mon.log(loss=opt.step(closure))
+    mon.close()
+    steps = [f for f in sender.steps() if not math.isfinite(math.fsum(f["grad_sumsq"]))]
+    assert [f["step"] for f in steps][:1] == [4]
+    fired = [a for a in sender.engine.alerts_json() if a["alertname"] == "TrainingNonFinite"]
+    assert fired and fired[0]["step"] == 4
+
+
+def test_logged_micro_batch_losses_average_into_the_step(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    expected = []
+    for step in range(3):
+        losses = []
+        opt.zero_grad()
+        for micro in range(4):
+            x, y = _batch(10 * step + micro)
+            loss = nn.functional.mse_loss(mlp(x), y)
+            (loss / 4).backward()
+            losses.append(float(loss))
+            if micro < 3:
+                mon.log(loss=loss, acc=float(micro))  # before the step: the coming step's
+        opt.step()
+        mon.log(loss=loss, acc=3.0)
+        expected.append(sum(losses) / 4)
+    mon.close()
+    frames = sender.steps()
+    assert [f["step"] for f in frames] == [1, 2, 3]
+    assert [f["scalars"]["loss"] for f in frames] == pytest.approx(expected, rel=1e-6)
+    assert {f["scalars"]["acc"] for f in frames} == {1.5}
+    assert not [f for f in sender.frames if f["kind"] == "log"]  # no stray frames at the previous step
+
+
+def test_captured_loss_is_the_sum_passed_to_backward(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt, capture_loss=True)
+    expected = []
+    for step in range(3):
+        opt.zero_grad()
+        total = 0.0
+        for micro in range(4):
+            x, y = _batch(10 * step + micro)
+            scaled = nn.functional.mse_loss(mlp(x), y) / 4
+            scaled.backward()
+            total += float(scaled)
+        opt.step()
+        expected.append(total)  # the mean of the micro-batch losses, as frameworks log it
+    mon.close()
+    assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(expected, rel=1e-6)
+    w = sender.engine.store.window("sentinel_loss", _labels(mon))
+    assert w is not None and list(w.values) == pytest.approx(expected, rel=1e-6)
+
+
+def test_log_takes_any_scalars_and_drops_bad_values_not_the_frame(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    for i in range(3):
+        x, y = _batch(i)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(mlp(x), y)
+        loss.backward()
+        opt.step()
+        mon.log(loss=loss, acc=torch.tensor(0.25), lr_scale=2, grad_norm=123.0,  # grad_norm: the user's own
+                bad_str="x", bad_vec=torch.ones(3), bad_none=None, bad_bool=True, **{"n" * 65: 1.0})
+    mon.close()
+    store = sender.engine.store
+    assert store.last("sentinel_scalar", _labels(mon, name="acc"))[2] == pytest.approx(0.25)
+    assert store.last("sentinel_scalar", _labels(mon, name="lr_scale"))[2] == 2.0
+    assert store.last("sentinel_scalar", _labels(mon, name="grad_norm"))[2] == 123.0
+    assert store.last("sentinel_grad_norm", _labels(mon))[2] != 123.0  # never collides with sentinel's own
+    assert store.last("sentinel_loss", _labels(mon)) is not None
+    assert store.counter("sentinel_scalars_dropped_total", _labels(mon)) == 15.0  # 5 bad values x 3 steps
+    assert len(sender.steps()) == 3  # and the engine took every frame (the values above)
+    assert all(set(f["scalars"]) == {"loss", "acc", "lr_scale", "grad_norm"} for f in sender.steps())
+
+
+def test_log_bounds_the_number_of_names(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    x, y = _batch(0)
+    nn.functional.mse_loss(mlp(x), y).backward()
+    opt.step()
+    mon.log(**{f"m{i}": float(i) for i in range(40)})
+    mon.close()
+    [frame] = sender.steps()
+    assert len(frame["scalars"]) == 32 and frame["scalars_dropped"] == 8
+
+
+class _Wrapper:
+    """A DeepSpeed-style wrapper: the real optimizer is ``.optimizer``, ``step`` delegates."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.optimizer = opt
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+
+def test_watch_hooks_the_optimizer_inside_a_wrapper(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    wrapped = _Wrapper(opt)
+    mon = sentinel.watch(mlp, wrapped, engine="off")
+    x, y = _batch(0)
+    nn.functional.mse_loss(mlp(x), y).backward()
+    wrapped.step()
+    assert mon.active and mon.optimizers == [opt] and mon.steps == 1
+    mon.close()
+
+
+@pytest.mark.parametrize(("model", "optimizer"), [
+    ("mlp", "not an optimizer"),
+    ("mlp", object()),
+    ("mlp", []),
+    ("mlp", 42),
+    ("a string", "sgd"),
+])
+def test_watch_never_raises_for_what_it_cannot_watch(mlp: MLP, model: Any, optimizer: Any,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    if optimizer == "sgd":
+        optimizer = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    before = monitor_module.unsupported_total
+    with caplog.at_level(logging.WARNING, logger="sentinel"):
+        mon = sentinel.watch(mlp if model == "mlp" else model, optimizer)  # the default engine="process"
+    assert not mon.active and mon.engine is None and mon.reason
+    assert monitor_module.unsupported_total == before + 1
+    assert [r for r in caplog.records if "cannot watch" in r.getMessage()]
+    mon.log(loss=1.0)  # an inert monitor takes calls and does nothing
+    mon.close()
+    children = subprocess.run(["ps", "-o", "args=", "--ppid", str(os.getpid())], capture_output=True, text=True)
+    assert "sentinel.daemon.child" not in children.stdout  # no engine process left behind
+
+
+def test_a_layer_unfrozen_later_is_counted_from_then_on(mlp: MLP) -> None:
+    for p in mlp.layers[0].parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    expected = []
+    for i in range(5):
+        if i == 2:
+            for p in mlp.layers[0].parameters():
+                p.requires_grad_(True)
+        x, y = _batch(i)
+        opt.zero_grad()
+        nn.functional.mse_loss(mlp(x), y).backward()
+        expected.append(_norm(mlp))
+        opt.step()
+    mon.close()
+    frames = sender.steps()
+    assert "layers.0" not in frames[0]["groups"] and "layers.0" in frames[2]["groups"]
+    assert _frame_norms(sender) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_param_group_added_later_is_counted(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.layers.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    expected = []
+    for i in range(4):
+        if i == 2:
+            opt.add_param_group({"params": list(mlp.head.parameters()), "lr": 0.001})
+        x, y = _batch(i)
+        opt.zero_grad()
+        nn.functional.mse_loss(mlp(x), y).backward()
+        expected.append(float(torch.nn.utils.get_total_norm(
+            [p.grad for g in opt.param_groups for p in g["params"]])))
+        opt.step()
+    mon.close()
+    assert [f["groups"][-1] for f in sender.steps()] == ["layers.2", "layers.2", "head", "head"]
+    assert _frame_norms(sender) == pytest.approx(expected, rel=1e-5)
+    assert len(sender.steps()[-1]["lr"]) == 2
+
+
+def test_a_re_created_optimizer_is_followed_and_steps_continue(mlp: MLP, caplog: pytest.LogCaptureFixture) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon = sentinel.watch(mlp, opt, engine="off")
+    sender = CaptureSender()
+    mon.sender = sender
+    with caplog.at_level(logging.WARNING, logger="sentinel"):
+        for i in range(6):
+            if i == 3:  # an LR finder's restart: a new optimizer over the same parameters
+                opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
+            x, y = _batch(i)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(mlp(x), y)
+            loss.backward()
+            opt.step()
+            mon.log(loss=loss)
+    mon.close()
+    assert [f["step"] for f in sender.steps()] == [1, 2, 3, 4, 5, 6]
+    assert mon.optimizers == [opt]
+    assert [r for r in caplog.records if "new AdamW steps the watched parameters" in r.getMessage()]
+    assert "exp_avg" in sender.steps()[3]["state_bytes"]
+
+
+def test_watch_twice_returns_the_same_monitor(mlp: MLP, caplog: pytest.LogCaptureFixture) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    first = sentinel.watch(mlp, opt, engine="off")
+    with caplog.at_level(logging.WARNING, logger="sentinel"):
+        second = sentinel.watch(mlp, opt, engine="off", run="other")
+    assert second is first
+    assert [r for r in caplog.records if "already watched" in r.getMessage()]
+    x, y = _batch(0)
+    nn.functional.mse_loss(mlp(x), y).backward()
+    opt.step()
+    assert first.steps == 1  # hooked once: one report per step
+    first.close()
+
+
+_SCRIPT = """
+import os, torch, sentinel
+from torch import nn
+from sentinel.instrument import auto
+assert auto.install()
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def step():
+    opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+if os.environ["WHEN"] == "after":
+    for _ in range(3):
+        step()
+    assert len(auto._monitors) == 1 and auto._monitors[0].steps == 3
+mon = sentinel.watch(model, opt, run="mine", engine="off")
+for _ in range(2):
+    step()
+live = [m for m in auto._monitors if not m.closed]
+print("live-auto", len(live), "steps", mon.steps, "run", mon.options.run)
+mon.close()
+"""
+
+
+@pytest.mark.parametrize(("when", "steps"), [("before", 2), ("after", 5)])
+def test_watch_inside_a_zero_code_script_is_the_one_monitor(when: str, steps: int) -> None:
+    env = {**os.environ, "SENTINEL_AUTO": "1", "SENTINEL_SOCKET": "/nonexistent/sentinel.sock", "WHEN": when,
+           "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_SCRIPT)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"live-auto 0 steps {steps} run mine" in out.stdout
