@@ -9,13 +9,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sentinel.instrument.monitor import Monitor, TrainingHalted, watch
+    from sentinel.instrument.monitor import Monitor, TrainingHalted
+    from sentinel.instrument.watching import watch
 
 __all__ = ["Monitor", "TrainingHalted", "watch"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
+    if name == "watch":
+        from sentinel.instrument.watching import watch
+
+        return watch
     if name in __all__:
         from sentinel.instrument import monitor
 

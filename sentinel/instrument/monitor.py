@@ -1,31 +1,28 @@
-"""``sentinel.watch``: attach to a training loop and report one frame per optimizer step."""
+"""The monitor: hooks on the optimizers that report one frame per optimizer step."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from sentinel import wire
 from sentinel.instrument import clip, losses, probes, registry
-from sentinel.instrument.frames import assemble
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
-from sentinel.instrument.options import WatchOptions, from_kwargs, rank_world
+from sentinel.instrument.options import WatchOptions, rank_world
 from sentinel.instrument.readback import Readback
+from sentinel.instrument.reporting import Reporter, Segs
 from sentinel.instrument.scalars import NameBudget, Scalars, to_value
 from sentinel.instrument.sender import NullSender, Sender
 from sentinel.instrument.stats import adam_saturation
 from sentinel.instrument.timing import BusyClock, ddp_parts
 
 log = logging.getLogger("sentinel")
-
-Segs = dict[torch.device, dict[str, torch.Tensor]]
 
 
 def _hook(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,7 +35,7 @@ class TrainingHalted(RuntimeError):
     config's ``actions.stop_on`` names has fired, so the script can checkpoint and exit."""
 
 
-class Monitor:
+class Monitor(Reporter):
     """A handle on one watched training loop. Use :func:`watch` to make one.
 
     Call :meth:`log` with the loss each step; :meth:`close` (or leaving a ``with`` block)
@@ -220,10 +217,6 @@ class Monitor:
         """Exceptions caught inside probes so far."""
         return self.guard.errors
 
-    @property
-    def frames_dropped(self) -> int:
-        return self.sender.dropped + self._report_drops
-
     # -- hooks ----------------------------------------------------------------------------
 
     def _hook_optimizer(self, k: int, opt: torch.optim.Optimizer) -> list[Any]:
@@ -388,38 +381,6 @@ class Monitor:
         if self._losses is not None:  # nobody calls log(): send the report now
             self._submit_open()
 
-    def _submit_open(self) -> None:
-        """Start the readback of the finalized report (with any scalars log() added)."""
-        if self._open is None:
-            return
-        (meta, segs, scalars), self._open = self._open, None
-        self._submit(meta, segs, scalars)
-
-    def _submit(self, meta: dict[str, Any], segs: Segs, scalars: Scalars) -> None:
-        if scalars:
-            meta["scalars"] = scalars.meta()
-            for dev, named in scalars.segments().items():
-                segs.setdefault(dev, {}).update(named)
-        if self._names.dropped:
-            meta["scalars_dropped"] = self._names.dropped
-        self._add_amp_scale(segs)
-        self._readback.submit(meta, segs)
-        self._emit_ready(False)
-
-    def _add_amp_scale(self, segs: Segs) -> None:
-        """The GradScaler's scale tensor, read back with the report (``get_scale()`` would sync)."""
-        scale = getattr(self.scaler, "_scale", None)
-        if isinstance(scale, torch.Tensor) and getattr(self.scaler, "_enabled", True):
-            segs.setdefault(scale.device, {})["amp_scale"] = scale.detach().reshape(1).to(torch.float32)
-
-    def _memory(self) -> dict[str, float]:
-        mem = probes.host_memory()
-        if any(d.type == "cuda" for d in self.devices):
-            mem.update(probes.cuda_memory(self.devices))
-        if self.options.memory_capacity_bytes > 0:
-            mem["capacity"] = float(self.options.memory_capacity_bytes)
-        return mem
-
     def _log(self, scalars: dict[str, Any]) -> None:
         values = Scalars()
         for name, v in scalars.items():
@@ -439,111 +400,3 @@ class Monitor:
             self._submit({"kind": "log", "step": self.steps, "t": time.time()}, {}, values)
         else:  # before the step (gradient accumulation): the coming step's report
             self._pending.merge(values)
-
-    # -- emission -------------------------------------------------------------------------
-
-    def _emit_ready(self, wait: bool) -> None:
-        for meta, values in self._readback.poll(wait):
-            self.guard.run("emit", self._emit, meta, values)
-
-    def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:
-        frame = assemble(meta, values, len(self.groups), self.sharded)
-        frame["errors"] = self.guard.errors
-        frame["dropped"] = self.frames_dropped
-        self._send(frame)
-
-    def _send(self, frame: dict[str, Any]) -> None:
-        o = self.options
-        frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
-        reply = getattr(self.engine, "reply_path", None)  # a shared daemon's way back to us
-        if reply and frame["kind"] == "step":
-            frame["reply"] = reply
-        self.sender.send(wire.encode(frame))
-
-    def _count_drop(self) -> None:
-        self._report_drops += 1
-
-    def _messages(self) -> None:
-        """Act on what the engine said: alert callbacks and the stop action (training thread)."""
-        if self.engine is None:
-            return
-        for msg in self.engine.poll():
-            if msg.get("kind") == "stop":
-                self.request_stop(str(msg.get("reason", "sentinel stop action")))
-            elif msg.get("kind") == "alert":
-                alert = {k: v for k, v in msg.items() if k != "kind"}
-                for cb in self.on_alert:
-                    self.guard.run("on_alert", cb, alert)
-
-
-unsupported_total = 0
-"""How many times :func:`watch` was handed something it cannot watch (and returned an
-inert monitor)."""
-
-
-def watch(model: torch.nn.Module | None,
-          optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | Any,
-          *, scaler: Any = None,
-          on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
-          **options: Any) -> Monitor:
-    """Watch a training loop: one line, then ``mon.log(loss=loss)`` each step.
-
-    Args:
-        model: the module whose parameter names define the groups (may be None).
-        optimizer: one optimizer or several; a report closes when each has stepped once.
-            Framework wrappers (Accelerate's ``AcceleratedOptimizer``, Lightning's
-            ``LightningOptimizer``, anything holding the real one as ``.optimizer``) are
-            unwrapped and the real optimizer is hooked.
-        scaler: a ``torch.amp.GradScaler``, to export its scale and count skipped steps.
-        on_alert: callables given each firing/resolved alert (a dict, as in
-            ``/api/v1/alerts``). They run in the training thread at the next optimizer
-            step (or at ``close()``); an exception in one is caught and counted.
-        **options: any field of :class:`~sentinel.instrument.options.WatchOptions`, e.g.
-            ``listen="127.0.0.1:9400"``, ``run="exp-42"``, ``update_every=10``.
-
-    Returns:
-        A :class:`Monitor`; also a context manager. An optimizer that a live monitor
-        already watches gets that monitor back (with a warning). Handed something it
-        cannot watch, ``watch`` logs one warning, counts it in :data:`unsupported_total`
-        and returns an inert monitor (``mon.active`` is False) with no engine behind it.
-
-    Raises:
-        TypeError: an unknown option.
-        ValueError: an invalid option value.
-        ConfigError: an invalid config file.
-    """
-    global unsupported_total
-    opts = from_kwargs(options)
-    try:
-        many = not isinstance(optimizer, torch.optim.Optimizer) and not hasattr(optimizer, "optimizer")
-        given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
-        optimizers = [registry.unwrap(o) for o in given]
-        if not optimizers:
-            raise registry.UnsupportedOptimizer("no optimizer was given")
-        if model is not None and not isinstance(model, torch.nn.Module):
-            raise registry.UnsupportedOptimizer(f"the model is a {type(model).__name__}, not a torch.nn.Module")
-    except Exception as exc:
-        unsupported_total += 1
-        log.warning("sentinel: cannot watch this (%s); training continues unmonitored", exc)
-        return Monitor.inert(opts, str(exc))
-    owners = [registry.monitor_of(o) for o in optimizers]
-    for m in owners:
-        if m is not None and not m.auto and not m.closed:
-            log.warning("sentinel: this optimizer is already watched (run %r); returning that monitor",
-                        m.options.run)
-            return m  # type: ignore[no-any-return]
-    autos = {m for m in owners if m is not None and not m.closed}  # zero-code monitors give way
-    start = max((m.steps for m in autos), default=0)
-    for m in autos:
-        m.close()
-    try:
-        mon = Monitor(model, optimizers, opts, scaler=scaler, on_alert=on_alert)
-    except Exception as exc:
-        if type(exc).__name__ == "ConfigError":  # sentinel.rules.config's: loud at construction
-            raise
-        unsupported_total += 1
-        log.warning("sentinel: watch failed (%s: %s); training continues unmonitored", type(exc).__name__, exc,
-                    exc_info=True)
-        return Monitor.inert(opts, f"{type(exc).__name__}: {exc}")
-    mon.sync_step(start)
-    return mon

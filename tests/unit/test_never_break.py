@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from sentinel.instrument import monitor as monitor_mod
+from sentinel import wire
 from sentinel.instrument import probes, stats
+from sentinel.instrument.layout import Layout
 from sentinel.instrument.readback import Readback
 from tests.helpers import MLP, make_monitor, train_steps
 
@@ -30,7 +32,9 @@ PROBES = [
     (probes, "host_memory"),
     (Readback, "submit"),
     (Readback, "poll"),
-    (monitor_mod.wire, "encode"),
+    (wire, "encode"),
+    (Layout, "changed"),
+    (monitor_mod, "to_value"),
     (monitor_mod.Monitor, "_log"),
 ]
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import sentinel
-from sentinel.instrument import monitor as monitor_module
+from sentinel.instrument import watching
 from tests.helpers import MLP, CaptureSender, make_monitor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -228,11 +228,11 @@ def test_watch_never_raises_for_what_it_cannot_watch(mlp: MLP, model: Any, optim
                                                       caplog: pytest.LogCaptureFixture) -> None:
     if optimizer == "sgd":
         optimizer = torch.optim.SGD(mlp.parameters(), lr=0.01)
-    before = monitor_module.unsupported_total
+    before = watching.unsupported_total
     with caplog.at_level(logging.WARNING, logger="sentinel"):
         mon = sentinel.watch(mlp if model == "mlp" else model, optimizer)  # the default engine="process"
     assert not mon.active and mon.engine is None and mon.reason
-    assert monitor_module.unsupported_total == before + 1
+    assert watching.unsupported_total == before + 1
     assert [r for r in caplog.records if "cannot watch" in r.getMessage()]
     mon.log(loss=1.0)  # an inert monitor takes calls and does nothing
     mon.close()

@@ -1,0 +1,113 @@
+"""How a monitor's reports leave it: read back from the device, framed, sent; and what
+the engine says back (alerts, the stop action)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sentinel import wire
+from sentinel.instrument import probes
+from sentinel.instrument.frames import assemble
+from sentinel.instrument.guard import Guard
+from sentinel.instrument.options import WatchOptions
+from sentinel.instrument.readback import Readback
+from sentinel.instrument.scalars import NameBudget, Scalars
+from sentinel.instrument.sender import Sender
+
+Segs = dict[torch.device, dict[str, torch.Tensor]]
+
+
+class Reporter:
+    """The sending half of :class:`~sentinel.instrument.monitor.Monitor` (a mixin)."""
+
+    options: WatchOptions
+    guard: Guard
+    sender: Sender
+    engine: Any
+    scaler: Any
+    groups: list[str]
+    sharded: bool
+    devices: list[torch.device]
+    rank: int
+    world: int
+    on_alert: list[Any]
+    _open: tuple[dict[str, Any], Segs, Scalars] | None
+    _readback: Readback
+    _names: NameBudget
+    _report_drops: int
+
+    def request_stop(self, reason: str) -> None:
+        raise NotImplementedError  # the monitor's
+
+    @property
+    def frames_dropped(self) -> int:
+        return self.sender.dropped + self._report_drops
+
+    def _submit_open(self) -> None:
+        """Start the readback of the finalized report (with any scalars log() added)."""
+        if self._open is None:
+            return
+        (meta, segs, scalars), self._open = self._open, None
+        self._submit(meta, segs, scalars)
+
+    def _submit(self, meta: dict[str, Any], segs: Segs, scalars: Scalars) -> None:
+        if scalars:
+            meta["scalars"] = scalars.meta()
+            for dev, named in scalars.segments().items():
+                segs.setdefault(dev, {}).update(named)
+        if self._names.dropped:
+            meta["scalars_dropped"] = self._names.dropped
+        self._add_amp_scale(segs)
+        self._readback.submit(meta, segs)
+        self._emit_ready(False)
+
+    def _add_amp_scale(self, segs: Segs) -> None:
+        """The GradScaler's scale tensor, read back with the report (``get_scale()`` would sync)."""
+        scale = getattr(self.scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor) and getattr(self.scaler, "_enabled", True):
+            segs.setdefault(scale.device, {})["amp_scale"] = scale.detach().reshape(1).to(torch.float32)
+
+    def _memory(self) -> dict[str, float]:
+        mem = probes.host_memory()
+        if any(d.type == "cuda" for d in self.devices):
+            mem.update(probes.cuda_memory(self.devices))
+        if self.options.memory_capacity_bytes > 0:
+            mem["capacity"] = float(self.options.memory_capacity_bytes)
+        return mem
+
+    # -- emission -------------------------------------------------------------------------
+
+    def _emit_ready(self, wait: bool) -> None:
+        for meta, values in self._readback.poll(wait):
+            self.guard.run("emit", self._emit, meta, values)
+
+    def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:
+        frame = assemble(meta, values, len(self.groups), self.sharded)
+        frame["errors"] = self.guard.errors
+        frame["dropped"] = self.frames_dropped
+        self._send(frame)
+
+    def _send(self, frame: dict[str, Any]) -> None:
+        o = self.options
+        frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
+        reply = getattr(self.engine, "reply_path", None)  # a shared daemon's way back to us
+        if reply and frame["kind"] == "step":
+            frame["reply"] = reply
+        self.sender.send(wire.encode(frame))
+
+    def _count_drop(self) -> None:
+        self._report_drops += 1
+
+    def _messages(self) -> None:
+        """Act on what the engine said: alert callbacks and the stop action (training thread)."""
+        if self.engine is None:
+            return
+        for msg in self.engine.poll():
+            if msg.get("kind") == "stop":
+                self.request_stop(str(msg.get("reason", "sentinel stop action")))
+            elif msg.get("kind") == "alert":
+                alert = {k: v for k, v in msg.items() if k != "kind"}
+                for cb in self.on_alert:
+                    self.guard.run("on_alert", cb, alert)

@@ -1,0 +1,87 @@
+"""``sentinel.watch``: the one call a training loop makes, and the one monitor per optimizer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from sentinel.instrument import registry
+from sentinel.instrument.monitor import Monitor
+from sentinel.instrument.options import from_kwargs
+
+log = logging.getLogger("sentinel")
+
+unsupported_total = 0
+"""How many times :func:`watch` was handed something it cannot watch (and returned an
+inert monitor)."""
+
+
+def watch(model: torch.nn.Module | None,
+          optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | Any,
+          *, scaler: Any = None,
+          on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
+          **options: Any) -> Monitor:
+    """Watch a training loop: one line, then ``mon.log(loss=loss)`` each step.
+
+    Args:
+        model: the module whose parameter names define the groups (may be None).
+        optimizer: one optimizer or several; a report closes when each has stepped once.
+            Framework wrappers (Accelerate's ``AcceleratedOptimizer``, Lightning's
+            ``LightningOptimizer``, anything holding the real one as ``.optimizer``) are
+            unwrapped and the real optimizer is hooked.
+        scaler: a ``torch.amp.GradScaler``, to export its scale and count skipped steps.
+        on_alert: callables given each firing/resolved alert (a dict, as in
+            ``/api/v1/alerts``). They run in the training thread at the next optimizer
+            step (or at ``close()``); an exception in one is caught and counted.
+        **options: any field of :class:`~sentinel.instrument.options.WatchOptions`, e.g.
+            ``listen="127.0.0.1:9400"``, ``run="exp-42"``, ``update_every=10``.
+
+    Returns:
+        A :class:`Monitor`; also a context manager. An optimizer that a live monitor
+        already watches gets that monitor back (with a warning). Handed something it
+        cannot watch, ``watch`` logs one warning, counts it in :data:`unsupported_total`
+        and returns an inert monitor (``mon.active`` is False) with no engine behind it.
+
+    Raises:
+        TypeError: an unknown option.
+        ValueError: an invalid option value.
+        ConfigError: an invalid config file.
+    """
+    global unsupported_total
+    opts = from_kwargs(options)
+    try:
+        many = not isinstance(optimizer, torch.optim.Optimizer) and not hasattr(optimizer, "optimizer")
+        given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
+        optimizers = [registry.unwrap(o) for o in given]
+        if not optimizers:
+            raise registry.UnsupportedOptimizer("no optimizer was given")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise registry.UnsupportedOptimizer(f"the model is a {type(model).__name__}, not a torch.nn.Module")
+    except Exception as exc:
+        unsupported_total += 1
+        log.warning("sentinel: cannot watch this (%s); training continues unmonitored", exc)
+        return Monitor.inert(opts, str(exc))
+    owners = [registry.monitor_of(o) for o in optimizers]
+    for m in owners:
+        if m is not None and not m.auto and not m.closed:
+            log.warning("sentinel: this optimizer is already watched (run %r); returning that monitor",
+                        m.options.run)
+            return m  # type: ignore[no-any-return]
+    autos = {m for m in owners if m is not None and not m.closed}  # zero-code monitors give way
+    start = max((m.steps for m in autos), default=0)
+    for m in autos:
+        m.close()
+    try:
+        mon = Monitor(model, optimizers, opts, scaler=scaler, on_alert=on_alert)
+    except Exception as exc:
+        if type(exc).__name__ == "ConfigError":  # sentinel.rules.config's: loud at construction
+            raise
+        unsupported_total += 1
+        log.warning("sentinel: watch failed (%s: %s); training continues unmonitored", type(exc).__name__, exc,
+                    exc_info=True)
+        return Monitor.inert(opts, f"{type(exc).__name__}: {exc}")
+    mon.sync_step(start)
+    return mon
