@@ -29,6 +29,7 @@ log = logging.getLogger("sentinel")
 _installed = False
 _monitors: list[Any] = []
 _last_clip: tuple[torch.Tensor, float] | None = None  # clipped before any monitor attached
+_early: Any = None  # the losses passed to backward() since any optimizer last stepped (LossSum)
 
 
 def enabled() -> bool:
@@ -46,7 +47,8 @@ def install() -> bool:
 
     from sentinel.instrument import clip, losses, registry
 
-    losses.install()
+    global _early
+    _early = losses.LossSum()  # a first step's micro-batches run before its optimizer is seen
     registry.set_fallback(_attach)
     register_optimizer_step_post_hook(_on_post_step)
     clip.attach(_on_clip)
@@ -81,7 +83,12 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
     from sentinel.instrument.monitor import Monitor
     from sentinel.instrument.options import from_kwargs
 
-    mon = Monitor(_find_model(opt), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True)
+    from sentinel.instrument.losses import LossSum
+
+    global _early
+    early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
+    mon = Monitor(_find_model(opt), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,
+                  loss_sum=early)
     _monitors.append(mon)
     if _last_clip is not None:  # clipped just before this first step: it belongs to it
         mon.note_clip(*_last_clip)
@@ -91,6 +98,8 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     global _last_clip
     _last_clip = None
+    if _early is not None:
+        _early.take()  # losses before an optimizer's first step are its step's, not older ones
 
 
 def close_all() -> None:

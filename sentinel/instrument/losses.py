@@ -29,6 +29,8 @@ _sums: weakref.WeakSet[LossSum] = weakref.WeakSet()
 _installed = False
 _scaler: Any = None  # the GradScaler that scaled the last loss, if any
 _failures = 0
+backward_calls = 0
+"""``Tensor.backward()`` calls so far, in this process (once :func:`install` ran)."""
 
 
 class LossSum:
@@ -66,7 +68,8 @@ def scaler() -> Any:
 
 
 def _seen(loss: torch.Tensor) -> None:
-    global _failures
+    global _failures, backward_calls
+    backward_calls += 1
     if not _sums or _failures >= 3:
         return
     try:

@@ -47,12 +47,14 @@ class Monitor(Reporter):
         options: see :class:`~sentinel.instrument.options.WatchOptions`.
         sender: where frames go (default: the engine :func:`~sentinel.instrument.link.connect` finds).
         auto: made by zero-code mode; an explicit :func:`watch` of its optimizer replaces it.
+        loss_sum: with ``capture_loss``, the losses summed since before this monitor existed
+            (zero-code mode's, from the start of the process).
     """
 
     def __init__(self, model: torch.nn.Module | None, optimizers: Sequence[torch.optim.Optimizer],
                  options: WatchOptions, sender: Sender | None = None, *, scaler: Any = None,
                  on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
-                 auto: bool = False) -> None:
+                 auto: bool = False, loss_sum: LossSum | None = None) -> None:
         self.options = o = options
         self.optimizers = list(optimizers)
         self.scaler = scaler
@@ -80,12 +82,14 @@ class Monitor(Reporter):
         self._segs: Segs = {}
         self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
         self._pending = Scalars()  # logged while no report was open: the coming step's
+        self._backwards_at_step = self._backwards_at_log = -1  # losses.backward_calls then
         self._names = NameBudget()
         self._meta_groups: set[int] = set()
         self._grad_count = 0
         self._clip_max: float | None = None
         self._closure_done: dict[int, bool] = {}  # optimizer k stepping with a closure: read yet?
-        self._losses = LossSum() if o.capture_loss else None
+        self._losses = (loss_sum or LossSum()) if o.capture_loss else None
+        losses.install()  # counts backward() calls: which step a log() belongs to
 
         outer, inner, self.ddp = ddp_parts(model, self.world)
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
@@ -120,21 +124,35 @@ class Monitor(Reporter):
 
     # -- public ---------------------------------------------------------------------------
 
-    def log(self, loss: Any = None, **scalars: Any) -> None:
+    def log(self, loss: Any = None, *, step: int | None = None, **scalars: Any) -> None:
         """Record the loss and any other scalars for the current step.
 
         Values are numbers or one-element tensors; tensors are read back without a host
-        sync, and values appear in the step's frame. Call it after ``optimizer.step()``;
-        values logged between two steps (each micro-batch of an accumulation window) are
-        averaged into the step. Other names are exported as ``sentinel_scalar{name=...}``.
-        A bad value or name is dropped and counted. Never raises.
+        sync, and values appear in the step's frame. Other names are exported as
+        ``sentinel_scalar{name=...}``. A bad value or name is dropped and counted.
+
+        Which step a value belongs to: called after ``optimizer.step()`` with no
+        ``backward()`` in between, the step just taken; called after a ``backward()``
+        (before the step, or for the next micro-batch), the coming step. Values logged
+        for one step (each micro-batch of an accumulation window) are averaged. With a
+        ``GradScaler``, a value logged when no step was taken (a step the scaler skipped)
+        is reported at once, at the last step's number.
+
+        Args:
+            loss: the loss (a number or a one-element tensor).
+            step: the step the values belong to, for a framework that computes them
+                after the step's report left (e.g. the HF Trainer's ``on_log``);
+                default: as above.
+            **scalars: more values by name.
+
+        Never raises.
         """
         if not self.active:
             return
         t0 = time.perf_counter()
         if loss is not None:
             scalars["loss"] = loss
-        self.guard.run("log", self._log, scalars)
+        self.guard.run("log", self._log, scalars, step)
         self.probe_seconds += time.perf_counter() - t0
 
     def sync_step(self, step: int) -> None:
@@ -377,11 +395,15 @@ class Monitor(Reporter):
             captured = self._losses.take()
             if captured is not None and "loss" not in scalars:
                 scalars.add("loss", captured)
+        logged_last = bool(scalars) and self._backwards_at_log == losses.backward_calls
         self._open, self._segs = (meta, self._segs, scalars), {}
-        if self._losses is not None:  # nobody calls log(): send the report now
+        self._backwards_at_step = losses.backward_calls
+        # send it now when nothing more is coming: zero-code mode (nobody logs), or values
+        # logged after the step's last backward() and before the step (log, then step)
+        if self.auto or logged_last:
             self._submit_open()
 
-    def _log(self, scalars: dict[str, Any]) -> None:
+    def _log(self, scalars: dict[str, Any], step: int | None) -> None:
         values = Scalars()
         for name, v in scalars.items():
             value = to_value(v) if self._names.admit(name) else None
@@ -390,13 +412,22 @@ class Monitor(Reporter):
                     self._names.dropped += 1  # a known name with a bad value
                 continue
             values.add(name, value)
+        report = self._open
+        if step is not None and (report is None or report[0]["step"] != step):
+            if 0 < step <= self.steps:  # a step whose report has left: its own frame
+                self._submit({"kind": "log", "step": int(step), "t": time.time()}, {}, values)
+            return
         # the common loop logs right after the step: ride on that step's report (one frame)
-        if self._open is not None and self._open[0]["step"] == self.steps:
-            self._open[2].merge(values)
-            self._submit_open()
-        elif self.scaler is not None:
+        if report is not None and report[0]["step"] == self.steps:
+            if step is not None or losses.backward_calls == self._backwards_at_step:
+                report[2].merge(values)
+                self._submit_open()
+                return
+            self._submit_open()  # a backward() since the step: these values are the next step's
+        if self.scaler is not None and not self._pending:
             # with a GradScaler, an iteration without an optimizer step is a step the scaler
             # skipped: report it at once, so the loss and the scale of skipped steps show
             self._submit({"kind": "log", "step": self.steps, "t": time.time()}, {}, values)
-        else:  # before the step (gradient accumulation): the coming step's report
-            self._pending.merge(values)
+            return
+        self._pending.merge(values)  # before the step (gradient accumulation): the coming step's
+        self._backwards_at_log = losses.backward_calls

@@ -66,13 +66,18 @@ class WatchOptions:
             raise ValueError(f"engine: must be process, thread or off, got {self.engine!r}")
 
 
-def default_run_name() -> str:
-    """A run name that all ranks of one launch agree on, when the launcher tells one."""
+def launcher_run_name() -> str:
+    """The run id a launcher gave every rank (``SENTINEL_RUN``, torchrun's, Slurm's), or ''."""
     for var in ("SENTINEL_RUN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         value = os.environ.get(var)
         if value and value != "none":
             return value
-    return f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return ""
+
+
+def default_run_name() -> str:
+    """A run name that all ranks of one launch agree on, when the launcher tells one."""
+    return launcher_run_name() or f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
-import torch
+from sentinel.instrument.options import launcher_run_name as launcher_run
+from sentinel.instrument.scalars import to_value
+
+__all__ = ["MAX_SCALARS", "launcher_run", "scalars"]
 
 MAX_SCALARS = 16
 """At most this many extra scalars per step, in the framework's order."""
@@ -25,18 +27,7 @@ def scalars(items: Iterable[tuple[str, Any]], limit: int = MAX_SCALARS,
             break
         if name in skip or not isinstance(name, str):
             continue
-        if isinstance(value, torch.Tensor):
-            if value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
-                out[name] = value.detach().reshape(())
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = value
+        v = to_value(value)  # a number, or a device tensor left on its device
+        if v is not None:
+            out[name] = v
     return out
-
-
-def launcher_run() -> str:
-    """The run id a launcher set for every rank (as :func:`sentinel.watch` reads it), or ''."""
-    for var in ("SENTINEL_RUN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        value = os.environ.get(var)
-        if value and value != "none":
-            return value
-    return ""

@@ -78,8 +78,8 @@ class SentinelCallback(TrainerCallback):  # type: ignore[misc]
         if self.monitor is None or not logs:
             return
         values = scalars(logs.items(), self.max_metrics)
-        if values:
-            self.monitor.log(**values)
+        if values:  # computed after the step: they belong to it, wherever its report is
+            self.monitor.log(step=state.global_step, **values)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
