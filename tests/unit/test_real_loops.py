@@ -196,6 +196,26 @@ def test_log_bounds_the_number_of_names(mlp: MLP) -> None:
     assert len(frame["scalars"]) == 32 and frame["scalars_dropped"] == 8
 
 
+def test_log_with_a_step_reaches_that_step_also_after_its_report_left(mlp: MLP) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt, capture_loss=True)
+    for i in range(3):
+        x, y = _batch(i)
+        opt.zero_grad()
+        nn.functional.mse_loss(mlp(x), y).backward()
+        opt.step()
+        if i == 1:  # HF's on_log comes after the step: it names the step
+            mon.log(step=2, logged=0.5)
+        if i == 2:  # and for a step whose report has left already: a frame of its own
+            mon.log(step=1, late=7.0)
+    mon.close()
+    by_step = {f["step"]: f.get("scalars", {}) for f in sender.steps()}
+    assert by_step[2]["logged"] == 0.5 and "logged" not in by_step[3]
+    late = [f for f in sender.frames if f["kind"] == "log"]
+    assert [(f["step"], f["scalars"]) for f in late] == [(1, {"late": 7.0})]
+    assert sender.engine.store.last("sentinel_scalar", _labels(mon, name="late"))[0] == 1
+
+
 class _Wrapper:
     """A DeepSpeed-style wrapper: the real optimizer is ``.optimizer``, ``step`` delegates."""
 
