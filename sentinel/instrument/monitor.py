@@ -114,7 +114,8 @@ class Monitor(Reporter):
     def inert(cls, options: WatchOptions, reason: str) -> Monitor:
         """A monitor that watches nothing (what :func:`watch` returns when it cannot watch)."""
         mon = cls(None, [], options, NullSender())
-        mon.active, mon.closed = False, True
+        mon.close()  # detaches what construction attached (the clip listener)
+        mon.active = False
         mon.guard.errors = 1
         mon.reason = reason
         return mon
