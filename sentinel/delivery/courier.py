@@ -42,6 +42,35 @@ def notice_of(t: Transition, **extra: Any) -> dict[str, Any]:
     return n
 
 
+def test_routes(routes: Sequence[Route]) -> list[tuple[str, int, str, bool]]:
+    """Send a test message through every URL of every route, now, without the outbox.
+
+    Returns ``(route label, URL index, scheme, delivered)``: never the URL.
+    """
+    from datetime import datetime, timezone
+
+    from sentinel.delivery.secrets import scheme_of
+
+    host, pid = socket.gethostname(), os.getpid()
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    out = []
+    for r in routes:
+        for i, url in enumerate(r.secrets):
+            name = f"route {r.label} {describe(i, url)}"
+            if r.sink == "alertmanager":
+                ok = AlertmanagerSink(url, name).send({"alerts": [alertmanager_alert(
+                    {"alertname": "SentinelTest", "severity": "info", "job": "sentinel", "run": "test",
+                     "summary": "sentinel alerts test", "host": host, "pid": pid, "started_at": time.time()},
+                    time.time())]})
+            else:
+                ok = AppriseSink(url, name).send({
+                    "title": f"[TEST] sentinel alerts test — route {r.label}",
+                    "body": f"A test message from sentinel on host {host}, pid {pid}, at {stamp}.",
+                    "notify_type": "info"})
+            out.append((r.label, i, scheme_of(url), ok))
+    return out
+
+
 def notify_type(n: Mapping[str, Any]) -> str:
     if n.get("state_to") != "firing":
         return "success"

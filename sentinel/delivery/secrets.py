@@ -12,7 +12,7 @@ import logging
 import re
 from typing import Any
 
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://[^\s'\"<>]*")
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://[^\s'\"<>()…]+")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*$")
 
 
@@ -27,9 +27,38 @@ def describe(index: int | str, url: str) -> str:
     return f"#{index} ({scheme_of(url)}://…)"
 
 
+_KNOWN: set[str] = set()
+"""Every secret URL seen, and the parts of it that are tokens: redacted wherever they appear
+(a library's error may quote a URL's path without its scheme)."""
+
+
+def remember(url: str) -> None:
+    """Register ``url`` and its token-like parts (user, password, path and query pieces,
+    a host name that is not a domain or an address) for redaction."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    _KNOWN.add(url)
+    try:
+        parts = urlsplit(url)
+        pieces = [parts.username or "", parts.password or ""]
+        host = parts.hostname or ""
+        if host and "." not in host and ":" not in host and host != "localhost":
+            pieces.append(host)
+        pieces += [p for p in parts.path.split("/")]
+        pieces += [v for _, v in parse_qsl(parts.query)]
+    except ValueError:
+        pieces = []
+    _KNOWN.update(p for p in pieces if len(p) >= 4)
+
+
 def redact_text(text: str) -> str:
-    """Every ``scheme://anything`` in ``text`` becomes ``scheme://…``."""
-    return _URL.sub(lambda m: f"{m.group(1)}://…", text)
+    """Every ``scheme://anything`` in ``text`` becomes ``scheme://…``, and every remembered
+    secret or token-like part of one becomes ``…``."""
+    text = _URL.sub(lambda m: f"{m.group(1)}://…", text)
+    for secret in sorted(_KNOWN, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "…")
+    return text
 
 
 class RedactingFilter(logging.Filter):
@@ -49,15 +78,22 @@ class RedactingFilter(logging.Filter):
 
 
 _FILTER = RedactingFilter()
+_GUARDED = ("apprise", "sentinel", "urllib3", "urllib3.connectionpool", "urllib3.connection", "urllib3.util.retry",
+            "requests", "requests_oauthlib", "oauthlib")
 
 
 def guard_apprise_log() -> None:
-    """Hold the ``apprise`` logger at WARNING and redact every record it emits."""
+    """Hold the ``apprise`` logger at WARNING and redact every record it emits, and those of
+    the HTTP stack under it (urllib3 logs request paths, where webhook tokens live, at
+    DEBUG) and sentinel's own (which name URLs by index and scheme already). A logger's
+    filter sees only records made by that very logger, so each one is named."""
     logger = logging.getLogger("apprise")
     if logger.level == logging.NOTSET or logger.level < logging.WARNING:
         logger.setLevel(logging.WARNING)
-    if _FILTER not in logger.filters:
-        logger.addFilter(_FILTER)
+    for name in _GUARDED:
+        lg = logging.getLogger(name)
+        if _FILTER not in lg.filters:
+            lg.addFilter(_FILTER)
 
 
 def load_url(url: str) -> Any | None:
@@ -66,6 +102,7 @@ def load_url(url: str) -> Any | None:
     apprise is imported here, lazily: only the daemon side pays for it.
     """
     guard_apprise_log()
+    remember(url)
     import apprise
 
     try:
