@@ -103,7 +103,8 @@ class Receiver:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.bodies: list[dict[str, Any]] = []
-        self.arrivals: list[float] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each body kept
+        self.wall: list[float] = []  # time.time() of each, to compare with other processes
         self.refused = 0
         self.status = status
         outer = self
@@ -115,6 +116,7 @@ class Receiver:
                 if 200 <= outer.status < 300:
                     outer.bodies.append(doc)
                     outer.arrivals.append(time.monotonic())
+                    outer.wall.append(time.time())
                 else:
                     outer.refused += 1
                 self.send_response(outer.status)
