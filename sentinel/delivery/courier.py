@@ -142,10 +142,11 @@ class Courier:
     def _payload(self, r: Route, n: dict[str, Any], now: float) -> dict[str, Any]:
         if r.sink == "alertmanager":
             resolved = n.get("state_to") == "resolved"
+            akey = f"{n.get('alertname')}\0{n.get('job')}\0{n.get('run')}"
             if resolved:
-                self._firing_am.pop(str(n.get("alertname")) + "\0" + str(n.get("job")) + "\0" + str(n.get("run")), None)
+                self._firing_am.pop(akey, None)
             else:
-                self._firing_am[str(n.get("alertname")) + "\0" + str(n.get("job")) + "\0" + str(n.get("run"))] = (n, now)
+                self._firing_am[akey] = (n, now)
             return {"alerts": [alertmanager_alert(n, float(n["time"]) if resolved else None)]}
         return {"title": title(n), "body_text": body(n, markdown=False), "body_md": body(n, markdown=True),
                 "notify_type": notify_type(n)}

@@ -124,7 +124,8 @@ class Outbox:
         with self._lock:
             for _ in range(2):
                 try:
-                    cur = self._db.executemany(sql, args) if many else self._db.execute(sql, args)  # type: ignore[arg-type]
+                    cur = (self._db.executemany(sql, args) if many  # type: ignore[arg-type]
+                           else self._db.execute(sql, args))
                     return cur.rowcount
                 except sqlite3.IntegrityError:
                     return 0

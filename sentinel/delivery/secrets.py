@@ -51,10 +51,11 @@ def remember(url: str) -> None:
     _KNOWN.update(p for p in pieces if len(p) >= 4)
 
 
-def redact_text(text: str) -> str:
-    """Every ``scheme://anything`` in ``text`` becomes ``scheme://…``, and every remembered
-    secret or token-like part of one becomes ``…``."""
-    text = _URL.sub(lambda m: f"{m.group(1)}://…", text)
+def redact_text(text: str, every_url: bool = True) -> str:
+    """Every ``scheme://anything`` in ``text`` becomes ``scheme://…`` (unless
+    ``every_url`` is False), and every remembered secret or token-like part of one ``…``."""
+    if every_url:
+        text = _URL.sub(lambda m: f"{m.group(1)}://…", text)
     for secret in sorted(_KNOWN, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, "…")
@@ -62,23 +63,33 @@ def redact_text(text: str) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """Rewrites a record's message so that no URL survives, whatever the level."""
+    """Rewrites a record's message so that no URL survives, whatever the level.
+
+    Args:
+        every_url: redact every URL; False redacts only the remembered secrets (for
+            sentinel's own logger, which may name its own /metrics address).
+    """
+
+    def __init__(self, every_url: bool = True) -> None:
+        super().__init__()
+        self.every_url = every_url
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:  # a bad format string: keep only the template
             message = str(record.msg)
-        record.msg = redact_text(message)
+        record.msg = redact_text(message, self.every_url)
         record.args = None
         if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info), self.every_url)
             record.exc_info = None
         return True
 
 
 _FILTER = RedactingFilter()
-_GUARDED = ("apprise", "sentinel", "urllib3", "urllib3.connectionpool", "urllib3.connection", "urllib3.util.retry",
+_OWN = RedactingFilter(every_url=False)
+_GUARDED = ("apprise", "urllib3", "urllib3.connectionpool", "urllib3.connection", "urllib3.util.retry",
             "requests", "requests_oauthlib", "oauthlib")
 
 
@@ -94,6 +105,9 @@ def guard_apprise_log() -> None:
         lg = logging.getLogger(name)
         if _FILTER not in lg.filters:
             lg.addFilter(_FILTER)
+    own = logging.getLogger("sentinel")
+    if _OWN not in own.filters:
+        own.addFilter(_OWN)
 
 
 def load_url(url: str) -> Any | None:
