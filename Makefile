@@ -42,6 +42,7 @@ bench: setup
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/detection.py
 	$(PY) benchmarks/daemon.py
+	$(PY) benchmarks/alert_latency.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

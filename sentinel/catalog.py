@@ -107,7 +107,13 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_rule_evaluations_total": Spec(C, "Rule verdicts taken (one rule judging one series)."),
     "sentinel_daemon_resident_memory_bytes": Spec(G, "Resident memory (RSS) of the process running the engine."),
     "sentinel_alert_firing": Spec(G, "1 for each alert that is firing.", ("alertname", "severity")),
-    "sentinel_notifications_total": Spec(C, "Alert notifications by delivery result.", ("result",)),
+    "sentinel_notifications_total": Spec(
+        C, "Alert notifications by route and outcome (sent, failed attempt, suppressed by cooldown, expired).",
+        ("route", "outcome")),
+    "sentinel_outbox_depth": Spec(G, "Notifications stored in the outbox and not yet delivered."),
+    "sentinel_outbox_oldest_age_seconds": Spec(G, "Age of the oldest undelivered notification (0 when none)."),
+    "sentinel_outbox_degraded_total": Spec(C, "Times the outbox file could not be used and delivery went on from memory."),
+    "sentinel_outbox_durable": Spec(G, "1 while the outbox is a file (survives a restart), 0 in memory."),
 }
 
 

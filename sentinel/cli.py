@@ -94,6 +94,51 @@ def run(
     raise typer.Exit(run_command(list(ctx.args), cfg, pack, listen))  # type: ignore[arg-type]
 
 
+alerts_app = typer.Typer(no_args_is_help=True, help="Alert delivery.")
+rules_app = typer.Typer(no_args_is_help=True, help="The rule pack.")
+app.add_typer(alerts_app, name="alerts")
+app.add_typer(rules_app, name="rules")
+
+
+@alerts_app.command("test")
+def alerts_test(config: Optional[str] = typer.Option(None, help="Sentinel config file.")) -> None:
+    """Send a test message through every route; report each by route, index and scheme."""
+    from sentinel.delivery.courier import test_routes
+    from sentinel.delivery.routes import build_routes
+
+    cfg, _ = _load_or_exit(config)
+    routes = build_routes(cfg.notify, cfg.alertmanager)  # type: ignore[attr-defined]
+    if not routes:
+        typer.echo("no routes configured: alerts go to the console (the log) only")
+        raise typer.Exit(0)
+    failed = 0
+    for label, index, scheme, ok in test_routes(routes):
+        typer.echo(f"route {label} #{index} ({scheme}://…): {'ok' if ok else 'FAILED'}")
+        failed += not ok
+    raise typer.Exit(1 if failed else 0)
+
+
+@rules_app.command("export")
+def rules_export(
+    format: str = typer.Option("prometheus", "--format", help="prometheus: Prometheus alerting rules (YAML)."),
+    config: Optional[str] = typer.Option(None, help="Sentinel config file (its rule overrides export too)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+) -> None:
+    """Export the rules PromQL can express, for a cluster's Prometheus and Alertmanager."""
+    from sentinel.rules.promexport import export_prometheus
+
+    if format != "prometheus":
+        typer.echo(f"format: only 'prometheus' is supported; got {format!r}", err=True)
+        raise typer.Exit(2)
+    _, pack = _load_or_exit(config)
+    text = export_prometheus(pack)  # type: ignore[arg-type]
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        typer.echo(text, nl=False)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -18,10 +18,10 @@ Errors are :class:`~sentinel.rules.config.ConfigError`, one ``dotted.key: messag
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sentinel.rules.config import ConfigError, RulePack, format_errors, load_pack
@@ -29,11 +29,94 @@ from sentinel.rules.config import ConfigError, RulePack, format_errors, load_pac
 Severity = Literal["info", "warning", "critical"]
 
 
+def _parseable(url: SecretStr) -> SecretStr:
+    """Parse with apprise's own parser at load; the error names the scheme, never the URL."""
+    from sentinel.delivery.secrets import check_url
+
+    problem = check_url(url.get_secret_value())
+    if problem is not None:
+        raise ValueError(problem)
+    return url
+
+
+NotifyUrl = Annotated[SecretStr, AfterValidator(_parseable)]
+"""An apprise URL: a secret, parsed when the config loads."""
+
+
+class RouteConfig(BaseModel):
+    """One notification route: where messages go, which alerts it takes, how often."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = ""
+    """Names the route in metrics and CLI output (default: its index)."""
+    urls: list[NotifyUrl] = []
+    """apprise URLs; secrets, named by index and scheme only."""
+    min_severity: Severity = "warning"
+    severities: list[Severity] = []
+    """Exactly these severities (overrides ``min_severity`` when set)."""
+    alertnames: list[str] = []
+    tags: list[str] = []
+    runs: list[str] = []
+    jobs: list[str] = []
+    """Empty lists match everything; a non-empty one must contain the alert's value."""
+    cooldown_seconds: float = Field(default=0.0, ge=0)
+    """After a message for an alert key (alertname, job, run), its re-fires for this long are not sent."""
+    rate_limit_seconds: float = Field(default=1.0, ge=0)
+    """At most one message per this many seconds on this route; later ones wait their turn."""
+    resolved: bool = True
+    """Whether the route gets resolved messages."""
+    format: Literal["auto", "markdown", "text"] = "auto"
+    """Body format; ``auto``: markdown where the service renders it, plain text otherwise."""
+
+
 class NotifyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    urls: list[SecretStr] = []
-    """apprise URLs; each is a secret and is never logged in full."""
+    urls: list[NotifyUrl] = []
+    """apprise URLs of the default route; each is a secret and is never logged in full."""
     min_severity: Severity = "warning"
+    cooldown_seconds: float = Field(default=0.0, ge=0)
+    rate_limit_seconds: float = Field(default=1.0, ge=0)
+    resolved: bool = True
+    routes: list[RouteConfig] = []
+    """More routes; ``urls``/``min_severity`` above form route 0 when ``urls`` is set."""
+
+
+class OutboxConfig(BaseModel):
+    """The durable outbox: every notification is written here before it is sent."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = ""
+    """SQLite file; default ``$XDG_STATE_HOME/sentinel/outbox.sqlite`` (``~/.local/state/…``)."""
+    retry_initial_seconds: float = Field(default=1.0, gt=0)
+    retry_max_seconds: float = Field(default=300.0, gt=0)
+    max_age_seconds: float = Field(default=86_400.0, gt=0)
+    """A notification still undelivered after this long is given up (counted ``expired``)."""
+    keep_seconds: float = Field(default=86_400.0, ge=0)
+    """Delivered rows are pruned after this long."""
+    max_rows: int = Field(default=10_000, ge=100)
+    """Rows kept at most; the oldest delivered ones go first, then the oldest pending."""
+
+
+class AlertmanagerConfig(BaseModel):
+    """An optional Alertmanager sink (v2 API), through the same outbox."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: SecretStr | None = None
+    """e.g. ``http://127.0.0.1:9093``; may carry basic-auth credentials, so it is a secret."""
+    min_severity: Severity = "warning"
+    resend_seconds: float = Field(default=60.0, gt=0)
+    """Re-post firing alerts this often (well inside Alertmanager's ``resolve_timeout``)."""
+    timeout_seconds: float = Field(default=5.0, gt=0)
+
+
+class GrafanaConfig(BaseModel):
+    """Grafana, for links in messages."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str = ""
+    """e.g. ``https://grafana.example.com``; messages link the dashboard when set."""
+    dashboard_uid: str = "sentinel-training"
+    token: SecretStr | None = None
 
 
 class ActionsConfig(BaseModel):
@@ -67,6 +150,9 @@ class SentinelConfig(BaseSettings):
     actions: ActionsConfig = ActionsConfig()
     gpu: GpuConfig = GpuConfig()
     retention: RetentionConfig = RetentionConfig()
+    outbox: OutboxConfig = OutboxConfig()
+    alertmanager: AlertmanagerConfig = AlertmanagerConfig()
+    grafana: GrafanaConfig = GrafanaConfig()
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[SentinelConfig, RulePack]:

@@ -10,3 +10,11 @@ from tests.helpers import MLP
 def mlp() -> MLP:
     torch.manual_seed(0)
     return MLP()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The default outbox file lives under $XDG_STATE_HOME: keep the tests' out of ~."""
+    import os
+
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))

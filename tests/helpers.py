@@ -89,27 +89,46 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int, mon: M
 
 
 class Receiver:
-    """A real HTTP server on loopback that records every POSTed JSON body (apprise json://)."""
+    """A real HTTP server on loopback that records every POSTed JSON body (apprise json://).
 
-    def __init__(self) -> None:
+    Args:
+        port: 0 for a free one; a fixed port lets a test start it where a route already points.
+        status: the HTTP status it answers; ``bodies`` keeps only bodies answered with 2xx,
+            ``refused`` counts the others. Tests may change ``status`` while it runs.
+    """
+
+    def __init__(self, port: int = 0, status: int = 200) -> None:
         import json
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.bodies: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each body kept
+        self.wall: list[float] = []  # time.time() of each, to compare with other processes
+        self.refused = 0
+        self.status = status
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 n = int(self.headers.get("Content-Length", "0"))
-                outer.bodies.append(json.loads(self.rfile.read(n) or b"{}"))
-                self.send_response(200)
+                doc = json.loads(self.rfile.read(n) or b"{}")
+                if 200 <= outer.status < 300:
+                    outer.bodies.append(doc)
+                    outer.arrivals.append(time.monotonic())
+                    outer.wall.append(time.time())
+                else:
+                    outer.refused += 1
+                self.send_response(outer.status)
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            allow_reuse_address = True  # a test may restart it on the port a route points at
+
+        self.server = Server(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.url = f"json://127.0.0.1:{self.port}/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -23,7 +23,10 @@ from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
 from sentinel.serve.status import status_page
 from sentinel.instrument.options import parse_listen
-from sentinel.delivery import AppriseNotifier, Dispatcher
+from sentinel.delivery.courier import Courier, notice_of
+from sentinel.delivery.messages import grafana_link
+from sentinel.delivery.outbox import Outbox, default_path
+from sentinel.delivery.routes import build_routes
 from sentinel.rules.config import RulePack
 from sentinel.store import Row
 from sentinel.rules.lifecycle import Transition
@@ -50,8 +53,17 @@ def resident_bytes() -> int | None:
         return None
 
 
+def make_courier(config: SentinelConfig) -> Courier:
+    """The routes of the config, its outbox file (or memory), and the delivery thread."""
+    routes = build_routes(config.notify, config.alertmanager)
+    o = config.outbox
+    outbox = Outbox((o.path or default_path()) if routes else None, o.max_rows, o.keep_seconds)
+    return Courier(routes, outbox, o.retry_initial_seconds, o.retry_max_seconds, o.max_age_seconds,
+                   config.alertmanager.resend_seconds, config.alertmanager.timeout_seconds)
+
+
 class Service:
-    """Engine, notification dispatcher and HTTP server, fed by a worker thread.
+    """Engine, notification courier and HTTP server, fed by a worker thread.
 
     Args:
         config: the validated config.
@@ -67,9 +79,9 @@ class Service:
         self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
                              idle_ttl=config.retention.idle_seconds)
         self.on_message = on_message
-        notifiers = [AppriseNotifier(config.notify.urls, config.notify.min_severity)] if config.notify.urls else []
-        self.dispatcher = Dispatcher(notifiers)
-        self.engine.listeners += [self.dispatcher.submit, self._actions]
+        self.pack = pack
+        self.courier = make_courier(config)
+        self.engine.listeners += [self._notify, self._actions]
         self.collector = StoreCollector(self.engine.store, extra=self._rows)
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
@@ -138,7 +150,7 @@ class Service:
         self._queue.put(None)  # wake the worker now rather than at its timeout
         self._thread.join(2.0)
         self.gpu.stop()
-        self.dispatcher.stop()
+        self.courier.stop()
         self.http.stop()
 
     def _loop(self) -> None:
@@ -148,6 +160,7 @@ class Service:
                 next_tick = time.monotonic() + 1.0
                 try:
                     self.engine.tick()
+                    self.courier.resend()
                 except Exception:
                     log.warning("sentinel engine: error in the rule tick", exc_info=True)
             try:
@@ -168,6 +181,33 @@ class Service:
                     log.warning("sentinel engine: error ingesting a frame", exc_info=True)
                 finally:
                     self.processed += 1
+
+    def _notify(self, t: Transition) -> None:
+        """Store the notifications of a transition in the outbox (the engine's thread)."""
+        if not t.notify or not self.courier.routes:
+            return
+        try:
+            rule = self.pack.get(t.alertname)
+            tags, metric = list(rule.tags), rule.metrics[0]
+        except KeyError:
+            tags, metric = [], ""
+        recent = self._recent(t, metric)
+        g = self.config.grafana
+        link = grafana_link(g.url, g.dashboard_uid, t.job, t.run, t.started_at, t.time)
+        self.courier.submit(notice_of(t, tags=tags, metric=metric, recent=recent, grafana=link))
+
+    def _recent(self, t: Transition, metric: str) -> list[float]:
+        """The metric's last values on the alert's first rank (and group), for the sparkline."""
+        if not metric or not t.ranks:
+            return []
+        store = self.engine.store
+        want = {"job": t.job, "run": t.run, "rank": str(t.ranks[0])}
+        for labels in store.labelsets(metric):
+            d = dict(labels)
+            if all(d.get(k) == v for k, v in want.items()) and (not t.groups or d.get("group") in (None, t.groups[0])):
+                w = store.window(metric, labels, 24)
+                return [float(v) for v in w.values] if w is not None else []
+        return []
 
     def _actions(self, t: Transition) -> None:
         """Alert messages for the training process, and the opt-in stop action."""
@@ -191,9 +231,7 @@ class Service:
         yield ("sentinel_daemon_frames_dropped_total", "counter", (), float(self.dropped))
         for extra in self.extra_rows:
             yield from extra()
-        d = self.dispatcher
-        for result, n in (("sent", d.sent), ("failed", d.failed), ("dropped", d.dropped)):
-            yield ("sentinel_notifications_total", "counter", (("result", result),), float(n))
+        yield from self.courier.rows()
 
     def _alive(self) -> bool:
         return self._thread.is_alive()

@@ -53,6 +53,7 @@ class _Series:
     active: bool = False
     last: Verdict | None = None  # the latest failing verdict
     step: int = 0
+    first_step: int = 0  # the step of the first failing verdict of the current streak
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,13 @@ class Transition:
     checks: tuple[str, ...]
     runbook: str
     notify: bool = True
+    started_step: int = 0
+    started_at: float = 0.0
+
+    @property
+    def fired_seconds(self) -> float:
+        """How long the alert fired (for a resolve; 0 for a firing)."""
+        return max(0.0, self.time - self.started_at) if self.state_to == "resolved" else 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (lists for tuples, None for NaN)."""
@@ -100,6 +108,8 @@ class Transition:
             "checks": list(self.checks),
             "runbook": self.runbook,
             "notify": self.notify,
+            "started_step": self.started_step,
+            "started_at": self.started_at,
         }
 
 
@@ -112,7 +122,11 @@ class Alert:
     """The open (or recently resolved) alert of one rule in one run.
 
     ``ranks``, ``groups``, ``step``, ``value``, ``threshold`` describe the failing series
-    (the latest failing verdict for the numbers); they are refreshed as verdicts arrive.
+    (the latest failing verdict for the numbers); they are refreshed as verdicts arrive,
+    so ``step`` is the latest failing step (``last_step``). The history stays put:
+    ``started_step`` is the first failing step of the series that made the alert fire
+    (the step the trouble began, not the step it fired at) and ``started_at`` the time it
+    fired; both are set once, when it fires.
     """
 
     rule: Rule
@@ -121,6 +135,7 @@ class Alert:
     state: str = "pending"
     pending_since: float = 0.0
     started_at: float | None = None
+    started_step: int | None = None
     resolved_at: float | None = None
     notify: bool = True
     ranks: tuple[int, ...] = ()
@@ -146,7 +161,8 @@ class Alert:
 
     @property
     def summary(self) -> str:
-        """The rule's summary template rendered with the current fields."""
+        """The rule's summary template rendered with the current fields; ``{step}`` is
+        ``started_step`` once the alert fired, so the text names where the trouble began."""
         where = compact_ranks(self.ranks)
         if self.groups:
             where += f" ({compact_groups(self.groups)})"
@@ -155,7 +171,7 @@ class Alert:
             "severity": self.rule.severity,
             "job": self.job,
             "run": self.run,
-            "step": self.step,
+            "step": self.step if self.started_step is None else self.started_step,
             "value": self.value,
             "threshold": self.threshold,
             "baseline": math.nan if self.baseline is None else self.baseline,
@@ -171,7 +187,10 @@ class Alert:
 
     def to_json(self) -> dict[str, Any]:
         """The HTTP API's view: alertname, severity, state, job, run, ranks, groups, step,
-        value, threshold, summary, started_at, resolved_at, plus causes, checks, runbook."""
+        value, threshold, summary, started_step, started_at, last_step, last_value,
+        resolved_at, plus causes, checks, runbook. ``step``/``value`` are the latest failing
+        verdict's (equal to ``last_step``/``last_value``); ``started_step`` and
+        ``started_at`` are None while pending."""
         return {
             "alertname": self.rule.name,
             "severity": self.rule.severity,
@@ -184,7 +203,10 @@ class Alert:
             "value": _num(self.value),
             "threshold": _num(self.threshold),
             "summary": self.summary,
+            "started_step": self.started_step,
             "started_at": self.started_at,
+            "last_step": self.step,
+            "last_value": _num(self.value),
             "resolved_at": self.resolved_at,
             "causes": list(self.rule.causes),
             "checks": list(self.rule.checks),

@@ -118,6 +118,7 @@ class Rule(BaseModel):
         params: the detector's parameters.
         summary: a ``str.format`` template over :data:`SUMMARY_FIELDS`.
         causes, checks, runbook: shown with the alert.
+        tags: free labels for routing (``notify.routes.N.tags``) and Alertmanager.
         enabled: a disabled rule is never evaluated.
     """
 
@@ -144,6 +145,7 @@ class Rule(BaseModel):
     causes: list[str] = []
     checks: list[str] = []
     runbook: str = ""
+    tags: list[str] = []
     enabled: bool = True
 
     @field_validator("kind")

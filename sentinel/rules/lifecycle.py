@@ -77,6 +77,8 @@ class Lifecycle:
                 group = next((v for k, v in extra if k == "group"), None)
                 s = alert.series[skey] = _Series(rank, group)
                 alert._dirty = True
+            if s.fails == 0:
+                s.first_step = step
             s.fails += 1
             s.oks = 0
             s.last = verdict
@@ -215,7 +217,8 @@ class Lifecycle:
         return Transition(
             r.name, r.severity, state_from, a.state, a.job, a.run, a.ranks, a.groups, a.step,
             now, a.value, a.threshold, a.summary, tuple(r.causes), tuple(r.checks), r.runbook,
-            a.notify,
+            a.notify, a.started_step if a.started_step is not None else a.step,
+            a.started_at if a.started_at is not None else now,
         )  # fmt: skip
 
     def _fire(self, key: AlertKey, a: Alert, now: float) -> Transition:
@@ -223,6 +226,8 @@ class Lifecycle:
         a.notify = not (last is not None and now - last < a.rule.cooldown_seconds)
         a.state = "firing"
         a.started_at = now
+        held = [s.first_step for s in a.series.values() if s.active] or [s.first_step for s in a.series.values()]
+        a.started_step = min(held) if held else a.step
         return self._transition(a, "pending" if a._seen_pending else "inactive", now)
 
     def _resolve(self, key: AlertKey, a: Alert, now: float) -> Transition:

@@ -53,14 +53,15 @@ def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiv
                         what="the chat message")
         text = body["title"] + "\n" + body["message"]
         for needle in ("FIRING", "TrainingNonFinite", "critical", "run nan-run", "rank 0", "layers.1",
-                       "step: 9", "threshold:", "first checks:", "1. "):
+                       "since step 9", "started at step: 9", "against threshold", "first checks:", "1. "):
             assert needle in text, f"{needle!r} missing from:\n{text}"
         with urllib.request.urlopen(mon.url + "/api/v1/alerts", timeout=5) as r:
             alerts = json.load(r)["data"]["alerts"]
         [a] = [a for a in alerts if a["alertname"] == "TrainingNonFinite"]
         assert a["state"] == "firing" and a["severity"] == "critical" and a["run"] == "nan-run"
         assert a["ranks"] == [0] and "layers.1" in a["groups"] and a["step"] >= 9
-        for field in ("value", "threshold", "summary", "started_at", "resolved_at"):
+        assert a["started_step"] == 9 and a["last_step"] == a["step"]
+        for field in ("value", "threshold", "summary", "started_at", "resolved_at", "last_value"):
             assert field in a
         with urllib.request.urlopen(mon.url + "/metrics", timeout=5) as r:
             metrics = r.read().decode()
@@ -85,9 +86,11 @@ def test_unreachable_webhook_is_counted_and_training_goes_on(tmp_path: Path) -> 
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", config=cfg, engine="thread")
     train_steps(model, opt, 10, mon, before_step=_poison_at(model, 5))
     service = mon.engine.service  # type: ignore[union-attr]
-    wait_for(lambda: service.dispatcher.failed >= 1, what="a failed delivery")
+    wait_for(lambda: service.courier.counts[("0", "failed")] >= 1, what="a failed delivery")
     with urllib.request.urlopen(mon.url + "/metrics", timeout=5) as r:
-        assert 'sentinel_notifications_total{result="failed"} 1.0' in r.read().decode()
+        text = r.read().decode()
+    assert 'sentinel_notifications_total{outcome="failed",route="0"} 1.0' in text
+    assert "sentinel_outbox_depth 1.0" in text
     mon.close()
     assert mon.steps == 10
 

@@ -82,7 +82,10 @@ def test_transitions_fire_then_resolve_and_resolved_is_kept() -> None:
     ]
     fired, resolved = out
     assert fired.step == 101 and fired.time == 11.0 and fired.ranks == (0,)
-    assert fired.summary == "norm 2000 > 1000 on rank 0 (-) at step 101"
+    # the summary names the step the trouble began (the first of the for_steps failures)
+    assert fired.started_step == 100 and fired.started_at == 11.0
+    assert fired.summary == "norm 2000 > 1000 on rank 0 (-) at step 100"
+    assert resolved.started_step == 100 and resolved.fired_seconds == 2.0
     assert fired.causes == ("init",) and fired.checks == ("check per-layer norms",)
     assert fired.runbook == "look"
     assert fired.notify and resolved.notify
@@ -93,6 +96,20 @@ def test_transitions_fire_then_resolve_and_resolved_is_kept() -> None:
     assert {"alertname", "severity", "state", "run", "ranks", "groups", "step", "value",
             "threshold", "summary", "started_at", "resolved_at"} <= set(j)  # fmt: skip
     assert fired.to_json()["state_to"] == "firing"
+
+
+def test_history_stays_while_the_latest_values_move() -> None:
+    """started_step/started_at are where the alert began; last_step/last_value follow."""
+    life, r = Lifecycle(), rule()
+    for i in range(500):
+        v = Verdict(True, 2000.0 + i, 1000.0) if i >= 200 else OK
+        life.observe(r, "job", "run", 0, (), v, i, float(i))
+        life.settle(r.name, "job", "run", float(i), [0])
+    [a] = life.active()
+    j = a.to_json()
+    assert j["state"] == "firing" and j["started_step"] == 200 and j["started_at"] == 200.0
+    assert j["last_step"] == 499 and j["last_value"] == 2499.0 and j["step"] == 499
+    assert "at step 200" in j["summary"]
 
 
 def test_immediate_fire_reports_from_inactive() -> None:

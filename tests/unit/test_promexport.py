@@ -1,0 +1,45 @@
+"""The exported Prometheus rules: committed, regenerated identically, valid for promtool,
+and their promtool unit tests pass; a user's threshold override exports too."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sentinel.rules.config import load_pack
+from sentinel.rules.promexport import export_prometheus, promtool_tests
+
+ALERTS = Path(__file__).resolve().parents[2] / "alerts"
+
+
+def test_committed_rules_and_their_tests_match_a_fresh_export() -> None:
+    pack = load_pack()
+    assert (ALERTS / "sentinel.rules.yml").read_text("utf-8") == export_prometheus(pack), \
+        "regenerate: sentinel rules export --format prometheus -o alerts/sentinel.rules.yml"
+    assert (ALERTS / "tests" / "sentinel.rules.test.yml").read_text("utf-8") == promtool_tests(pack)
+
+
+def test_overrides_export_and_disabled_rules_do_not() -> None:
+    pack = load_pack({"rules": {"UpdateRatioHigh": {"params": {"value": 0.3}}, "GPUOverheating": {"enabled": False}}})
+    rules = {r["alert"]: r for r in yaml.safe_load(export_prometheus(pack))["groups"][0]["rules"]}
+    assert rules["UpdateRatioHigh"]["expr"] == "sentinel_update_ratio > 0.3"
+    assert "GPUOverheating" not in rules
+    assert {"TrainingNonFinite", "TrainingStalled", "OOMRisk", "UpdateRatioLow", "GPUXidError", "GPUEccErrors",
+            "SentinelExporterDown", "SentinelDaemonDown", "SentinelAlertFiring"} <= set(rules)
+    assert "sentinel_nonfinite_total" in rules["TrainingNonFinite"]["expr"]  # the counter: a NaN between scrapes
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_promtool_checks_and_tests_the_committed_rules() -> None:
+    check = subprocess.run(["promtool", "check", "rules", "sentinel.rules.yml"], cwd=ALERTS, capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 11 rules found" in check.stdout
+    test = subprocess.run(["promtool", "test", "rules", "sentinel.rules.test.yml"], cwd=ALERTS / "tests",
+                          capture_output=True, text=True, timeout=60)
+    assert test.returncode == 0, test.stdout + test.stderr
+    assert "SUCCESS" in test.stdout
