@@ -95,9 +95,13 @@ GPU_CATALOG: dict[str, Spec] = {  # node-level: labelled gpu and UUID (as dcgm-e
 
 DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_frames_received_total": Spec(C, "Frames received by the engine."),
-    "sentinel_daemon_frames_malformed_total": Spec(C, "Frames rejected as malformed, oversized or of a wrong version."),
+    "sentinel_daemon_frames_malformed_total": Spec(
+        C, "Frames the engine rejected whole (undecodable, off-schema, out of range or over a limit); "
+           "nothing of them was written."),
     "sentinel_daemon_up": Spec(G, "1 while the engine runs."),
-    "sentinel_daemon_frames_refused_total": Spec(C, "Frames refused because they came from another uid."),
+    "sentinel_daemon_frames_refused_total": Spec(
+        C, "Frames refused whole, by reason: uid (another user's), size, decode, schema, range, or the "
+           "limit hit (groups, ranks, runs, series, scalars; see limits: in the config).", ("reason",)),
     "sentinel_daemon_frames_oversized_total": Spec(C, "Frames larger than the maximum frame size."),
     "sentinel_daemon_queue_depth": Spec(G, "Frames waiting for ingest."),
     "sentinel_daemon_frames_dropped_total": Spec(C, "Frames dropped because the ingest queue was full."),

@@ -105,9 +105,9 @@ class DatagramListener:
                 except Exception:
                     log.warning("sentinel listener: handler failed", exc_info=True)
 
-    def rows(self) -> Iterator[tuple[str, str, tuple[()], float]]:
+    def rows(self) -> Iterator[tuple[str, str, tuple[tuple[str, str], ...], float]]:
         """The listener's counters, for the exporter."""
-        yield ("sentinel_daemon_frames_refused_total", "counter", (), float(self.foreign))
+        yield ("sentinel_daemon_frames_refused_total", "counter", (("reason", "uid"),), float(self.foreign))
         yield ("sentinel_daemon_frames_oversized_total", "counter", (), float(self.oversized))
 
     def close(self) -> None:

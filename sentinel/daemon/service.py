@@ -65,7 +65,7 @@ class Service:
                  on_message: Callable[[Message], None] | None = None, queue_size: int = 8192) -> None:
         self.config = config
         self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
-                             idle_ttl=config.retention.idle_seconds)
+                             idle_ttl=config.retention.idle_seconds, limits=config.limits.limits())
         self.on_message = on_message
         notifiers = [AppriseNotifier(config.notify.urls, config.notify.min_severity)] if config.notify.urls else []
         self.dispatcher = Dispatcher(notifiers)

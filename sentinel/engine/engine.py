@@ -15,6 +15,7 @@ from typing import Any
 from sentinel import wire
 from sentinel.engine import crossrank
 from sentinel.engine.ingest import Ingestor
+from sentinel.engine.validate import Admission, Limits, Refused, check_frame
 from sentinel.store import Row, Store, labels_of
 from sentinel.rules.config import RulePack, load_pack
 from sentinel.rules.evaluator import RuleEngine
@@ -52,12 +53,17 @@ class Engine:
         clock: wall clock, for tests.
         history: transitions kept in memory for the API.
         ended_ttl, idle_ttl: see above.
+        limits: the caps every frame is held to before it is written (the defaults by default).
     """
 
     def __init__(self, store: Store | None = None, pack: RulePack | None = None,
                  clock: Callable[[], float] = time.time, history: int = 500,
-                 ended_ttl: float = 600.0, idle_ttl: float = 86_400.0) -> None:
+                 ended_ttl: float = 600.0, idle_ttl: float = 86_400.0, limits: Limits | None = None) -> None:
         self.store = store or Store()
+        self.limits = limits or Limits()
+        self.admission = Admission(self.limits)
+        self.refused: dict[str, int] = {}
+        """Frames rejected whole, by reason (``size``, ``decode``, ``schema``, ``range``, a cap)."""
         self.clock = clock
         self.ingestor = Ingestor(self.store)
         self.rules = RuleEngine(pack if pack is not None else load_pack(), self.store, clock)
@@ -86,7 +92,11 @@ class Engine:
         self._lock = threading.RLock()
 
     def feed(self, data: bytes, pid: int | None = None) -> bool:
-        """Ingest one encoded frame. Returns False (and counts it) if it was rejected.
+        """Ingest one encoded frame whole, or reject it whole (and count it). Returns False
+        if it was rejected.
+
+        The frame is decoded, checked against the schema and held to the engine's caps
+        (:mod:`sentinel.engine.validate`) before anything of it is written.
 
         Args:
             pid: the sending process, when the transport knows it (the daemon's socket
@@ -95,17 +105,33 @@ class Engine:
         with self._lock:
             self.frames_received += 1
             try:
-                frame = wire.decode(data)
-                self.ingest(frame)
-                if pid is not None and frame["kind"] != "bye":
-                    self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
-            except Exception as exc:  # FrameError, or a field of a valid frame with a bad value
-                self.frames_malformed += 1
-                if self.frames_malformed == 1:
-                    log.warning("sentinel engine: dropped a bad frame (%s: %s); further ones are only counted",
-                                type(exc).__name__, exc)
+                if len(data) > self.limits.max_frame_bytes:
+                    raise Refused("size", f"frame of {len(data)} bytes (limits.max_frame_bytes)")
+                try:
+                    frame = wire.decode(data)
+                except wire.FrameError as exc:  # not msgpack at all, or off the schema
+                    raise Refused("decode" if str(exc).startswith("malformed") else "schema", str(exc)) from None
+                check_frame(frame, self.limits)
+                self.admission.admit(frame)
+            except Refused as exc:
+                self._reject(exc.reason, exc)
                 return False
+            try:
+                self.ingest(frame)
+            except Exception as exc:  # a bug: the checks above let through what ingest cannot take
+                self._reject("error", exc)
+                return False
+            if pid is not None and frame["kind"] != "bye":
+                self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
             return True
+
+    def _reject(self, reason: str, exc: Exception) -> None:
+        self.frames_malformed += 1
+        n = self.refused[reason] = self.refused.get(reason, 0) + 1
+        if n == 1:  # once per reason: a flood of bad frames must not flood the log
+            log.warning("sentinel engine: refused a frame (%s: %s); further ones are only counted "
+                        "in sentinel_daemon_frames_refused_total{reason=%r}", reason, exc, reason,
+                        exc_info=reason == "error")
 
     def ingest(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame and evaluate the rules; returns the rules' context."""
@@ -237,6 +263,7 @@ class Engine:
             out += self.rules.retire(job, run, now=now)  # crash alerts included: the run is gone
             self.store.drop(job, run)
             self.ingestor.forget(job, run)
+            self.admission.forget(job, run)
             for rk, path in self.replies.items():  # a crashed rank never removed its reply socket
                 if rk[:2] == (job, run) and rk in self.exited_ranks:
                     try:
@@ -278,6 +305,8 @@ class Engine:
         yield ("sentinel_daemon_up", "gauge", (), 1.0)
         yield ("sentinel_daemon_frames_received_total", "counter", (), float(self.frames_received))
         yield ("sentinel_daemon_frames_malformed_total", "counter", (), float(self.frames_malformed))
+        for reason, n in self.refused.items():
+            yield ("sentinel_daemon_frames_refused_total", "counter", (("reason", reason),), float(n))
         yield ("sentinel_daemon_rule_evaluations_total", "counter", (), float(self.rules.evaluations))
         for labels, value in self.rules.firing_series():
             yield ("sentinel_alert_firing", "gauge", tuple(sorted(labels.items())), value)
