@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional
+from collections.abc import Callable
+from typing import Optional, TypeVar
 
 import typer
 
@@ -54,6 +55,20 @@ def _load_or_exit(path: str | None) -> tuple[object, object]:
         raise typer.Exit(2) from None
 
 
+T = TypeVar("T")
+
+
+def _start_or_exit(start: Callable[[], T]) -> T:
+    """Run ``start``; a socket folder that is not ours, or an address that cannot be bound,
+    is one line on stderr and exit status 2 (what it started is stopped already)."""
+    try:
+        return start()
+    except OSError as exc:  # UnsafeFolder is one: its message is the line
+        line = str(exc) if exc.strerror is None else f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+        typer.echo(f"sentinel: cannot start: {line}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command("check-config")
 def check_config(path: str = typer.Argument(..., help="The YAML config file.")) -> None:
     """Validate a config file and print the effective rules."""
@@ -73,9 +88,8 @@ def daemon(
 
     cfg, pack = _load_or_exit(config)
     path = socket_path or default_socket_path()
-    d = Daemon(cfg, pack, listen, path)  # type: ignore[arg-type]
-    typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}")
-    serve_forever(d)
+    d = _start_or_exit(lambda: Daemon(cfg, pack, listen, path))  # type: ignore[arg-type]
+    serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -91,7 +105,7 @@ def run(
         typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] -- CMD ...", err=True)
         raise typer.Exit(2)
     cfg, pack = _load_or_exit(config)
-    raise typer.Exit(run_command(list(ctx.args), cfg, pack, listen))  # type: ignore[arg-type]
+    raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen)))  # type: ignore[arg-type]
 
 
 def main() -> None:
