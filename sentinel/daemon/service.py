@@ -151,7 +151,12 @@ class Service:
                 except Exception:
                     log.warning("sentinel engine: error in the rule tick", exc_info=True)
             try:
-                batch = self._queue.get(timeout=0.25)
+                # crashes found but not yet recorded are done a slice at a time between
+                # batches, so frames of the living never wait behind a mass exit
+                backlog = self.engine.crash_backlog
+                if backlog:
+                    self._reap()
+                batch = self._queue.get(timeout=0.001 if backlog else 0.25)
             except queue.Empty:
                 if self._stop.is_set():
                     return
@@ -168,6 +173,12 @@ class Service:
                     log.warning("sentinel engine: error ingesting a frame", exc_info=True)
                 finally:
                     self.processed += 1
+
+    def _reap(self) -> None:
+        try:
+            self.engine.reap()
+        except Exception:  # a bug here must not kill the worker either
+            log.warning("sentinel engine: error recording a crash", exc_info=True)
 
     def _actions(self, t: Transition) -> None:
         """Alert messages for the training process, and the opt-in stop action."""

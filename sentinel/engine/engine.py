@@ -39,6 +39,11 @@ def _alive(pid: int) -> bool:
 
 Listener = Callable[[Transition], None]
 
+SCAN_PER_CALL = 4096
+"""Pids checked for liveness per :meth:`Engine.check_processes` (about 1 µs each)."""
+CRASHES_PER_CALL = 32
+"""Crashes recorded per call (about 0.3 ms each: the crash rules and the rank's retirement)."""
+
 
 class Engine:
     """Accepts encoded frames, keeps the series, evaluates the rules, hands out transitions.
@@ -78,6 +83,8 @@ class Engine:
         self.pids: dict[tuple[str, str, int], int] = {}
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
+        self._scan: deque[tuple[str, str, int]] = deque()  # ranks still to check in this sweep
+        self._gone: dict[tuple[str, str, int], int] = {}  # found dead, crash not recorded yet
         self.ended_ttl, self.idle_ttl = ended_ttl, idle_ttl
         # a shared daemon's way back to the ranks: their reply sockets, which must lie in
         # reply_dir (the daemon's own private folder; None: take none)
@@ -189,40 +196,77 @@ class Engine:
             now = self.clock() if now is None else now
             if status == 0 or (rank is None and (job, run) in self.halted):
                 return []  # a clean exit, or the stop action's own doing
-            self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
             if rank is not None:
                 ranks = [rank]
             else:
                 known = self.rules.ranks(job, run) | {k[2] for k in self.finished | set(self.exited_ranks)
                                                       if k[:2] == (job, run)}
                 ranks = sorted(known) or [0]
+            self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
             out: list[Transition] = []
             for r in ranks:
-                rk = (job, run, r)
-                if self.exited_ranks.get(rk, 0) > 0:
-                    continue  # its real exit status is recorded already
-                self.exited_ranks[rk] = status
-                self.finished.discard(rk)
-                self.pids.pop(rk, None)
-                labels = self._labels(rk)
-                last = self.store.last("sentinel_step", labels)
-                step = last[0] if last is not None else self.rules.last_step(job, run, r) or 0
-                self.store.add(EXIT_STATUS, labels, step, now, float(status))
-                note = "; ".join(p for p in (who, self._last_values(labels, now)) if p)
-                out += self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)
-                # no stall alert for a dead rank; its crash alert stays until it reports again
-                out += self.rules.retire(job, run, r, now, keep=self._crash_rules)
+                out += self._record_exit((job, run, r), status, now, who)
             out += self.rules.tick(now)  # fire now rather than after the group wait
             self._publish(out)
             return out
 
+    def _record_exit(self, rk: tuple[str, str, int], status: int, now: float, who: str) -> list[Transition]:
+        """One rank's exit: its status series and the crash rules (no group-wait tick)."""
+        if self.exited_ranks.get(rk, 0) > 0:
+            return []  # its real exit status is recorded already
+        job, run, r = rk
+        self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
+        self.exited_ranks[rk] = status
+        self.finished.discard(rk)
+        self.pids.pop(rk, None)
+        labels = self._labels(rk)
+        last = self.store.last("sentinel_step", labels)
+        step = last[0] if last is not None else self.rules.last_step(job, run, r) or 0
+        self.store.add(EXIT_STATUS, labels, step, now, float(status))
+        note = "; ".join(p for p in (who, self._last_values(labels, now)) if p)
+        out = self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)
+        # no stall alert for a dead rank; its crash alert stays until it reports again
+        return out + self.rules.retire(job, run, r, now, keep=self._crash_rules)
+
     def check_processes(self, now: float | None = None) -> list[Transition]:
-        """Record as crashed every reporting rank whose process no longer exists."""
+        """Look for reporting ranks whose process no longer exists, and record some of them
+        as crashed.
+
+        The work per call is bounded, so that a thousand processes vanishing at once do
+        not stall the frames of the others: at most :data:`SCAN_PER_CALL` pids are checked
+        (round robin over every reporting rank) and at most :data:`CRASHES_PER_CALL`
+        crashes recorded; the rest wait in :attr:`crash_backlog` for the next calls
+        (:meth:`reap`, which the service runs between its batches of frames).
+        """
         with self._lock:
-            gone = [(rk, pid) for rk, pid in self.pids.items() if pid not in self.owned_pids and not _alive(pid)]
+            if not self._scan:
+                self._scan.extend(self.pids)
+            pids, owned, gone = self.pids, self.owned_pids, self._gone
+            for _ in range(min(SCAN_PER_CALL, len(self._scan))):
+                rk = self._scan.popleft()
+                pid = pids.get(rk)
+                if pid is not None and pid not in owned and rk not in gone and not _alive(pid):
+                    gone[rk] = pid
+            return self.reap(now=now)
+
+    @property
+    def crash_backlog(self) -> int:
+        """Ranks found gone whose crash is not recorded yet."""
+        return len(self._gone)
+
+    def reap(self, limit: int | None = None, now: float | None = None) -> list[Transition]:
+        """Record up to ``limit`` (:data:`CRASHES_PER_CALL`) of the crashes found by
+        :meth:`check_processes`. Their alerts fire at the next :meth:`tick`."""
+        with self._lock:
+            now = self.clock() if now is None else now
             out: list[Transition] = []
-            for (job, run, rank), pid in gone:
-                out += self.exited(job, run, -1, rank, now, who=f"rank {rank} (pid {pid}) stopped reporting")
+            for _ in range(min(CRASHES_PER_CALL if limit is None else limit, len(self._gone))):
+                rk = next(iter(self._gone))
+                pid = self._gone.pop(rk)
+                if self.pids.get(rk) != pid:
+                    continue  # it said goodbye, or reports again from a new process
+                out += self._record_exit(rk, -1, now, f"rank {rk[2]} (pid {pid}) stopped reporting")
+            self._publish(out)
             return out
 
     def _labels(self, rk: tuple[str, str, int]) -> tuple[tuple[str, str], ...]:
@@ -274,6 +318,7 @@ class Engine:
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
+            self._gone = {rk: v for rk, v in self._gone.items() if rk[:2] != (job, run)}
             self.replies = {rk: v for rk, v in self.replies.items() if rk[:2] != (job, run)}
             self.halted.discard((job, run))
             self.runs_dropped += 1
