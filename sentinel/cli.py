@@ -42,13 +42,18 @@ def demo(
     typer.echo(f"done: {summary['steps']} steps, alerts: {fired}, instrument errors: {summary['errors']}")
 
 
-def _load_or_exit(path: str | None) -> tuple[object, object]:
+_WEB_HELP = ("Prometheus exporter-toolkit web config file: tls_server_config (TLS, mutual TLS) and "
+             "basic_auth_users (bcrypt). Overrides web.config_file in --config.")
+
+
+def _load_or_exit(path: str | None, web_config: str | None = None) -> tuple[object, object]:
     """Validate a config file; on error print ``dotted.key: message`` lines and exit 2."""
-    from sentinel.config import load_config
+    from sentinel.config import load_config, with_web_config
     from sentinel.rules.config import ConfigError
 
     try:
-        return load_config(path)
+        cfg, pack = load_config(path)
+        return with_web_config(cfg, web_config), pack
     except ConfigError as exc:
         for line in exc.problems:
             typer.echo(f"config error: {line}", err=True)
@@ -82,11 +87,12 @@ def daemon(
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
     socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
+    web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
 ) -> None:
     """Run the engine standalone (a sidecar or a systemd unit) until SIGINT/SIGTERM."""
     from sentinel.daemon.daemon import Daemon, default_socket_path, serve_forever
 
-    cfg, pack = _load_or_exit(config)
+    cfg, pack = _load_or_exit(config, web_config)
     path = socket_path or default_socket_path()
     d = _start_or_exit(lambda: Daemon(cfg, pack, listen, path))  # type: ignore[arg-type]
     serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"))
@@ -97,14 +103,16 @@ def run(
     ctx: typer.Context,
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
+    web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
 ) -> None:
     """Run CMD (python, torchrun, ...) with zero-code instrumentation: sentinel run -- CMD ..."""
     from sentinel.run import run_command
 
     if not ctx.args:
-        typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] -- CMD ...", err=True)
+        typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] [--web.config.file FILE] -- CMD ...",
+                   err=True)
         raise typer.Exit(2)
-    cfg, pack = _load_or_exit(config)
+    cfg, pack = _load_or_exit(config, web_config)
     raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen)))  # type: ignore[arg-type]
 
 

@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sentinel.engine.validate import Limits
 from sentinel.rules.config import ConfigError, RulePack, format_errors, load_pack
+from sentinel.serve.webconfig import load_web_config
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -152,6 +153,26 @@ def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[Sent
     for i, target in enumerate(cfg.actions.stop_on if cfg is not None else []):
         if target not in severities and pack is not None and target not in names:
             problems.append(f"actions.stop_on.{i}: {target!r} is neither a severity nor a rule name")
+    if cfg is not None and cfg.web.config_file:
+        try:
+            load_web_config(cfg.web.config_file)
+        except ConfigError as exc:
+            problems += [f"web.config_file: {p}" for p in exc.problems]
     if problems or pack is None or cfg is None:
         raise ConfigError(problems)
     return cfg, pack
+
+
+def with_web_config(cfg: SentinelConfig, path: str | None) -> SentinelConfig:
+    """``cfg`` with the web config file that ``--web.config.file`` named (None: as it is).
+
+    Raises:
+        ConfigError: the file cannot be read or is invalid (``web.config.file: ...`` lines).
+    """
+    if path is None:
+        return cfg
+    try:
+        load_web_config(path)
+    except ConfigError as exc:
+        raise ConfigError([f"--web.config.file: {p}" for p in exc.problems]) from None
+    return cfg.model_copy(update={"web": WebConfig(config_file=path)})

@@ -22,6 +22,7 @@ from sentinel.serve.exporter import StoreCollector, make_registry
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
 from sentinel.serve.status import status_page
+from sentinel.serve.webconfig import load_web_config
 from sentinel.instrument.options import parse_listen
 from sentinel.delivery import AppriseNotifier, Dispatcher
 from sentinel.rules.config import RulePack
@@ -73,9 +74,10 @@ class Service:
         self.collector = StoreCollector(self.engine.store, extra=self._rows)
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
+        web = load_web_config(config.web.config_file) if config.web.config_file else None
         serve: dict[str, Any] = dict(registry=self.registry, healthy=self._alive, alerts=self.engine.api_alerts,
                                      status_page=lambda: status_page(self.engine),
-                                     exposition=self.collector.exposition)
+                                     exposition=self.collector.exposition, web=web)
         try:
             self.http = HttpServer(host, port, **serve)
         except OSError as exc:
