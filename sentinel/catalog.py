@@ -108,6 +108,8 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_queue_capacity": Spec(G, "Frames the ingest queue holds at most; past that they are dropped."),
     "sentinel_daemon_rule_evaluations_total": Spec(C, "Rule verdicts taken (one rule judging one series)."),
     "sentinel_daemon_resident_memory_bytes": Spec(G, "Resident memory (RSS) of the process running the engine."),
+    "sentinel_engine_restarts_total": Spec(
+        C, "Times the training process found its embedded engine process dead and started it again."),
     "sentinel_alert_firing": Spec(G, "1 for each alert that is firing.", ("alertname", "severity")),
     "sentinel_notifications_total": Spec(C, "Alert notifications by delivery result.", ("result",)),
 }

@@ -123,6 +123,9 @@ class Engine:
             except Refused as exc:
                 self._reject(exc.reason, exc)
                 return False
+            except Exception as exc:  # a bug in the checks: still nothing written, and counted
+                self._reject("error", exc)
+                return False
             try:
                 self.ingest(frame)
             except Exception as exc:  # a bug: the checks above let through what ingest cannot take

@@ -129,7 +129,7 @@ def check_frame(f: dict[str, Any], limits: Limits) -> None:
     Raises:
         Refused: the first problem found.
     """
-    if f["kind"] not in _KINDS:
+    if f["kind"] not in _KINDS:  # wire.decode checked the required fields' types
         raise Refused("schema", "unknown kind")
     for key in ("job", "run"):
         if not 0 < len(f[key]) <= limits.max_label_length:
@@ -205,7 +205,7 @@ def _map(cap_of: Callable[[Limits], int]) -> Callable[[Any, Limits], bool]:
 
 
 _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
-    "shard": lambda v, _: v in _SHARDS,
+    "shard": lambda v, _: type(v) is str and v in _SHARDS,
     "ddp": lambda v, _: type(v) is bool,
     "clip_norm": lambda v, _: _nonneg(v),
     "clip_max": lambda v, _: _finite_nonneg(v),

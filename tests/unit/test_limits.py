@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 from sentinel import wire
@@ -152,3 +154,26 @@ def test_limits_come_from_the_config_file() -> None:
         load_config({"limits": {"max_series": 0}})
     with pytest.raises(ConfigError, match=r"limits\.max_frame_bytes: "):
         load_config({"limits": {"max_frame_bytes": 10**6}})  # more than a datagram carries
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=8),
+                    st.lists(st.one_of(st.floats(), st.integers(-5, 5), st.none(), st.text(max_size=2)), max_size=5),
+                    st.dictionaries(st.text(max_size=6), st.one_of(st.floats(), st.integers(), st.text(max_size=2)),
+                                    max_size=4))
+_KEYS = st.sampled_from(sorted({*GOOD, "world", "groups", "grad_sumsq", "param_sumsq", "delta_sumsq", "lr", "mem",
+                                "scalars", "amp", "sat", "state_bytes", "param_bytes", "step_seconds",
+                                "busy_seconds", "grad_l1", "grad_count", "clip_norm", "clip_max", "shard", "ddp",
+                                "exc", "reply"} - {"v"}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, min_size=1, max_size=4))
+def test_fuzzed_frames_are_ingested_whole_or_change_nothing(changes: dict[str, Any]) -> None:
+    engine = Engine()
+    assert engine.feed(_pack())
+    before = _contents(engine)
+    accepted = engine.feed(_pack(**{"step": 6, "t": 101.0, **changes}))
+    assert engine.refused.get("error", 0) == 0  # the checks let nothing through that ingest cannot take
+    if not accepted:
+        assert _contents(engine) == before
+        assert sum(engine.refused.values()) == engine.frames_malformed == 1
