@@ -28,6 +28,9 @@ frames in flight (it reads the daemon's own ``sentinel_daemon_*`` counters), so 
 is dropped and every simulated step is ingested and judged by the rules. It must stay
 flat and bounded. Both processes are pinned to the same core.
 
+Part 4, vanish (``benchmarks/vanish.py``): 2,000 reporting processes killed at once; the
+delay an unrelated frame sees meanwhile, and the time until every crash is recorded.
+
 Nothing here asserts: it prints tables and exits 0.
 
 Usage::
@@ -384,7 +387,7 @@ def rss(work: Workload, steps: int, every: int, stride: int, cpu: int | None, ma
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--only", nargs="*", choices=["ingest", "scrape", "rss"], default=[],
+    ap.add_argument("--only", nargs="*", choices=["ingest", "scrape", "rss", "vanish"], default=[],
                     help="parts to run (default: all)")
     ap.add_argument("--ingest-steps", type=int, default=500, help="timed steps x 8 ranks in part 1 (default 500)")
     ap.add_argument("--repeats", type=int, default=4, help="repeats per pack in part 1 (default 4)")
@@ -404,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     random.seed(0)
     cpu = None if args.cpu == -1 else (args.cpu if args.cpu is not None else min(os.sched_getaffinity(0)))
     where = _pin(cpu)
-    parts = args.only or ["ingest", "scrape", "rss"]
+    parts = args.only or ["ingest", "scrape", "rss", "vanish"]
     work = Workload()
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {where}; rule pack: built-in default; "
           f"frames recorded from a real {work.groups}-group model (AdamW + GradScaler)", flush=True)
@@ -418,6 +421,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         every = args.every or max(args.stride, args.steps // 10 // args.stride * args.stride)
         print(f"\n== daemon memory: {args.steps:,} simulated steps from {RANKS} ranks ==\n", flush=True)
         rss(work, args.steps, every, args.stride, cpu, args.markdown)
+    if "vanish" in parts:  # part 4 (vanish.py): crash detection when many processes die at once
+        from vanish import HEADER, vanish
+
+        print("\n== 2,000 reporting processes vanishing at once: the delay of an unrelated frame ==\n", flush=True)
+        print(render([HEADER, vanish(kill=False), vanish()], args.markdown))
     return 0
 
 

@@ -97,15 +97,21 @@ GPU_CATALOG: dict[str, Spec] = {  # node-level: labelled gpu and UUID (as dcgm-e
 
 DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_frames_received_total": Spec(C, "Frames received by the engine."),
-    "sentinel_daemon_frames_malformed_total": Spec(C, "Frames rejected as malformed, oversized or of a wrong version."),
+    "sentinel_daemon_frames_malformed_total": Spec(
+        C, "Frames the engine rejected whole (undecodable, off-schema, out of range or over a limit); "
+           "nothing of them was written."),
     "sentinel_daemon_up": Spec(G, "1 while the engine runs."),
-    "sentinel_daemon_frames_refused_total": Spec(C, "Frames refused because they came from another uid."),
+    "sentinel_daemon_frames_refused_total": Spec(
+        C, "Frames refused whole, by reason: uid (another user's), size, decode, schema, range, or the "
+           "limit hit (groups, ranks, runs, series, scalars; see limits: in the config).", ("reason",)),
     "sentinel_daemon_frames_oversized_total": Spec(C, "Frames larger than the maximum frame size."),
     "sentinel_daemon_queue_depth": Spec(G, "Frames waiting for ingest."),
     "sentinel_daemon_frames_dropped_total": Spec(C, "Frames dropped because the ingest queue was full."),
     "sentinel_daemon_queue_capacity": Spec(G, "Frames the ingest queue holds at most; past that they are dropped."),
     "sentinel_daemon_rule_evaluations_total": Spec(C, "Rule verdicts taken (one rule judging one series)."),
     "sentinel_daemon_resident_memory_bytes": Spec(G, "Resident memory (RSS) of the process running the engine."),
+    "sentinel_engine_restarts_total": Spec(
+        C, "Times the training process found its embedded engine process dead and started it again."),
     "sentinel_alert_firing": Spec(G, "1 for each alert that is firing.", ("alertname", "severity")),
     "sentinel_notifications_total": Spec(
         C, "Alert notifications by route and outcome (sent, failed attempt, suppressed by cooldown, expired).",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional
+from collections.abc import Callable
+from typing import Optional, TypeVar
 
 import typer
 
@@ -41,16 +42,35 @@ def demo(
     typer.echo(f"done: {summary['steps']} steps, alerts: {fired}, instrument errors: {summary['errors']}")
 
 
-def _load_or_exit(path: str | None) -> tuple[object, object]:
+_WEB_HELP = ("Prometheus exporter-toolkit web config file: tls_server_config (TLS, mutual TLS) and "
+             "basic_auth_users (bcrypt). Overrides web.config_file in --config.")
+
+
+def _load_or_exit(path: str | None, web_config: str | None = None) -> tuple[object, object]:
     """Validate a config file; on error print ``dotted.key: message`` lines and exit 2."""
-    from sentinel.config import load_config
+    from sentinel.config import load_config, with_web_config
     from sentinel.rules.config import ConfigError
 
     try:
-        return load_config(path)
+        cfg, pack = load_config(path)
+        return with_web_config(cfg, web_config), pack
     except ConfigError as exc:
         for line in exc.problems:
             typer.echo(f"config error: {line}", err=True)
+        raise typer.Exit(2) from None
+
+
+T = TypeVar("T")
+
+
+def _start_or_exit(start: Callable[[], T]) -> T:
+    """Run ``start``; a socket folder that is not ours, or an address that cannot be bound,
+    is one line on stderr and exit status 2 (what it started is stopped already)."""
+    try:
+        return start()
+    except OSError as exc:  # UnsafeFolder is one: its message is the line
+        line = str(exc) if exc.strerror is None else f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+        typer.echo(f"sentinel: cannot start: {line}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -67,15 +87,15 @@ def daemon(
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
     socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
+    web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
 ) -> None:
     """Run the engine standalone (a sidecar or a systemd unit) until SIGINT/SIGTERM."""
     from sentinel.daemon.daemon import Daemon, default_socket_path, serve_forever
 
-    cfg, pack = _load_or_exit(config)
+    cfg, pack = _load_or_exit(config, web_config)
     path = socket_path or default_socket_path()
-    d = Daemon(cfg, pack, listen, path)  # type: ignore[arg-type]
-    typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}")
-    serve_forever(d)
+    d = _start_or_exit(lambda: Daemon(cfg, pack, listen, path))  # type: ignore[arg-type]
+    serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -83,15 +103,17 @@ def run(
     ctx: typer.Context,
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
+    web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
 ) -> None:
     """Run CMD (python, torchrun, ...) with zero-code instrumentation: sentinel run -- CMD ..."""
     from sentinel.run import run_command
 
     if not ctx.args:
-        typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] -- CMD ...", err=True)
+        typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] [--web.config.file FILE] -- CMD ...",
+                   err=True)
         raise typer.Exit(2)
-    cfg, pack = _load_or_exit(config)
-    raise typer.Exit(run_command(list(ctx.args), cfg, pack, listen))  # type: ignore[arg-type]
+    cfg, pack = _load_or_exit(config, web_config)
+    raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen)))  # type: ignore[arg-type]
 
 
 alerts_app = typer.Typer(no_args_is_help=True, help="Alert delivery.")

@@ -24,7 +24,9 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sentinel.engine.validate import Limits
 from sentinel.rules.config import ConfigError, RulePack, format_errors, load_pack
+from sentinel.serve.webconfig import load_web_config
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -140,6 +142,40 @@ class RetentionConfig(BaseModel):
     """A run that sent nothing for this long is forgotten too."""
 
 
+_L = Limits()
+
+
+class LimitsConfig(BaseModel):
+    """The engine's caps on what frames may cost it (see :class:`sentinel.engine.validate.Limits`).
+    A frame over one is refused whole and counted in
+    ``sentinel_daemon_frames_refused_total{reason}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_frame_bytes: int = Field(default=_L.max_frame_bytes, ge=1024, le=_L.max_frame_bytes)
+    max_groups: int = Field(default=_L.max_groups, ge=1)
+    max_group_name_length: int = Field(default=_L.max_group_name_length, ge=8)
+    max_label_length: int = Field(default=_L.max_label_length, ge=8)
+    max_ranks: int = Field(default=_L.max_ranks, ge=1)
+    max_runs: int = Field(default=_L.max_runs, ge=1)
+    max_series: int = Field(default=_L.max_series, ge=100)
+    max_scalars: int = Field(default=_L.max_scalars, ge=1)
+    max_scalar_names: int = Field(default=_L.max_scalar_names, ge=1)
+    max_scalar_name_length: int = Field(default=_L.max_scalar_name_length, ge=8)
+    max_param_groups: int = Field(default=_L.max_param_groups, ge=1)
+    max_state_keys: int = Field(default=_L.max_state_keys, ge=1)
+
+    def limits(self) -> Limits:
+        """The engine's form of these caps."""
+        return Limits(**self.model_dump())
+
+
+class WebConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config_file: str | None = None
+    """A Prometheus exporter-toolkit web config file (``tls_server_config``,
+    ``basic_auth_users``); ``--web.config.file`` on the command line wins."""
+
+
 class SentinelConfig(BaseSettings):
     """The whole config file. ``SENTINEL_NOTIFY__URLS='["json://…"]'`` style env overrides."""
 
@@ -153,6 +189,8 @@ class SentinelConfig(BaseSettings):
     outbox: OutboxConfig = OutboxConfig()
     alertmanager: AlertmanagerConfig = AlertmanagerConfig()
     grafana: GrafanaConfig = GrafanaConfig()
+    limits: LimitsConfig = LimitsConfig()
+    web: WebConfig = WebConfig()
 
 
 def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[SentinelConfig, RulePack]:
@@ -171,9 +209,11 @@ def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[Sent
     if isinstance(source, (str, Path)):
         path = Path(source)
         try:
-            raw = yaml.safe_load(path.read_text("utf-8")) or {}
+            raw = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
         except OSError as exc:
-            raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+            raise ConfigError([f"{path}: cannot read: {exc.strerror or type(exc).__name__}"]) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError([f"{path}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})"]) from None
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem_mark", None)
             at = f" (line {where.line + 1})" if where is not None else ""
@@ -199,6 +239,26 @@ def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[Sent
     for i, target in enumerate(cfg.actions.stop_on if cfg is not None else []):
         if target not in severities and pack is not None and target not in names:
             problems.append(f"actions.stop_on.{i}: {target!r} is neither a severity nor a rule name")
+    if cfg is not None and cfg.web.config_file:
+        try:
+            load_web_config(cfg.web.config_file)
+        except ConfigError as exc:
+            problems += [f"web.config_file: {p}" for p in exc.problems]
     if problems or pack is None or cfg is None:
         raise ConfigError(problems)
     return cfg, pack
+
+
+def with_web_config(cfg: SentinelConfig, path: str | None) -> SentinelConfig:
+    """``cfg`` with the web config file that ``--web.config.file`` named (None: as it is).
+
+    Raises:
+        ConfigError: the file cannot be read or is invalid (``web.config.file: ...`` lines).
+    """
+    if path is None:
+        return cfg
+    try:
+        load_web_config(path)
+    except ConfigError as exc:
+        raise ConfigError([f"--web.config.file: {p}" for p in exc.problems]) from None
+    return cfg.model_copy(update={"web": WebConfig(config_file=path)})

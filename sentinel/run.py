@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,14 +36,27 @@ def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: 
 
     A non-zero status is recorded as a crash of every rank that had not finished
     (``TrainingCrashed``), delivered before the daemon stops."""
-    folder = tempfile.mkdtemp(prefix="sentinel-run-")  # 0700
+    folder = tempfile.mkdtemp(prefix="sentinel-run-")  # 0700, a fresh name: nothing to plant
+    try:
+        return _run(cmd, config, pack, listen, folder)
+    finally:  # every exit path: sockets a crashed rank left, and the folder itself
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, folder: str) -> int:
     daemon = Daemon(config, pack, listen, os.path.join(folder, "engine.sock"))
+    try:
+        return _supervise(cmd, daemon)
+    finally:
+        daemon.stop()
+
+
+def _supervise(cmd: list[str], daemon: Daemon) -> int:
     print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
     env = child_env(daemon.socket_path, daemon.url)
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
-        daemon.stop()
         print(f"sentinel: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
     engine = daemon.service.engine
@@ -68,9 +82,4 @@ def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: 
         for a in engine.alerts_json():  # also those a rank's goodbye frame raised before
             if a["alertname"] == "TrainingCrashed" and a["state"] == "firing" and a["run"] == env["SENTINEL_RUN"]:
                 print(f"sentinel: {a['alertname']}: {a['summary']}", file=sys.stderr)
-    daemon.stop()
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass
     return status

@@ -31,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reply", required=True)
     p.add_argument("--listen", required=True)
     p.add_argument("--config", default=None)
+    p.add_argument("--restarts", type=int, default=0, help="times the training process restarted its engine")
     args = p.parse_args(argv)
     # the training job comes first when they share cores: a lower priority, and a batch
     # policy so that a frame's arrival does not preempt the sender mid-hook
@@ -53,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     service = Service(cfg, pack, args.listen, on_message=tell)
     listener = DatagramListener(args.socket, service.submit_many)
     service.extra_rows.append(listener.rows)
+    restarts = float(args.restarts)
+    service.extra_rows.append(lambda: iter([("sentinel_engine_restarts_total", "counter", (), restarts)]))
     tell({"kind": "ready", "url": service.url})
     try:
         sys.stdin.buffer.read()  # returns at EOF: the training process closed us or died

@@ -10,27 +10,20 @@ import logging
 import os
 import signal
 import socket
-import tempfile
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import msgpack
 
 from sentinel.config import SentinelConfig
+from sentinel.daemon.folder import default_socket_path, remove_folder
 from sentinel.daemon.listener import DatagramListener
 from sentinel.daemon.service import Service
 from sentinel.rules.config import RulePack
 
 log = logging.getLogger("sentinel")
-
-
-def default_socket_path() -> str:
-    """``$XDG_RUNTIME_DIR/sentinel/engine.sock``, else ``<tmp>/sentinel-<uid>/engine.sock``."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return os.path.join(runtime, "sentinel", "engine.sock")
-    return os.path.join(tempfile.gettempdir(), f"sentinel-{os.getuid()}", "engine.sock")
 
 
 class Daemon:
@@ -40,11 +33,19 @@ class Daemon:
         config, pack: the validated config and rule pack.
         listen: HTTP address.
         socket_path: where training processes send frames.
+
+    Raises:
+        UnsafeFolder: the socket's folder is not ours to use (nothing is left running).
+        OSError: the HTTP address cannot be bound.
     """
 
     def __init__(self, config: SentinelConfig, pack: RulePack, listen: str, socket_path: str) -> None:
         self.service = Service(config, pack, listen, on_message=self._route)
-        self.listener = DatagramListener(socket_path, self.service.submit_many)
+        try:
+            self.listener = DatagramListener(socket_path, self.service.submit_many)
+        except BaseException:
+            self.service.stop()
+            raise
         engine = self.service.engine
         engine.reply_dir = os.path.dirname(os.path.abspath(socket_path))
         self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -77,10 +78,22 @@ class Daemon:
         self.listener.close()
         self.service.stop()
         self._out.close()
+        for path in self.service.engine.replies.values():  # of ranks that crashed: never removed
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if self.listener.made_folder:
+            remove_folder(self.listener.directory)
 
 
-def serve_forever(daemon: Daemon) -> None:
-    """Block until SIGINT or SIGTERM, then stop the daemon cleanly."""
+def serve_forever(daemon: Daemon, ready: Callable[[], object] | None = None) -> None:
+    """Block until SIGINT or SIGTERM, then stop the daemon cleanly.
+
+    Args:
+        ready: called once the signals are handled (e.g. to print the address), so a
+            supervisor that stops the daemon as soon as it is told still gets a clean stop.
+    """
     done = threading.Event()
 
     def handle(signum: int, frame: FrameType | None) -> None:
@@ -88,6 +101,8 @@ def serve_forever(daemon: Daemon) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handle)
+    if ready is not None:
+        ready()
     log.warning("sentinel daemon: frames on %s, metrics at %s/metrics", daemon.socket_path, daemon.url)
     done.wait()
     daemon.stop()

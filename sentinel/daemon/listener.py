@@ -14,6 +14,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator
 
+from sentinel.daemon.folder import clear_stale_socket, private_folder, remove_folder
 from sentinel.wire import MAX_FRAME_BYTES
 
 log = logging.getLogger("sentinel")
@@ -23,8 +24,13 @@ _UCRED = struct.Struct("3i")  # pid, uid, gid
 class DatagramListener:
     """Receives frames on ``path`` and hands each to ``handle`` from a thread of its own.
 
+    Raises:
+        UnsafeFolder: the folder or the path is not ours to use (one line, no traceback
+            needed: the CLI prints it and exits with status 2).
+
     Args:
-        path: socket path; its directory is created 0700 if missing.
+        path: socket path; its directory is created 0700 if missing, and must otherwise
+            be a real folder of this uid (see :mod:`sentinel.daemon.folder`).
         handle: called with the accepted datagrams, as ``[(data, sender pid), ...]``:
             all those waiting in the socket at once (a node's ranks report together).
     """
@@ -34,15 +40,11 @@ class DatagramListener:
         self.handle = handle
         self.foreign = 0  # datagrams from another uid
         self.oversized = 0
-        directory = os.path.dirname(path) or "."
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        st = os.stat(directory)
-        if st.st_uid != os.getuid():  # e.g. a predictable /tmp path someone else created first
-            raise PermissionError(f"{directory} belongs to uid {st.st_uid}, not to us; choose another socket path")
-        if st.st_mode & 0o077:
-            os.chmod(directory, 0o700)
-        if os.path.exists(path):
-            os.unlink(path)  # a stale socket of an engine that died
+        self.directory = os.path.dirname(os.path.abspath(path))
+        # never followed: a predictable /tmp path may be a symlink or folder someone planted
+        self.made_folder = private_folder(self.directory)
+        """Whether this listener created its folder (and so removes it, once empty, at close)."""
+        clear_stale_socket(path)  # of an engine that died
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
@@ -105,9 +107,9 @@ class DatagramListener:
                 except Exception:
                     log.warning("sentinel listener: handler failed", exc_info=True)
 
-    def rows(self) -> Iterator[tuple[str, str, tuple[()], float]]:
+    def rows(self) -> Iterator[tuple[str, str, tuple[tuple[str, str], ...], float]]:
         """The listener's counters, for the exporter."""
-        yield ("sentinel_daemon_frames_refused_total", "counter", (), float(self.foreign))
+        yield ("sentinel_daemon_frames_refused_total", "counter", (("reason", "uid"),), float(self.foreign))
         yield ("sentinel_daemon_frames_oversized_total", "counter", (), float(self.oversized))
 
     def close(self) -> None:
@@ -123,3 +125,5 @@ class DatagramListener:
             os.unlink(self.path)
         except OSError:
             pass
+        if self.made_folder:
+            remove_folder(self.directory)

@@ -22,6 +22,7 @@ from sentinel.serve.exporter import StoreCollector, make_registry
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
 from sentinel.serve.status import status_page
+from sentinel.serve.webconfig import load_web_config
 from sentinel.instrument.options import parse_listen
 from sentinel.delivery.courier import Courier, notice_of
 from sentinel.delivery.messages import grafana_link
@@ -77,7 +78,7 @@ class Service:
                  on_message: Callable[[Message], None] | None = None, queue_size: int = 8192) -> None:
         self.config = config
         self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
-                             idle_ttl=config.retention.idle_seconds)
+                             idle_ttl=config.retention.idle_seconds, limits=config.limits.limits())
         self.on_message = on_message
         self.pack = pack
         self.courier = make_courier(config)
@@ -85,9 +86,10 @@ class Service:
         self.collector = StoreCollector(self.engine.store, extra=self._rows)
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
+        web = load_web_config(config.web.config_file) if config.web.config_file else None
         serve: dict[str, Any] = dict(registry=self.registry, healthy=self._alive, alerts=self.engine.api_alerts,
                                      status_page=lambda: status_page(self.engine),
-                                     exposition=self.collector.exposition)
+                                     exposition=self.collector.exposition, web=web)
         try:
             self.http = HttpServer(host, port, **serve)
         except OSError as exc:
@@ -164,7 +166,12 @@ class Service:
                 except Exception:
                     log.warning("sentinel engine: error in the rule tick", exc_info=True)
             try:
-                batch = self._queue.get(timeout=0.25)
+                # crashes found but not yet recorded are done a slice at a time between
+                # batches, so frames of the living never wait behind a mass exit
+                backlog = self.engine.crash_backlog
+                if backlog:
+                    self._reap()
+                batch = self._queue.get(timeout=0.001 if backlog else 0.25)
             except queue.Empty:
                 if self._stop.is_set():
                     return
@@ -208,6 +215,12 @@ class Service:
                 w = store.window(metric, labels, 24)
                 return [float(v) for v in w.values] if w is not None else []
         return []
+
+    def _reap(self) -> None:
+        try:
+            self.engine.reap()
+        except Exception:  # a bug here must not kill the worker either
+            log.warning("sentinel engine: error recording a crash", exc_info=True)
 
     def _actions(self, t: Transition) -> None:
         """Alert messages for the training process, and the opt-in stop action."""

@@ -15,6 +15,7 @@ from typing import Any
 from sentinel import wire
 from sentinel.engine import crossrank
 from sentinel.engine.ingest import Ingestor
+from sentinel.engine.validate import Admission, Limits, Refused, check_frame
 from sentinel.store import Row, Store, labels_of
 from sentinel.rules.config import RulePack, load_pack
 from sentinel.rules.evaluator import RuleEngine
@@ -38,6 +39,11 @@ def _alive(pid: int) -> bool:
 
 Listener = Callable[[Transition], None]
 
+SCAN_PER_CALL = 4096
+"""Pids checked for liveness per :meth:`Engine.check_processes` (about 1 µs each)."""
+CRASHES_PER_CALL = 32
+"""Crashes recorded per call (about 0.3 ms each: the crash rules and the rank's retirement)."""
+
 
 class Engine:
     """Accepts encoded frames, keeps the series, evaluates the rules, hands out transitions.
@@ -52,12 +58,17 @@ class Engine:
         clock: wall clock, for tests.
         history: transitions kept in memory for the API.
         ended_ttl, idle_ttl: see above.
+        limits: the caps every frame is held to before it is written (the defaults by default).
     """
 
     def __init__(self, store: Store | None = None, pack: RulePack | None = None,
                  clock: Callable[[], float] = time.time, history: int = 500,
-                 ended_ttl: float = 600.0, idle_ttl: float = 86_400.0) -> None:
+                 ended_ttl: float = 600.0, idle_ttl: float = 86_400.0, limits: Limits | None = None) -> None:
         self.store = store or Store()
+        self.limits = limits or Limits()
+        self.admission = Admission(self.limits)
+        self.refused: dict[str, int] = {}
+        """Frames rejected whole, by reason (``size``, ``decode``, ``schema``, ``range``, a cap)."""
         self.clock = clock
         self.ingestor = Ingestor(self.store)
         self.rules = RuleEngine(pack if pack is not None else load_pack(), self.store, clock)
@@ -72,6 +83,8 @@ class Engine:
         self.pids: dict[tuple[str, str, int], int] = {}
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
+        self._scan: deque[tuple[str, str, int]] = deque()  # ranks still to check in this sweep
+        self._gone: dict[tuple[str, str, int], int] = {}  # found dead, crash not recorded yet
         self.ended_ttl, self.idle_ttl = ended_ttl, idle_ttl
         # a shared daemon's way back to the ranks: their reply sockets, which must lie in
         # reply_dir (the daemon's own private folder; None: take none)
@@ -86,7 +99,11 @@ class Engine:
         self._lock = threading.RLock()
 
     def feed(self, data: bytes, pid: int | None = None) -> bool:
-        """Ingest one encoded frame. Returns False (and counts it) if it was rejected.
+        """Ingest one encoded frame whole, or reject it whole (and count it). Returns False
+        if it was rejected.
+
+        The frame is decoded, checked against the schema and held to the engine's caps
+        (:mod:`sentinel.engine.validate`) before anything of it is written.
 
         Args:
             pid: the sending process, when the transport knows it (the daemon's socket
@@ -95,17 +112,36 @@ class Engine:
         with self._lock:
             self.frames_received += 1
             try:
-                frame = wire.decode(data)
-                self.ingest(frame)
-                if pid is not None and frame["kind"] != "bye":
-                    self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
-            except Exception as exc:  # FrameError, or a field of a valid frame with a bad value
-                self.frames_malformed += 1
-                if self.frames_malformed == 1:
-                    log.warning("sentinel engine: dropped a bad frame (%s: %s); further ones are only counted",
-                                type(exc).__name__, exc)
+                if len(data) > self.limits.max_frame_bytes:
+                    raise Refused("size", f"frame of {len(data)} bytes (limits.max_frame_bytes)")
+                try:
+                    frame = wire.decode(data)
+                except wire.FrameError as exc:  # not msgpack at all, or off the schema
+                    raise Refused("decode" if str(exc).startswith("malformed") else "schema", str(exc)) from None
+                check_frame(frame, self.limits)
+                self.admission.admit(frame)
+            except Refused as exc:
+                self._reject(exc.reason, exc)
                 return False
+            except Exception as exc:  # a bug in the checks: still nothing written, and counted
+                self._reject("error", exc)
+                return False
+            try:
+                self.ingest(frame)
+            except Exception as exc:  # a bug: the checks above let through what ingest cannot take
+                self._reject("error", exc)
+                return False
+            if pid is not None and frame["kind"] != "bye":
+                self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
             return True
+
+    def _reject(self, reason: str, exc: Exception) -> None:
+        self.frames_malformed += 1
+        n = self.refused[reason] = self.refused.get(reason, 0) + 1
+        if n == 1:  # once per reason: a flood of bad frames must not flood the log
+            log.warning("sentinel engine: refused a frame (%s: %s); further ones are only counted "
+                        "in sentinel_daemon_frames_refused_total{reason=%r}", reason, exc, reason,
+                        exc_info=reason == "error")
 
     def ingest(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame and evaluate the rules; returns the rules' context."""
@@ -163,40 +199,77 @@ class Engine:
             now = self.clock() if now is None else now
             if status == 0 or (rank is None and (job, run) in self.halted):
                 return []  # a clean exit, or the stop action's own doing
-            self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
             if rank is not None:
                 ranks = [rank]
             else:
                 known = self.rules.ranks(job, run) | {k[2] for k in self.finished | set(self.exited_ranks)
                                                       if k[:2] == (job, run)}
                 ranks = sorted(known) or [0]
+            self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
             out: list[Transition] = []
             for r in ranks:
-                rk = (job, run, r)
-                if self.exited_ranks.get(rk, 0) > 0:
-                    continue  # its real exit status is recorded already
-                self.exited_ranks[rk] = status
-                self.finished.discard(rk)
-                self.pids.pop(rk, None)
-                labels = self._labels(rk)
-                last = self.store.last("sentinel_step", labels)
-                step = last[0] if last is not None else self.rules.last_step(job, run, r) or 0
-                self.store.add(EXIT_STATUS, labels, step, now, float(status))
-                note = "; ".join(p for p in (who, self._last_values(labels, now)) if p)
-                out += self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)
-                # no stall alert for a dead rank; its crash alert stays until it reports again
-                out += self.rules.retire(job, run, r, now, keep=self._crash_rules)
+                out += self._record_exit((job, run, r), status, now, who)
             out += self.rules.tick(now)  # fire now rather than after the group wait
             self._publish(out)
             return out
 
+    def _record_exit(self, rk: tuple[str, str, int], status: int, now: float, who: str) -> list[Transition]:
+        """One rank's exit: its status series and the crash rules (no group-wait tick)."""
+        if self.exited_ranks.get(rk, 0) > 0:
+            return []  # its real exit status is recorded already
+        job, run, r = rk
+        self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
+        self.exited_ranks[rk] = status
+        self.finished.discard(rk)
+        self.pids.pop(rk, None)
+        labels = self._labels(rk)
+        last = self.store.last("sentinel_step", labels)
+        step = last[0] if last is not None else self.rules.last_step(job, run, r) or 0
+        self.store.add(EXIT_STATUS, labels, step, now, float(status))
+        note = "; ".join(p for p in (who, self._last_values(labels, now)) if p)
+        out = self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)
+        # no stall alert for a dead rank; its crash alert stays until it reports again
+        return out + self.rules.retire(job, run, r, now, keep=self._crash_rules)
+
     def check_processes(self, now: float | None = None) -> list[Transition]:
-        """Record as crashed every reporting rank whose process no longer exists."""
+        """Look for reporting ranks whose process no longer exists, and record some of them
+        as crashed.
+
+        The work per call is bounded, so that a thousand processes vanishing at once do
+        not stall the frames of the others: at most :data:`SCAN_PER_CALL` pids are checked
+        (round robin over every reporting rank) and at most :data:`CRASHES_PER_CALL`
+        crashes recorded; the rest wait in :attr:`crash_backlog` for the next calls
+        (:meth:`reap`, which the service runs between its batches of frames).
+        """
         with self._lock:
-            gone = [(rk, pid) for rk, pid in self.pids.items() if pid not in self.owned_pids and not _alive(pid)]
+            if not self._scan:
+                self._scan.extend(self.pids)
+            pids, owned, gone = self.pids, self.owned_pids, self._gone
+            for _ in range(min(SCAN_PER_CALL, len(self._scan))):
+                rk = self._scan.popleft()
+                pid = pids.get(rk)
+                if pid is not None and pid not in owned and rk not in gone and not _alive(pid):
+                    gone[rk] = pid
+            return self.reap(now=now)
+
+    @property
+    def crash_backlog(self) -> int:
+        """Ranks found gone whose crash is not recorded yet."""
+        return len(self._gone)
+
+    def reap(self, limit: int | None = None, now: float | None = None) -> list[Transition]:
+        """Record up to ``limit`` (:data:`CRASHES_PER_CALL`) of the crashes found by
+        :meth:`check_processes`. Their alerts fire at the next :meth:`tick`."""
+        with self._lock:
+            now = self.clock() if now is None else now
             out: list[Transition] = []
-            for (job, run, rank), pid in gone:
-                out += self.exited(job, run, -1, rank, now, who=f"rank {rank} (pid {pid}) stopped reporting")
+            for _ in range(min(CRASHES_PER_CALL if limit is None else limit, len(self._gone))):
+                rk = next(iter(self._gone))
+                pid = self._gone.pop(rk)
+                if self.pids.get(rk) != pid:
+                    continue  # it said goodbye, or reports again from a new process
+                out += self._record_exit(rk, -1, now, f"rank {rk[2]} (pid {pid}) stopped reporting")
+            self._publish(out)
             return out
 
     def _labels(self, rk: tuple[str, str, int]) -> tuple[tuple[str, str], ...]:
@@ -237,6 +310,7 @@ class Engine:
             out += self.rules.retire(job, run, now=now)  # crash alerts included: the run is gone
             self.store.drop(job, run)
             self.ingestor.forget(job, run)
+            self.admission.forget(job, run)
             for rk, path in self.replies.items():  # a crashed rank never removed its reply socket
                 if rk[:2] == (job, run) and rk in self.exited_ranks:
                     try:
@@ -247,6 +321,7 @@ class Engine:
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
+            self._gone = {rk: v for rk, v in self._gone.items() if rk[:2] != (job, run)}
             self.replies = {rk: v for rk, v in self.replies.items() if rk[:2] != (job, run)}
             self.halted.discard((job, run))
             self.runs_dropped += 1
@@ -278,6 +353,8 @@ class Engine:
         yield ("sentinel_daemon_up", "gauge", (), 1.0)
         yield ("sentinel_daemon_frames_received_total", "counter", (), float(self.frames_received))
         yield ("sentinel_daemon_frames_malformed_total", "counter", (), float(self.frames_malformed))
+        for reason, n in self.refused.items():
+            yield ("sentinel_daemon_frames_refused_total", "counter", (("reason", reason),), float(n))
         yield ("sentinel_daemon_rule_evaluations_total", "counter", (), float(self.rules.evaluations))
         for labels, value in self.rules.firing_series():
             yield ("sentinel_alert_firing", "gauge", tuple(sorted(labels.items())), value)

@@ -13,9 +13,6 @@ from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.shards import ShardAssembler
 from sentinel.store import Labels, Store, labels_of
 
-MAX_SCALAR_NAMES = 32
-
-
 class Ingestor:
     """Writes one frame's values into the store and reports what the rules need.
 
@@ -30,7 +27,6 @@ class Ingestor:
         self._gvr = GvrTracker()
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
-        self._scalar_names: set[str] = set()
         self._scale_last: dict[Labels, float] = {}
         self._labels: dict[tuple[object, ...], Labels] = {}
         self._bases: dict[tuple[object, ...], Labels] = {}
@@ -87,11 +83,12 @@ class Ingestor:
         return base
 
     def _adder(self, base: Labels, rows: list[tuple[str, Labels, float]]) -> Callable[..., None]:
-        """``add(name, value, **extra)``: queue a gauge sample of this frame's rank (the
-        queue is written to the store in one go)."""
+        """``add(metric, value, /, **extra)``: queue a gauge sample of this frame's rank (the
+        queue is written to the store in one go). ``metric`` is positional-only, so a
+        ``name=`` label (``sentinel_scalar``) does not clash with it."""
         cache, append = self._labels, rows.append
 
-        def add(metric: str, value: float, /, **extra: str) -> None:  # a label may be called "name"
+        def add(metric: str, value: float, /, **extra: str) -> None:
             if extra:
                 key = (base, *extra.items())
                 labels = cache.get(key)
@@ -134,8 +131,7 @@ class Ingestor:
                 self._nonfinite("loss", not math.isfinite(value), add, base)
                 if not math.isfinite(value):
                     ctx["nonfinite_groups"]["loss"] = []
-            elif name in self._scalar_names or len(self._scalar_names) < MAX_SCALAR_NAMES:
-                self._scalar_names.add(name)
+            else:  # the engine's admission caps the names (engine/validate.py)
                 add("sentinel_scalar", float(value), name=str(name))
 
     def _step(self, f: dict[str, Any], add: Callable[..., None], base: Labels,

@@ -74,7 +74,7 @@ def test_frames_from_another_uid_are_refused(mon: sentinel.Monitor) -> None:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    wait_for(lambda: "sentinel_daemon_frames_refused_total 1.0" in _metrics(mon.url), what="refusal counted")
+    wait_for(lambda: 'sentinel_daemon_frames_refused_total{reason="uid"} 1.0' in _metrics(mon.url), what="refusal counted")
     assert 'run="evil"' not in _metrics(mon.url)
 
 

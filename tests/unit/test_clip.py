@@ -126,12 +126,13 @@ def test_a_failing_listener_never_reaches_training() -> None:
         handle.remove()
 
 
-def test_engine_ignores_bad_clip_fields() -> None:
+def test_engine_refuses_bad_clip_fields_whole() -> None:
     engine = Engine()
     frame = {"kind": "step", "job": "j", "run": "r", "rank": 0, "step": 1, "t": 1.0, "groups": ["a"],
              "grad_sumsq": [1.0], "clip_norm": "x", "clip_max": None}
-    assert engine.feed(wire.encode(frame))
+    assert not engine.feed(wire.encode(frame))
     assert engine.store.last("sentinel_grad_norm_preclip", labels_of(job="j", run="r", rank=0)) is None
+    assert engine.store.names() == [] and engine.refused == {"schema": 1}  # nothing of it was written
 
 
 _ZERO_CODE = r"""

@@ -150,3 +150,41 @@ def test_a_daemon_forgets_runs_that_ended_and_runs_gone_silent() -> None:
                              "t": clock.t, "scalars": {"loss": 1.0}}))
     engine.tick()
     assert _runs_in_store(engine) == {"going"} and engine.runs_dropped == 3
+
+
+def test_many_processes_vanishing_at_once_are_recorded_a_slice_at_a_time(monkeypatch: object) -> None:
+    """The crash check's work per call is bounded (engine.CRASHES_PER_CALL), so a mass exit
+    is recorded over several calls while the frames of the living keep being ingested."""
+    import sentinel.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "CRASHES_PER_CALL", 8)  # type: ignore[attr-defined]
+    clock = Clock()
+    engine = Engine(clock=clock)
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(30)]
+    try:
+        for i, p in enumerate(procs):
+            data = wire.encode({"kind": "step", "job": "sweep", "run": f"r{i}", "rank": 0, "world": 1, "step": 1,
+                                "t": clock.t, "groups": ["a"], "grad_sumsq": [1.0]})
+            assert engine.feed(data, pid=p.pid)
+        for p in procs:
+            p.kill()
+            p.wait()
+        clock.t += 1
+        engine.tick()
+        assert len(engine.exited_ranks) == 8 and engine.crash_backlog == 22
+        assert engine.feed(_frame(0, 1, clock.t))  # an unrelated rank is ingested in between
+        calls = 0
+        while engine.crash_backlog:
+            engine.reap()
+            calls += 1
+        assert calls == 3 and len(engine.exited_ranks) == 30
+        clock.t += 1
+        engine.tick()  # the group wait is over: one crash alert per run, firing
+        firing = {a["run"] for a in engine.alerts_json()
+                  if a["alertname"] == "TrainingCrashed" and a["state"] == "firing"}
+        assert firing == {f"r{i}" for i in range(30)}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -85,12 +85,18 @@ def test_waiting_steps_are_bounded() -> None:
     assert e.ingestor.shards.incomplete == 5 * MAX_STEPS - 1 - len(steps)
 
 
-@pytest.mark.parametrize("world", [None, 0, 1 << 20, "2"])
-def test_an_unusable_world_keeps_local_norms_only(world: Any) -> None:
+def test_a_frame_without_world_keeps_local_norms_only() -> None:
     e = Engine()
-    assert e.feed(_frame(0, 1, [1.0, 1.0], world=world))
+    assert e.feed(_frame(0, 1, [1.0, 1.0], world=None))
     assert _last(e, "sentinel_local_grad_norm", 0) == pytest.approx(math.sqrt(2.0))
     assert _last(e, "sentinel_grad_norm", 0) is None
+
+
+@pytest.mark.parametrize("world", [0, 1 << 20, "2"])
+def test_an_unusable_world_is_refused_whole(world: Any) -> None:
+    e = Engine()
+    assert not e.feed(_frame(0, 1, [1.0, 1.0], world=world))
+    assert e.store.names() == [] and e.frames_malformed == 1
 
 
 def test_nonfinite_shard_flags_its_rank_at_once() -> None:

@@ -1,0 +1,316 @@
+"""Frames are checked whole before anything of them is written.
+
+:func:`check_frame` holds a decoded frame against the schema (types, ranges, list
+lengths); :class:`Admission` then holds it against the engine's own caps (groups, ranks,
+runs, series, scalar names), so a crafted sender cannot cost the engine more than a
+well-behaved instrument would. Either raises :class:`Refused`, naming the reason that
+``sentinel_daemon_frames_refused_total{reason}`` counts. A frame that passes both is
+ingested whole; one that fails either changes nothing.
+
+The caps do not trust the instrument's own (``max_groups``): the engine enforces them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+MAX_STEP = 2**53
+"""Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
+_NUM = (int, float)
+_NUM_SET = frozenset(_NUM)
+_NUM_OR_NONE_SET = frozenset((int, float, type(None)))
+_ZERO = 0.0
+_SCALAR_NAME = re.compile(r"[A-Za-z0-9_.:/@+\-]+")
+_KINDS = frozenset({"step", "log", "bye"})
+_SHARDS = frozenset({"replicated", "sharded"})
+BASE_SERIES = 60
+"""Series a rank can have besides its groups, scalars, learning rates and state keys
+(every per-rank metric in the catalog, with room to spare)."""
+SERIES_PER_GROUP = 5
+"""Series one group name can have: grad, local grad, param and update norms, and ratio."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The engine's caps; ``limits:`` in the config file.
+
+    Attributes:
+        max_frame_bytes: a larger datagram is refused before it is decoded.
+        max_groups: group names per frame, and distinct group names per rank.
+        max_group_name_length: characters of a group name.
+        max_label_length: characters of ``job`` and ``run``.
+        max_ranks: ranks (and ``world``) per run.
+        max_runs: runs tracked at once; frames of a further run are refused until one is forgotten.
+        max_series: estimated series in the store, over every run (see :data:`BASE_SERIES`).
+        max_scalars: scalars per frame (``Monitor.log``).
+        max_scalar_names: distinct scalar names per rank.
+        max_scalar_name_length: characters of a scalar name (letters, digits, ``_.:/@+-``).
+        max_param_groups: learning rates per frame (optimizer param groups).
+        max_state_keys: optimizer state keys per frame.
+    """
+
+    max_frame_bytes: int = 60_000
+    max_groups: int = 256
+    max_group_name_length: int = 200
+    max_label_length: int = 128
+    max_ranks: int = 4096
+    max_runs: int = 100
+    max_series: int = 50_000
+    max_scalars: int = 32
+    max_scalar_names: int = 64
+    max_scalar_name_length: int = 64
+    max_param_groups: int = 256
+    max_state_keys: int = 64
+
+
+class Refused(ValueError):
+    """A frame refused whole.
+
+    Attributes:
+        reason: the ``reason`` label it is counted under (``schema``, ``range``,
+            ``groups``, ``ranks``, ``runs``, ``series``, ``scalars``).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _num(v: Any) -> bool:
+    return type(v) in _NUM  # bool is not a number here
+
+
+def _nonneg(v: Any) -> bool:
+    """A non-negative number, or NaN/+inf (a measurement that went non-finite)."""
+    return type(v) in _NUM and not v < 0
+
+
+def _finite_nonneg(v: Any) -> bool:
+    return type(v) in _NUM and math.isfinite(v) and v >= 0
+
+
+def _count(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= MAX_STEP
+
+
+def _sums(key: str, vals: Any, n: int, allow_none: bool) -> None:
+    """A list of ``n`` sums of squares: numbers >= 0, NaN or +inf (None too where allowed)."""
+    if type(vals) is not list or len(vals) != n:
+        raise Refused("schema", f"field {key!r} must be a list as long as 'groups'")
+    kinds = set(map(type, vals))
+    if not kinds <= (_NUM_OR_NONE_SET if allow_none else _NUM_SET):
+        raise Refused("schema", f"field {key!r} must hold numbers")
+    if type(None) in kinds:
+        vals = [v for v in vals if v is not None]
+    # min() is exact unless a NaN comes first (NaN then sticks): only then look at each
+    if vals and not min(vals) >= 0 and any(map(_ZERO.__gt__, vals)):  # 0 > NaN is False
+        raise Refused("range", f"field {key!r} holds a negative sum of squares")
+
+
+def _str_map(key: str, value: Any, cap: int, key_len: int, ok: Callable[[Any], bool]) -> None:
+    if type(value) is not dict:
+        raise Refused("schema", f"field {key!r} must be a map")
+    if len(value) > cap:
+        raise Refused("range", f"field {key!r} has {len(value)} entries, more than {cap}")
+    for k, v in value.items():
+        if type(k) is not str or not 0 < len(k) <= key_len:
+            raise Refused("schema", f"field {key!r} has a key that is not a short string")
+        if not ok(v):
+            raise Refused("range", f"field {key!r}.{k[:40]} is out of range")
+
+
+def check_frame(f: dict[str, Any], limits: Limits) -> None:
+    """Hold a decoded frame (as :func:`sentinel.wire.decode` returns it) against the schema.
+
+    Raises:
+        Refused: the first problem found.
+    """
+    if f["kind"] not in _KINDS:  # wire.decode checked the required fields' types
+        raise Refused("schema", "unknown kind")
+    for key in ("job", "run"):
+        if not 0 < len(f[key]) <= limits.max_label_length:
+            raise Refused("range", f"field {key!r} is empty or longer than {limits.max_label_length}")
+    step, rank, t = f["step"], f["rank"], f["t"]
+    if not 0 <= step <= MAX_STEP:
+        raise Refused("range", "field 'step' is out of range")
+    if not math.isfinite(t) or t < 0:
+        raise Refused("range", "field 't' is not a finite time")
+    world = f.get("world")
+    if world is not None and (type(world) is not int or not 0 < world <= limits.max_ranks):
+        raise Refused("range", f"field 'world' is not in 1..{limits.max_ranks}")
+    if not 0 <= rank < (world if world is not None else limits.max_ranks):
+        raise Refused("range", "field 'rank' is not in 0..world-1")
+    groups = f.get("groups")
+    if groups is not None:  # wire.decode checked it is a list of strings
+        if len(groups) > limits.max_groups:
+            raise Refused("groups", f"{len(groups)} groups, more than {limits.max_groups}")
+        if groups and max(map(len, groups)) > limits.max_group_name_length:
+            raise Refused("range", "a group name is too long")
+        n = len(groups)
+        for key in ("grad_sumsq", "param_sumsq"):
+            if key in f:
+                _sums(key, f[key], n, False)
+        if "delta_sumsq" in f:
+            _sums("delta_sumsq", f["delta_sumsq"], n, True)
+    elif any(k in f for k in ("grad_sumsq", "param_sumsq", "delta_sumsq")):
+        raise Refused("schema", "sums of squares without 'groups'")
+    for key, value in f.items():
+        test = _FIELDS.get(key)
+        if test is not None and not test(value, limits):
+            raise Refused("range" if _schema_ok(key, value) else "schema", f"field {key!r} is invalid")
+    scalars = f.get("scalars")
+    if scalars is not None:
+        _scalars(scalars, limits)
+
+
+def _scalars(scalars: Any, limits: Limits) -> None:
+    if type(scalars) is not dict:
+        raise Refused("schema", "field 'scalars' must be a map")
+    if len(scalars) > limits.max_scalars:
+        raise Refused("scalars", f"{len(scalars)} scalars, more than {limits.max_scalars}")
+    for name, value in scalars.items():
+        if (type(name) is not str or len(name) > limits.max_scalar_name_length
+                or not _SCALAR_NAME.fullmatch(name)):
+            raise Refused("scalars", "a scalar name is too long or has characters outside [A-Za-z0-9_.:/@+-]")
+        if not _num(value):
+            raise Refused("schema", f"scalar {name!r} is not a number")
+
+
+def _schema_ok(key: str, value: Any) -> bool:
+    """Whether a field that failed its test at least had the right shape (a range problem)."""
+    shape = {"lr": list, "sat": list, "mem": dict, "state_bytes": dict, "amp": dict, "shard": str,
+             "exc": str, "reply": str, "ddp": bool}.get(key)
+    if shape is not None:
+        return type(value) is shape
+    return _num(value)
+
+
+def _amp(v: Any, limits: Limits) -> bool:
+    return (type(v) is dict and set(v) <= {"scale", "skipped"} and _nonneg(v.get("scale", 0))
+            and _count(v.get("skipped", 0)))
+
+
+def _map(cap_of: Callable[[Limits], int]) -> Callable[[Any, Limits], bool]:
+    def test(v: Any, limits: Limits) -> bool:
+        try:
+            _str_map("map", v, cap_of(limits), 64, _finite_nonneg)
+        except Refused:
+            return False
+        return True
+    return test
+
+
+_FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
+    "shard": lambda v, _: type(v) is str and v in _SHARDS,
+    "ddp": lambda v, _: type(v) is bool,
+    "clip_norm": lambda v, _: _nonneg(v),
+    "clip_max": lambda v, _: _finite_nonneg(v),
+    "grad_l1": lambda v, _: _nonneg(v),
+    "grad_count": lambda v, _: _finite_nonneg(v),
+    "sat": lambda v, _: (type(v) is list and len(v) == 2 and _finite_nonneg(v[0]) and _finite_nonneg(v[1])
+                         and v[0] <= v[1]),
+    "lr": lambda v, lim: (type(v) is list and len(v) <= lim.max_param_groups
+                          and all(_num(x) and math.isfinite(x) for x in v)),
+    "step_seconds": lambda v, _: _finite_nonneg(v),
+    "busy_seconds": lambda v, _: _finite_nonneg(v),
+    "param_bytes": lambda v, _: _finite_nonneg(v),
+    "state_bytes": _map(lambda lim: lim.max_state_keys),
+    "mem": _map(lambda lim: 32),
+    "amp": _amp,
+    "errors": lambda v, _: _count(v),
+    "dropped": lambda v, _: _count(v),
+    "exc": lambda v, _: type(v) is str and len(v) <= 200,
+    "reply": lambda v, _: type(v) is str and len(v) <= 200,
+}
+
+
+class _Rank:
+    __slots__ = ("groups", "last_groups", "scalars", "lr", "state", "cost")
+
+    def __init__(self) -> None:
+        self.groups: set[str] = set()
+        self.last_groups: list[str] | None = None
+        self.scalars: set[str] = set()
+        self.lr = 0
+        self.state: set[str] = set()
+        self.cost = BASE_SERIES
+
+
+class Admission:
+    """The engine's caps over what it keeps: runs, ranks per run, distinct group and scalar
+    names per rank, and an estimate of the series in the store (bounded work per frame).
+
+    Args:
+        limits: the caps.
+    """
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._runs: dict[tuple[str, str], dict[int, _Rank]] = {}
+        self.series = 0
+        """The estimated series of every admitted rank."""
+
+    def admit(self, f: dict[str, Any]) -> None:
+        """Record a checked frame's footprint, or refuse it (recording nothing).
+
+        Raises:
+            Refused: the frame would take the engine past a cap.
+        """
+        lim, key, rank = self.limits, (f["job"], f["run"]), f["rank"]
+        ranks = self._runs.get(key)
+        if ranks is None:
+            if len(self._runs) >= lim.max_runs:
+                raise Refused("runs", f"{len(self._runs)} runs tracked already (limits.max_runs)")
+            ranks = {}
+        r = ranks.get(rank)
+        if r is None:
+            if len(ranks) >= lim.max_ranks:
+                raise Refused("ranks", f"{len(ranks)} ranks in the run already (limits.max_ranks)")
+            r = _Rank()
+        groups = f.get("groups")
+        new_groups: set[str] = set()
+        if groups is not None and groups != r.last_groups:
+            new_groups = set(groups) - r.groups
+            if len(r.groups) + len(new_groups) > lim.max_groups:
+                raise Refused("groups", f"more than {lim.max_groups} distinct groups for one rank")
+        scalars = f.get("scalars")
+        new_scalars: set[str] = set()
+        if scalars:
+            new_scalars = set(scalars) - r.scalars
+            if len(r.scalars) + len(new_scalars) > lim.max_scalar_names:
+                raise Refused("scalars", f"more than {lim.max_scalar_names} distinct scalar names for one rank")
+        st = f.get("state_bytes")
+        new_state = set(st) - r.state if st else set()
+        if len(r.state) + len(new_state) > lim.max_state_keys:
+            raise Refused("series", f"more than {lim.max_state_keys} optimizer state keys for one rank")
+        lr = max(r.lr, len(f.get("lr") or ()))
+        cost = (BASE_SERIES + SERIES_PER_GROUP * (len(r.groups) + len(new_groups))
+                + len(r.scalars) + len(new_scalars) + lr + len(r.state) + len(new_state))
+        fresh = rank not in ranks
+        grow = cost - (0 if fresh else r.cost)
+        if grow > 0 and self.series + grow > lim.max_series:
+            raise Refused("series", f"the store would pass {lim.max_series} series (limits.max_series)")
+        # admitted: record its footprint
+        if groups is not None:
+            r.groups |= new_groups
+            r.last_groups = groups
+        r.scalars |= new_scalars
+        r.state |= new_state
+        r.lr, r.cost = lr, cost
+        self.series += grow
+        ranks[rank] = r
+        self._runs[key] = ranks
+
+    def forget(self, job: str, run: str) -> None:
+        """A run whose series the store dropped no longer counts."""
+        ranks = self._runs.pop((job, run), None)
+        if ranks:
+            self.series -= sum(r.cost for r in ranks.values())
+
+    @property
+    def runs(self) -> int:
+        return len(self._runs)
