@@ -82,8 +82,56 @@ def _norms(tensors: list[Tensor], ord: float) -> Sequence[Tensor]:
     return torch._foreach_norm(tensors, ord, dtype=torch.float32)
 
 
+# On the CPU, cache-sized pieces: a chunk of tensors read by one kernel is still in the
+# cores' caches (2 MiB of L2 each here) when the next kernel reads it again.
+_CPU_CHUNK_BYTES = 1 << 20
+_CPU_SCRATCH_ELEMS = 1 << 18  # 1 MiB of float32
+
+
+def _cpu_l1(tensors: list[Tensor], scratch: Tensor) -> list[Tensor]:
+    """Per-tensor ``sum(|t|)`` in float32 on the CPU, through a small reused scratch buffer.
+
+    The CPU's L1-norm kernel is a scalar loop (4x slower than its L2 kernel on this
+    model's gradients); ``abs`` into a cache-resident buffer and ``sum`` are vectorised and
+    allocate nothing. The tensors are never written."""
+    out: list[Tensor] = []
+    n_max = scratch.numel()
+    for t in tensors:
+        flat = t.reshape(-1)  # a view of a contiguous tensor
+        n = flat.numel()
+        if n <= n_max:
+            out.append(_abs_into(flat, scratch[:n]).sum())
+            continue
+        parts = [_abs_into(flat[i: i + n_max], scratch[:min(n_max, n - i)]).sum() for i in range(0, n, n_max)]
+        out.append(torch.stack(parts).sum())
+    return out
+
+
+def _abs_into(src: Tensor, dst: Tensor) -> Tensor:
+    """``|src|`` into the float32 ``dst`` (a low-precision ``src`` is widened first)."""
+    if src.dtype == dst.dtype:
+        return torch.abs(src, out=dst)
+    return dst.copy_(src).abs_()
+
+
+def _chunks(tensors: Sequence[Tensor], device: torch.device) -> list[slice]:
+    """Consecutive runs of tensors of about ``_CPU_CHUNK_BYTES`` on the CPU; one run elsewhere
+    (a fused kernel per list is what a GPU wants)."""
+    if device.type != "cpu":
+        return [slice(0, len(tensors))]
+    out, start, size = [], 0, 0
+    for i, t in enumerate(tensors):
+        size += t.numel() * t.element_size()
+        if size >= _CPU_CHUNK_BYTES:
+            out.append(slice(start, i + 1))
+            start, size = i + 1, 0
+    if start < len(tensors):
+        out.append(slice(start, len(tensors)))
+    return out
+
+
 class _Bucket:
-    __slots__ = ("params", "groups", "device", "_index_cache", "sparse", "_all")
+    __slots__ = ("params", "groups", "device", "_index_cache", "sparse", "_all", "_scratch", "fresh")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -92,6 +140,17 @@ class _Bucket:
         self._index_cache: dict[tuple[int, ...], Tensor] = {}
         self.sparse: bool | None = None
         self._all: tuple[int, ...] | None = None
+        self._scratch: Tensor | None = None
+        # parameter norms computed alongside the update ratio, for the param_sumsq that
+        # follows in the same hook: position -> (norm, the tensor's version when read)
+        self.fresh: dict[int, tuple[Tensor, int]] = {}
+
+    def scratch(self) -> Tensor:
+        """A float32 buffer for :func:`_cpu_l1`, at most ``_CPU_SCRATCH_ELEMS`` long."""
+        if self._scratch is None:
+            n = min(_CPU_SCRATCH_ELEMS, max(1, *(p.numel() for p in self.params)))
+            self._scratch = torch.empty(n, dtype=torch.float32, device=self.device)
+        return self._scratch
 
     @property
     def all_positions(self) -> tuple[int, ...]:
@@ -172,23 +231,44 @@ class GroupedTensors:
         out: dict[torch.device, Tensor] = {}
         count = 0
         for b in self.buckets.values():
+            b.fresh = {}  # before a step: parameter norms read after the last one are stale
             grads, pos = self._grads(b)
             if grads:
                 if ord != 2.0:  # the element count is only needed with the L1 sums (SNR)
                     count += sum(g.numel() for g in grads)
-                self._fold(out, b, _norms(grads, ord), pos, ord == 2.0)
+                if ord == 1.0 and b.device.type == "cpu":
+                    norms: Sequence[Tensor] = _cpu_l1(grads, b.scratch())
+                else:
+                    norms = _norms(grads, ord)
+                self._fold(out, b, norms, pos, ord == 2.0)
         return out, count
 
     def param_sumsq(self, only: set[int] | None = None) -> dict[torch.device, Tensor]:
-        """Per-group ``sum(w**2)``, optionally only for parameters at positions in a group set."""
+        """Per-group ``sum(w**2)``, optionally only for parameters at positions in a group set.
+
+        The norms of the parameters that :meth:`UpdateSnapshot.delta_sumsq` has just read
+        (and that no in-place op has changed since) are taken from that pass, not read again.
+        """
         out: dict[torch.device, Tensor] = {}
         for b in self.buckets.values():
+            fresh, b.fresh = b.fresh, {}
             pos = tuple(i for i, g in enumerate(b.groups) if only is None or g in only)
-            if pos:
-                ps = [b.params[i] for i in pos]
-                if self.sharded:
-                    ps = [_local(p) for p in ps]
-                self._fold(out, b, _norms(ps, 2.0), pos, True)
+            if not pos:
+                continue
+            ps = [b.params[i] for i in pos]
+            if self.sharded:
+                ps = [_local(p) for p in ps]
+            norms: list[Tensor | None] = [None] * len(pos)
+            if fresh:
+                for j, (i, p) in enumerate(zip(pos, ps)):
+                    hit = fresh.get(i)
+                    if hit is not None and hit[1] == p._version:
+                        norms[j] = hit[0]
+            missing = [j for j, n in enumerate(norms) if n is None]
+            if missing:
+                for j, n in zip(missing, _norms([ps[j] for j in missing], 2.0)):
+                    norms[j] = n
+            self._fold(out, b, norms, pos, True)  # type: ignore[arg-type]  # all filled
         return out
 
 
@@ -217,6 +297,7 @@ class UpdateSnapshot:
         self._cursor = 0
         self._buffers: dict[tuple[torch.device, torch.dtype], Tensor] = {}
         self._views: list[tuple[tuple[torch.device, torch.dtype], list[Tensor], list[Tensor], list[int]]] = []
+        self._view_cache: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[Tensor]]] = {}
         self.groups: set[int] = set()
 
     @property
@@ -241,31 +322,58 @@ class UpdateSnapshot:
         self.groups = chosen = self._choose()
         self._views = []
         for key, b in self.tensors.buckets.items():
+            b.fresh = {}
             pos = [i for i, g in enumerate(b.groups) if g in chosen]
             if not pos:
                 continue
             params = [b.params[i] for i in pos]
             if self.tensors.sharded:
                 params = [_local(p) for p in params]
-            need = sum(p.numel() for p in params)
-            buf = self._buffers.get(key)
-            if buf is None or buf.numel() < need:
-                buf = self._buffers[key] = torch.empty(need, dtype=key[1], device=key[0])
-            views, off = [], 0
-            for p in params:
-                views.append(buf[off: off + p.numel()].view_as(p))
-                off += p.numel()
+            views = self._buffer_views(key, pos, params)
             torch._foreach_copy_(views, params)
             self._views.append((key, views, params, pos))
 
+    def _buffer_views(self, key: tuple[torch.device, torch.dtype], pos: list[int],
+                      params: list[Tensor]) -> list[Tensor]:
+        """Views of the bucket's flat buffer shaped like ``params``; kept while the same
+        positions are sampled (every time, when the whole model fits the budget)."""
+        cached = self._view_cache.get(key)
+        if cached is not None and cached[0] == pos and all(
+                v.shape == p.shape for v, p in zip(cached[1], params)):
+            return cached[1]
+        need = sum(p.numel() for p in params)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < need:
+            buf = self._buffers[key] = torch.empty(need, dtype=key[1], device=key[0])
+        views, off = [], 0
+        for p in params:
+            views.append(buf[off: off + p.numel()].view_as(p))
+            off += p.numel()
+        self._view_cache[key] = (pos, views)
+        return views
+
     def delta_sumsq(self) -> dict[torch.device, Tensor]:
-        """Per-group ``sum((w_old - w_new)**2)`` for the snapshot groups (after the step)."""
+        """Per-group ``sum((w_old - w_new)**2)`` for the snapshot groups (after the step).
+
+        The same pass reads the parameters' norms, which the
+        :meth:`GroupedTensors.param_sumsq` of this step then uses instead of reading the
+        parameters again. On the CPU it goes in cache-sized chunks of tensors, so the
+        subtraction's output and the parameters are still cached when their norms are taken.
+        """
         out: dict[torch.device, Tensor] = {}
         for key, views, params, pos in self._views:
-            torch._foreach_sub_(views, params)
-            norms = _norms(views, 2.0)
             b = self.tensors.buckets[key]
-            self.tensors._fold(out, b, norms, tuple(pos), True)
+            deltas: list[Tensor] = []
+            fresh: dict[int, tuple[Tensor, int]] = {}
+            for c in _chunks(views, key[0]):
+                v, p = views[c], params[c]
+                torch._foreach_sub_(v, p)
+                norms = _norms(v + p, 2.0)
+                deltas += norms[:len(v)]
+                for i, t, n in zip(pos[c], p, norms[len(v):]):
+                    fresh[i] = (n, t._version)
+            b.fresh = fresh
+            self.tensors._fold(out, b, deltas, tuple(pos), True)
         self._views = []
         return out
 
