@@ -170,7 +170,11 @@ def _charts(store: Store, run: tuple[str, str], series: dict[tuple[str, str, int
             labels = series[key].get(chart)
             window = None if labels is None else store.window(CHARTS[chart], labels)
             if window is not None and len(window):
-                lines[str(key[2])] = _thin(window.steps, window.values, points)
+                line = _thin(window.steps, window.values, points)
+                step = store.last("sentinel_step", series[key].get("step", ()))
+                if chart == "learning_rate" and step is not None and step[2] > line[-1][0]:
+                    line.append([int(step[2]), line[-1][1]])  # reported when it changes: it holds until now
+                lines[str(key[2])] = line
         out[chart] = {"ranks": lines}
     return out
 

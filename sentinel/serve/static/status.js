@@ -67,7 +67,7 @@ async function poll() {
 }
 
 async function loop() {
-  await loop();
+  await poll();
   setTimeout(loop, POLL_MS);
 }
 
@@ -175,8 +175,12 @@ function drawChart(div, chart, lines, alerts) {
   const W = 400, H = 150, L = 46, R = 6, T = 8, B = 18;
   const tf = (v) => (chart.log ? Math.log10(v) : v);
   let pts = [];
+  let [x0, x1] = [Infinity, -Infinity];  // the steps of every sample: a non-finite one is a gap
   for (const series of Object.values(lines)) {
-    for (const [s, v] of series) if (v !== null && (!chart.log || v > 0)) pts.push([s, tf(v)]);
+    for (const [s, v] of series) {
+      x0 = Math.min(x0, s); x1 = Math.max(x1, s);
+      if (v !== null && (!chart.log || v > 0)) pts.push([s, tf(v)]);
+    }
   }
   svg.replaceChildren();
   const n = pts.length;
@@ -188,8 +192,8 @@ function drawChart(div, chart, lines, alerts) {
     div.querySelector(".legend").replaceChildren();
     return;
   }
-  let [x0, x1] = [Infinity, -Infinity], [y0, y1] = [Infinity, -Infinity];
-  for (const [s, v] of pts) { x0 = Math.min(x0, s); x1 = Math.max(x1, s); y0 = Math.min(y0, v); y1 = Math.max(y1, v); }
+  let [y0, y1] = [Infinity, -Infinity];
+  for (const [, v] of pts) { y0 = Math.min(y0, v); y1 = Math.max(y1, v); }
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) { y1 += 0.5; y0 -= 0.5; }
   const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
