@@ -172,7 +172,7 @@ def _charts(store: Store, run: tuple[str, str], series: dict[tuple[str, str, int
             if window is not None and len(window):
                 line = _thin(window.steps, window.values, points)
                 step = store.last("sentinel_step", series[key].get("step", ()))
-                if chart == "learning_rate" and step is not None and step[2] > line[-1][0]:
+                if chart == "learning_rate" and step is not None and step[2] > (line[-1][0] or 0):
                     line.append([int(step[2]), line[-1][1]])  # reported when it changes: it holds until now
                 lines[str(key[2])] = line
         out[chart] = {"ranks": lines}
@@ -199,8 +199,9 @@ def _groups(store: Store, run: tuple[str, str]) -> dict[str, Any]:
                 row[key] = math.nan
             elif not math.isnan(row.get(key, 0.0)):
                 row[key] = max(row.get(key, -math.inf), v)
-    rows = [{"group": g, **{k: _num(v) for k, v in r.items()},
-             "nonfinite": any(not math.isfinite(v) for v in r.values())} for g, r in table.items()]
+    rows: list[dict[str, Any]] = [{"group": g, **{k: _num(v) for k, v in r.items()},
+                                   "nonfinite": any(not math.isfinite(v) for v in r.values())}
+                                  for g, r in table.items()]
     finite = sorted((r for r in rows if not r["nonfinite"] and r.get("grad_norm") is not None),
                     key=lambda r: -float(r["grad_norm"]))
     return {"count": len(rows), "largest": finite[:TOP_GROUPS],
