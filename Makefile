@@ -21,11 +21,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Prometheus, Alertmanager and promtool from Debian's packages, for the integration tests.
+# Prometheus, Alertmanager and promtool from Debian's packages, for the integration tests;
+# Debian's chromium for the status-page tests (Playwright drives it; it never downloads a browser).
 system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null; then \
-		apt-get update && apt-get install -y prometheus prometheus-alertmanager; \
+	    || ! command -v prometheus-alertmanager >/dev/null || ! test -x /usr/bin/chromium; then \
+		apt-get update && apt-get install -y prometheus prometheus-alertmanager chromium; \
 	fi
 
 demo: setup

@@ -161,6 +161,72 @@ def rules_export(
         typer.echo(text, nl=False)
 
 
+dashboards_app = typer.Typer(no_args_is_help=True, help="Grafana dashboards: generate the JSON, provision a Grafana.")
+app.add_typer(dashboards_app, name="dashboards")
+
+
+@dashboards_app.command("generate")
+def dashboards_generate(
+    out: str = typer.Option("dashboards", help="Folder the JSON files are written to."),
+    config: Optional[str] = typer.Option(None, help="Sentinel config file: its rule thresholds are drawn."),
+) -> None:
+    """Write the dashboards' JSON (grafana-foundation-sdk, Grafana 11.6 flavour) into OUT."""
+    _, pack = _load_or_exit(config)
+    try:
+        from sentinel.dashboards import write
+
+        paths = write(out, pack)  # type: ignore[arg-type]
+    except ImportError:
+        typer.echo("dashboards: grafana-foundation-sdk is not installed: "
+                   "pip install 'sentinel-monitor[dashboards]'", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {len(paths)} dashboards: {', '.join(str(p) for p in paths)}")
+
+
+@dashboards_app.command("provision")
+def dashboards_provision(
+    grafana_url: str = typer.Option(..., "--grafana-url", help="Grafana's base URL."),
+    token_env: str = typer.Option("GRAFANA_TOKEN", "--token-env",
+                                  help="Environment variable holding a service-account token."),
+    folder: str = typer.Option("Sentinel", "--folder", help="Folder the dashboards go to."),
+    prometheus_url: Optional[str] = typer.Option(
+        None, "--prometheus-url", help="Also create or update the Prometheus datasource (uid sentinel-prometheus)."),
+    source: Optional[str] = typer.Option(
+        None, "--from", help="Folder of generated JSON files (default: build them now, as `generate` does)."),
+) -> None:
+    """Create the folder, optionally the datasource, and upsert every dashboard by uid."""
+    import json
+    import os
+    from pathlib import Path
+
+    from sentinel.dashboards.provision import ProvisionError, provision
+
+    token = os.environ.get(token_env) or None
+    if source is None:
+        try:
+            from sentinel.dashboards import build
+
+            docs = build()
+        except ImportError:
+            typer.echo("dashboards: grafana-foundation-sdk is not installed: pass --from dashboards/ "
+                       "(the committed JSON) or pip install 'sentinel-monitor[dashboards]'", err=True)
+            raise typer.Exit(2) from None
+    else:
+        files = sorted(Path(source).glob("*.json"))
+        if not files:
+            typer.echo(f"dashboards: no dashboard JSON in {source}/ (run `sentinel dashboards generate`)",
+                       err=True)
+            raise typer.Exit(2)
+        docs = {f.stem: json.loads(f.read_text(encoding="utf-8")) for f in files}
+    try:
+        report = provision(grafana_url, token, docs, folder=folder, prometheus_url=prometheus_url)
+    except ProvisionError as exc:
+        typer.echo(f"provision failed: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for line in report.lines():
+        typer.echo(line)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -1,7 +1,7 @@
 """NVML poller: GPU utilisation, memory, temperature, power, throttle reasons, ECC and XID.
 
-Series carry ``gpu`` (index) and ``UUID`` labels, as dcgm-exporter's do, so dashboards can
-join the two. Without a driver (or without ``nvidia-ml-py``) ``sentinel_gpu_monitoring_up``
+Series carry ``gpu`` (index), ``UUID`` and ``Hostname`` labels, as dcgm-exporter's do, so
+dashboards can join the two. Without a driver (or without ``nvidia-ml-py``) ``sentinel_gpu_monitoring_up``
 is 0 and nothing else changes. The NVML module is passed in so tests can hand a stand-in
 where no GPU exists.
 """
@@ -9,6 +9,7 @@ where no GPU exists.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,11 +48,14 @@ class GpuPoller:
         nvml: an initialised ``pynvml`` module, or None (then only ``up = 0`` is exported).
         interval: seconds between polls.
         clock: wall clock.
+        hostname: the ``Hostname`` label (dcgm-exporter's name for the node), the host's
+            name by default.
     """
 
     def __init__(self, store: Store, nvml: Any | None, interval: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, hostname: str | None = None) -> None:
         self.store, self.nvml, self.interval, self.clock = store, nvml, interval, clock
+        self.hostname = hostname or socket.gethostname()
         self.devices: list[tuple[str, str, Any]] = []  # (index, uuid, handle)
         self._events: Any = None
         self.polls = 0
@@ -106,7 +110,7 @@ class GpuPoller:
         step = self.polls
         xids = self._drain_xid()
         for index, uuid, h in self.devices:
-            labels = labels_of(gpu=index, UUID=uuid)
+            labels = labels_of(gpu=index, UUID=uuid, Hostname=self.hostname)
 
             def put(name: str, read: Callable[[], float]) -> None:
                 try:
@@ -159,7 +163,7 @@ class GpuPoller:
             except Exception:
                 uuid = "unknown"
             index = index_of.get(uuid, "unknown")
-            labels = labels_of(gpu=index, UUID=uuid)
+            labels = labels_of(gpu=index, UUID=uuid, Hostname=self.hostname)
             code = float(getattr(data, "eventData", 0))
             self.store.inc("sentinel_gpu_xid_errors_total", labels, 1.0)
             self.store.add("sentinel_gpu_last_xid", labels, self.polls, self.clock(), code)

@@ -21,7 +21,8 @@ from sentinel.engine.engine import Engine
 from sentinel.serve.exporter import StoreCollector, make_registry
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
-from sentinel.serve.status import status_page
+from sentinel.serve.snapshot import status_json
+from sentinel.serve.status import asset, status_page
 from sentinel.serve.webconfig import load_web_config
 from sentinel.instrument.options import parse_listen
 from sentinel.delivery.courier import Courier, notice_of
@@ -88,8 +89,8 @@ class Service:
         host, port = parse_listen(listen)
         web = load_web_config(config.web.config_file) if config.web.config_file else None
         serve: dict[str, Any] = dict(registry=self.registry, healthy=self._alive, alerts=self.engine.api_alerts,
-                                     status_page=lambda: status_page(self.engine),
-                                     exposition=self.collector.exposition, web=web)
+                                     status_page=status_page, status=lambda q: status_json(self.engine, q),
+                                     assets=asset, exposition=self.collector.exposition, web=web)
         try:
             self.http = HttpServer(host, port, **serve)
         except OSError as exc:

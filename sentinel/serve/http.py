@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import parse_qsl
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -150,6 +151,8 @@ class HttpServer:
         registry: the Prometheus registry for ``/metrics``.
         alerts: returns the JSON body of ``/api/v1/alerts``.
         status_page: returns the HTML of ``/``.
+        status: returns the JSON body of ``/api/v1/status`` for the query's parameters.
+        assets: returns the body and content type of ``/static/<name>``, or None.
         healthy: returns True while the engine runs.
         exposition: renders ``/metrics`` for an ``Accept`` header, returning the body and
             content type (e.g. :meth:`StoreCollector.exposition`); prometheus_client's
@@ -168,6 +171,8 @@ class HttpServer:
                  status_page: Callable[[], str] | None = None,
                  healthy: Callable[[], bool] | None = None,
                  exposition: Callable[[str], tuple[bytes, str]] | None = None,
+                 status: Callable[[dict[str, str]], Any] | None = None,
+                 assets: Callable[[str], tuple[bytes, str] | None] | None = None,
                  web: WebSecurity | None = None, header_timeout: float = 10.0, idle_timeout: float = 10.0,
                  workers: int = WORKERS) -> None:
         self.registry = registry
@@ -175,6 +180,8 @@ class HttpServer:
         self.status_page = status_page
         self.healthy = healthy
         self.exposition = exposition or self._encode
+        self.status = status
+        self.assets = assets
         self.web = web
         self.header_timeout, self.idle_timeout = header_timeout, idle_timeout
         self.loopback = is_loopback(host)
@@ -219,7 +226,7 @@ class HttpServer:
 
     def respond(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         """Answer one GET or HEAD request."""
-        path = h.path.split("?", 1)[0]
+        path, _, qs = h.path.partition("?")
         if self.loopback and h.headers.get("Host") is not None and not is_loopback(_host_name(h.headers["Host"])):
             self.refused_hosts += 1
             self._reply(h, head, 403, "text/plain", b"forbidden: this server answers loopback names only\n")
@@ -243,8 +250,17 @@ class HttpServer:
             elif path == "/api/v1/alerts":
                 doc = self.alerts() if self.alerts else {"status": "success", "data": []}
                 self._reply(h, head, 200, "application/json", json.dumps(doc).encode())
+            elif path == "/api/v1/status" and self.status is not None:
+                doc = self.status(dict(parse_qsl(qs)))
+                self._reply(h, head, 200, "application/json", json.dumps(doc, allow_nan=False).encode())
             elif path == "/" and self.status_page is not None:
                 self._reply(h, head, 200, "text/html; charset=utf-8", self.status_page().encode())
+            elif path.startswith("/static/") and self.assets is not None:
+                found = self.assets(path.removeprefix("/static/"))
+                if found is None:
+                    self._reply(h, head, 404, "text/plain", b"not found\n")
+                else:
+                    self._reply(h, head, 200, found[1], found[0])
             else:
                 self._reply(h, head, 404, "text/plain", b"not found\n")
         except (OSError, ssl.SSLError):
@@ -259,6 +275,10 @@ class HttpServer:
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(body)))
         h.send_header("X-Content-Type-Options", "nosniff")
+        # read-only and self-contained: the status page may load nothing from anywhere else
+        h.send_header("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; "
+                                                 "style-src 'self'; script-src 'self'; connect-src 'self'")
+        h.send_header("Cache-Control", "no-store")
         for k, v in {**(self.web.headers if self.web is not None else {}), **(extra or {})}.items():
             h.send_header(k, v)
         h.end_headers()

@@ -60,9 +60,9 @@ class FakeNvml:
 
 def test_poll_exports_labelled_gpu_series() -> None:
     store = Store()
-    poller = GpuPoller(store, FakeNvml(), interval=60)
+    poller = GpuPoller(store, FakeNvml(), interval=60, hostname="node-a")
     poller.poll()
-    hot = labels_of(gpu="1", UUID="GPU-h1")
+    hot = labels_of(gpu="1", UUID="GPU-h1", Hostname="node-a")
     assert store.last("sentinel_gpu_temperature_celsius", hot)[2] == 91  # type: ignore[index]
     assert store.last("sentinel_gpu_utilization_ratio", hot)[2] == 0.97  # type: ignore[index]
     assert store.last("sentinel_gpu_power_watts", hot)[2] == 650.0  # type: ignore[index]
@@ -71,7 +71,7 @@ def test_poll_exports_labelled_gpu_series() -> None:
     assert store.counter("sentinel_gpu_ecc_errors_total", tuple(sorted(hot + (("type", "uncorrected"),)))) == 2
     assert store.counter("sentinel_gpu_xid_errors_total", hot) == 1
     assert store.last("sentinel_gpu_last_xid", hot)[2] == 79  # type: ignore[index]
-    assert store.counter("sentinel_gpu_xid_errors_total", labels_of(gpu="0", UUID="GPU-h0")) == 0
+    assert store.counter("sentinel_gpu_xid_errors_total", labels_of(gpu="0", UUID="GPU-h0", Hostname="node-a")) == 0
     assert list(poller.rows()) == [("sentinel_gpu_monitoring_up", "gauge", (), 1.0)]
 
 
@@ -111,3 +111,20 @@ def test_gpu_rules_fire_for_the_hot_gpu_its_xid_and_its_ecc_errors() -> None:
         engine.tick()
     firing = {a["alertname"] for a in engine.alerts_json() if a["state"] == "firing"}
     assert firing == {"GPUOverheating"}
+
+
+def test_the_real_nvml_bindings_without_a_driver_report_up_0() -> None:
+    """nvidia-ml-py is a default dependency: on a machine without a driver (these CI
+    machines) loading it fails soft and only ``sentinel_gpu_monitoring_up 0`` is exported."""
+    import importlib.util
+
+    from sentinel.daemon.gpu import load_nvml
+
+    assert importlib.util.find_spec("pynvml") is not None  # installed by default
+    nvml = load_nvml()
+    if nvml is not None:  # a GPU machine: tests/gpu covers the real library
+        return
+    store = Store()
+    poller = GpuPoller(store, nvml)
+    poller.poll()
+    assert store.names() == [] and list(poller.rows()) == [("sentinel_gpu_monitoring_up", "gauge", (), 0.0)]

@@ -1,0 +1,92 @@
+"""``/api/v1/status``: what the status page polls, and that it stays small at 64 ranks × 64 groups."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from sentinel.serve.snapshot import MAX_CHART_RANKS, POINTS, status_json
+from sentinel.store import Store, labels_of
+
+
+class _Engine:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.finished: set[tuple[str, str, int]] = set()
+        self.exited_ranks: dict[tuple[str, str, int], int] = {}
+        self.alerts: list[dict[str, object]] = []
+
+    def alerts_json(self) -> list[dict[str, object]]:
+        return self.alerts
+
+
+def _fill(store: Store, ranks: int, groups: int, steps: int, t0: float = 1000.0, run: str = "r") -> None:
+    names = [f"layers.{g}" for g in range(groups)]
+    for r in range(ranks):
+        base = labels_of(job="j", run=run, rank=r)
+        glabels = tuple(tuple(sorted(base + (("group", n),))) for n in names)
+        for s in range(1, steps + 1):
+            t = t0 + s * 0.1
+            for name, v in (("sentinel_loss", 1.0 / s), ("sentinel_grad_norm", 2.0), ("sentinel_step", s),
+                            ("sentinel_step_duration_seconds", 0.1), ("sentinel_last_step_timestamp_seconds", t),
+                            ("sentinel_update_ratio", 1e-3), ("sentinel_memory_used_bytes", 1e9)):
+                store.add(name, base, s, t, v)
+            store.add_row("sentinel_group_grad_norm", glabels, [float(g + 1) for g in range(groups)], s, t)
+        store.add("sentinel_learning_rate", tuple(sorted(base + (("param_group", "0"),))), 1, t0, 1e-3)
+
+
+def test_states_values_and_charts() -> None:
+    store = Store()
+    _fill(store, 3, 4, 20)
+    engine = _Engine(store)
+    engine.finished.add(("j", "r", 1))
+    engine.exited_ranks[("j", "r", 2)] = 137
+    doc = status_json(engine, now=1002.5)
+    [run] = doc["runs"]
+    assert [(r["rank"], r["state"]) for r in run["ranks"]] == [(0, "training"), (1, "ended"), (2, "crashed")]
+    assert run["state"] == "crashed" and run["ranks"][0]["values"]["loss"] == 1.0 / 20
+    loss = doc["charts"]["loss"]["ranks"]["0"]
+    assert loss[0] == [1, 1.0] and loss[-1][0] == 20
+    assert doc["charts"]["learning_rate"]["ranks"]["0"][-1] == [20, 1e-3]  # held until the current step
+    assert [g["group"] for g in doc["groups"]["largest"][:2]] == ["layers.3", "layers.2"]
+
+
+def test_a_rank_without_steps_for_long_is_stalled() -> None:
+    store = Store()
+    _fill(store, 1, 1, 20)
+    assert status_json(_Engine(store), now=1002.0 + 31)["runs"][0]["ranks"][0]["state"] == "stalled"
+
+
+def test_nonfinite_groups_are_flagged_and_json_stays_valid() -> None:
+    store = Store()
+    _fill(store, 1, 3, 5)
+    base = labels_of(job="j", run="r", rank=0)
+    glabels = tuple(tuple(sorted(base + (("group", f"layers.{g}"),))) for g in range(3))
+    store.add_row("sentinel_group_grad_norm", glabels, [1.0, math.nan, math.inf], 6, 1000.6)
+    store.add("sentinel_loss", base, 6, 1000.6, math.nan)
+    doc = status_json(_Engine(store), now=1001.0)
+    assert [g["group"] for g in doc["groups"]["nonfinite"]] == ["layers.1", "layers.2"]
+    assert doc["charts"]["loss"]["ranks"]["0"][-1] == [6, None]
+    json.dumps(doc, allow_nan=False)  # what the server sends: NaN would be invalid JSON
+
+
+def test_bounded_at_64_ranks_by_64_groups() -> None:
+    store = Store()
+    _fill(store, 64, 64, 600)
+    doc = status_json(_Engine(store), now=1060.0)
+    body = json.dumps(doc, allow_nan=False)
+    assert len(doc["runs"][0]["ranks"]) == 64
+    assert len(doc["charts"]["loss"]["ranks"]) == MAX_CHART_RANKS
+    assert all(len(line) <= POINTS for c in doc["charts"].values() for line in c["ranks"].values())
+    assert doc["groups"]["count"] == 64 and len(doc["groups"]["largest"]) == 8
+    assert len(body) < 150_000, len(body)  # vs 1.4 MB for the same engine's /metrics
+
+
+def test_run_selection() -> None:
+    store = Store()
+    _fill(store, 1, 1, 5, run="old")
+    _fill(store, 1, 1, 5, t0=2000.0, run="new")
+    engine = _Engine(store)
+    assert status_json(engine, now=2001.0)["selected"] == "j/new"
+    assert status_json(engine, {"run": "j/old"}, now=2001.0)["selected"] == "j/old"
+    assert len(status_json(engine, {"points": "3"}, now=2001.0)["charts"]["loss"]["ranks"]["0"]) == 3
