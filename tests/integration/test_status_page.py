@@ -107,6 +107,9 @@ def test_status_page_shows_the_faulty_run_live(demo: str, browser: Any, tmp_path
     assert "layers.1" in text  # the first non-finite group named
     wait_for(lambda: page.locator("svg[data-chart='loss'] line[data-marker='TrainingNonFinite']").count() >= 1,
              timeout=10, what="an alert marker on the loss chart")
+    marker = page.locator("svg[data-chart='loss'] line[data-marker='TrainingNonFinite'] title").first
+    assert "since step 60" in (marker.text_content() or "")  # where the NaN came, not the latest step
+    assert "since step 60" in text
     assert page.locator("#groups tr[data-group]").count() >= 1  # the per-group view
 
     page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)

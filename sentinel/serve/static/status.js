@@ -141,7 +141,7 @@ function renderAlerts(alerts) {
   box.replaceChildren(...alerts.map((a) => {
     const where = [a.ranks && a.ranks.length ? `ranks ${a.ranks.join(", ")}` : "",
       a.groups && a.groups.length ? `groups ${a.groups.slice(0, 6).join(", ")}` : "",
-      a.step !== null && a.step !== undefined ? `step ${a.step}` : ""].filter(Boolean).join(" · ");
+      (a.started_step ?? a.step) != null ? `since step ${a.started_step ?? a.step}` : ""].filter(Boolean).join(" · ");
     const details = el("details", {}, el("summary", {}, "causes and first checks"),
       el("b", {}, "Likely causes"), el("ul", {}, ...(a.causes || []).map((c) => el("li", {}, c))),
       el("b", {}, "First checks"), el("ul", {}, ...(a.checks || []).map((c) => el("li", {}, c))),
@@ -212,12 +212,13 @@ function drawChart(div, chart, lines, alerts) {
     label.textContent = `step ${Math.round(s)}`;
     svg.append(label);
   }
-  for (const a of alerts) {  // alert markers at the step each alert names
-    if (a.step === null || a.step === undefined || a.step < x0 || a.step > x1) continue;
-    const line = svgEl("line", { x1: X(a.step), x2: X(a.step), y1: T, y2: H - B, class: "marker",
+  for (const a of alerts) {  // alert markers where each alert began (its latest step before it fired)
+    const at = a.started_step ?? a.step;
+    if (at === null || at === undefined || at < x0 || at > x1) continue;
+    const line = svgEl("line", { x1: X(at), x2: X(at), y1: T, y2: H - B, class: "marker",
       stroke: SEVERITY_COLORS[a.severity] || "#888", "data-marker": a.alertname });
     const title = svgEl("title", {});
-    title.textContent = `${a.alertname} (${a.state}) at step ${a.step}`;
+    title.textContent = `${a.alertname} (${a.state}) since step ${at}`;
     line.append(title);
     svg.append(line);
   }
