@@ -112,13 +112,20 @@ class AlertmanagerConfig(BaseModel):
 
 
 class GrafanaConfig(BaseModel):
-    """Grafana, for links in messages."""
+    """Grafana: dashboard links in messages, and an optional annotation sink."""
 
     model_config = ConfigDict(extra="forbid")
     url: str = ""
     """e.g. ``https://grafana.example.com``; messages link the dashboard when set."""
-    dashboard_uid: str = "sentinel-training"
+    dashboard_uid: str = ""
+    """The dashboard messages link; empty: the one that answers the alert first (a NaN
+    opens Layers, a straggler Ranks & GPUs, anything else the Training overview)."""
     token: SecretStr | None = None
+    """A service-account token: with ``url``, every firing and resolve is also posted as a
+    Grafana annotation (tags ``sentinel``, ``alertname:``, ``severity:``, ``run:``),
+    through the outbox like every other sink."""
+    min_severity: Severity = "warning"
+    """The annotation sink's threshold."""
 
 
 class ActionsConfig(BaseModel):

@@ -103,6 +103,7 @@ class Receiver:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.bodies: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str]] = []  # (path, Authorization header) of each body kept
         self.arrivals: list[float] = []  # time.monotonic() of each body kept
         self.wall: list[float] = []  # time.time() of each, to compare with other processes
         self.refused = 0
@@ -115,6 +116,7 @@ class Receiver:
                 doc = json.loads(self.rfile.read(n) or b"{}")
                 if 200 <= outer.status < 300:
                     outer.bodies.append(doc)
+                    outer.requests.append((self.path, self.headers.get("Authorization", "")))
                     outer.arrivals.append(time.monotonic())
                     outer.wall.append(time.time())
                 else:

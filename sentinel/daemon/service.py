@@ -26,7 +26,7 @@ from sentinel.serve.status import asset, status_page
 from sentinel.serve.webconfig import load_web_config
 from sentinel.instrument.options import parse_listen
 from sentinel.delivery.courier import Courier, notice_of
-from sentinel.delivery.messages import grafana_link
+from sentinel.dashboards.links import dashboard_link
 from sentinel.delivery.outbox import Outbox, default_path
 from sentinel.delivery.routes import build_routes
 from sentinel.rules.config import RulePack
@@ -57,7 +57,7 @@ def resident_bytes() -> int | None:
 
 def make_courier(config: SentinelConfig) -> Courier:
     """The routes of the config, its outbox file (or memory), and the delivery thread."""
-    routes = build_routes(config.notify, config.alertmanager)
+    routes = build_routes(config.notify, config.alertmanager, config.grafana)
     o = config.outbox
     outbox = Outbox((o.path or default_path()) if routes else None, o.max_rows, o.keep_seconds)
     return Courier(routes, outbox, o.retry_initial_seconds, o.retry_max_seconds, o.max_age_seconds,
@@ -201,7 +201,8 @@ class Service:
             tags, metric = [], ""
         recent = self._recent(t, metric)
         g = self.config.grafana
-        link = grafana_link(g.url, g.dashboard_uid, t.job, t.run, t.started_at, t.time)
+        link = dashboard_link(g.url, t.to_json() | {"resolved_at": t.time if t.state_to == "resolved" else None},
+                              uid=g.dashboard_uid) if g.url else ""
         self.courier.submit(notice_of(t, tags=tags, metric=metric, recent=recent, grafana=link))
 
     def _recent(self, t: Transition, metric: str) -> list[float]:

@@ -38,7 +38,7 @@ def dashboard_uid(alertname: str) -> str:
 
 
 def dashboard_link(base_url: str, alert: Mapping[str, Any], *, before: float = BEFORE_SECONDS,
-                   after: float = AFTER_SECONDS, org_id: int = 1) -> str:
+                   after: float = AFTER_SECONDS, org_id: int = 1, uid: str = "") -> str:
     """The URL of the dashboard for ``alert``, its run selected, around its time.
 
     Args:
@@ -47,6 +47,7 @@ def dashboard_link(base_url: str, alert: Mapping[str, Any], *, before: float = B
         before, after: seconds shown before it started and after it resolved (or after
             it started, while it fires).
         org_id: the Grafana organisation.
+        uid: a dashboard to link instead of the one that answers the alert first.
 
     Returns:
         ``<base>/d/<uid>?orgId=..&var-job=..&var-run=..&from=<ms>&to=<ms>``; GPU alerts
@@ -59,7 +60,8 @@ def dashboard_link(base_url: str, alert: Mapping[str, Any], *, before: float = B
     if alert.get("job") != NODE_JOB:
         query += [("var-job", str(alert.get("job", ""))), ("var-run", str(alert.get("run", "")))]
     query += [("from", str(_ms(started - before))), ("to", str(_ms(end + after)))]
-    return f"{base_url.rstrip('/')}/d/{dashboard_uid(str(alert.get('alertname', '')))}?{urlencode(query)}"
+    uid = uid or dashboard_uid(str(alert.get("alertname", "")))
+    return f"{base_url.rstrip('/')}/d/{uid}?{urlencode(query)}"
 
 
 def tags(alert: Mapping[str, Any]) -> list[str]:

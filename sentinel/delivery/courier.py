@@ -24,7 +24,7 @@ from sentinel.delivery.messages import body, title
 from sentinel.delivery.outbox import Outbox, Row
 from sentinel.delivery.routes import Route
 from sentinel.delivery.secrets import describe
-from sentinel.delivery.sinks import AlertmanagerSink, AppriseSink, alertmanager_alert
+from sentinel.delivery.sinks import AlertmanagerSink, AppriseSink, GrafanaSink, alertmanager_alert
 from sentinel.rules.alert import Transition
 
 log = logging.getLogger("sentinel")
@@ -57,7 +57,11 @@ def test_routes(routes: Sequence[Route]) -> list[tuple[str, int, str, bool]]:
     for r in routes:
         for i, url in enumerate(r.secrets):
             name = f"route {r.label} {describe(i, url)}"
-            if r.sink == "alertmanager":
+            if r.sink == "grafana":
+                ok = GrafanaSink(url, r.token, name).send({"annotation": {
+                    "time": int(time.time() * 1000), "tags": ["sentinel", "sentinel-test"],
+                    "text": f"sentinel alerts test from host {host}, pid {pid}"}})
+            elif r.sink == "alertmanager":
                 ok = AlertmanagerSink(url, name).send({"alerts": [alertmanager_alert(
                     {"alertname": "SentinelTest", "severity": "info", "job": "sentinel", "run": "test",
                      "summary": "sentinel alerts test", "host": host, "pid": pid, "started_at": time.time()},
@@ -105,6 +109,7 @@ class Courier:
                 target = r.target(i)
                 name = f"route {r.label} {describe(i, url)}"
                 self._sinks[target] = (AlertmanagerSink(url, name, am_timeout) if r.sink == "alertmanager"
+                                       else GrafanaSink(url, r.token, name, am_timeout) if r.sink == "grafana"
                                        else AppriseSink(url, name))
                 self._route_of[target] = r
         self._next_send: dict[str, float] = {}  # route label → earliest next send (rate limit)
@@ -133,7 +138,7 @@ class Courier:
             for i in range(len(r.secrets)):
                 target = r.target(i)
                 key = f"{n['key']}-{target[:12]}" + ("" if r.sink != "alertmanager" else f"-{int(now * 1000)}")
-                p = payload if r.sink == "alertmanager" else {**payload, "markdown": self._markdown(r, target)}
+                p = payload if r.sink != "apprise" else {**payload, "markdown": self._markdown(r, target)}
                 stored += self.outbox.put(key, r.label, target, p, now)
         if stored:
             self._wake.set()
@@ -148,6 +153,12 @@ class Courier:
             else:
                 self._firing_am[akey] = (n, now)
             return {"alerts": [alertmanager_alert(n, float(n["time"]) if resolved else None)]}
+        if r.sink == "grafana":
+            from sentinel.dashboards.links import annotation
+
+            resolved = n.get("state_to") == "resolved"
+            alert = {**n, "state": n.get("state_to"), "resolved_at": n.get("time") if resolved else None}
+            return {"annotation": annotation(alert, base_url=r.secrets[0])}
         return {"title": title(n), "body_text": body(n, markdown=False), "body_md": body(n, markdown=True),
                 "notify_type": notify_type(n)}
 

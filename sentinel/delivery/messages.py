@@ -95,15 +95,3 @@ def body(n: Mapping[str, Any], markdown: bool = False) -> str:
     if n.get("key"):
         lines.append(f"id: {n['key']}")
     return "\n".join(lines)
-
-
-def grafana_link(base: str, uid: str, job: str, run: str, started_at: float, now: float) -> str:
-    """A dashboard link for the run, from 5 min before the alert began to 5 min after now."""
-    if not base:
-        return ""
-    start = int((min(started_at, now) - 300) * 1000)
-    end = int((now + 300) * 1000)
-    from urllib.parse import quote
-
-    return (f"{base.rstrip('/')}/d/{quote(uid)}?var-job={quote(job)}&var-run={quote(run)}"
-            f"&from={start}&to={end}")

@@ -19,7 +19,8 @@ SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
 
 @dataclass
 class Route:
-    """One route. ``sink`` is ``apprise`` or ``alertmanager``; ``secrets`` are its URLs."""
+    """One route. ``sink`` is ``apprise``, ``alertmanager`` or ``grafana``; ``secrets``
+    are its URLs (for ``grafana``, with its token in ``token``)."""
 
     label: str
     sink: str
@@ -34,6 +35,7 @@ class Route:
     rate_limit_seconds: float = 0.0
     resolved: bool = True
     format: str = "auto"
+    token: str = ""
     _last_sent: dict[tuple[str, str, str], float] = field(default_factory=dict)
     _suppressed: set[tuple[str, str, str]] = field(default_factory=set)
 
@@ -41,7 +43,7 @@ class Route:
         """A stable id of where URL ``index`` delivers (a hash: the URL never leaves
         memory). Outbox rows carry it, so a restarted daemon with the same URL picks them
         up, and one URL's retry never resends to another that succeeded."""
-        return hashlib.sha256(f"{self.sink}\0{self.secrets[index]}".encode()).hexdigest()[:24]
+        return hashlib.sha256(f"{self.sink}\0{self.secrets[index]}\0{self.token}".encode()).hexdigest()[:24]
 
     def matches(self, n: Mapping[str, Any]) -> bool:
         """Whether the route takes this notice (ignoring cooldowns)."""
@@ -81,8 +83,8 @@ class Route:
         return True
 
 
-def build_routes(notify: Any, alertmanager: Any = None) -> list[Route]:
-    """Routes from the config's ``notify`` (and ``alertmanager``) sections.
+def build_routes(notify: Any, alertmanager: Any = None, grafana: Any = None) -> list[Route]:
+    """Routes from the config's ``notify`` (and ``alertmanager``, ``grafana``) sections.
 
     ``notify.urls`` with ``notify.min_severity`` is route 0 (today's configs and
     ``SENTINEL_NOTIFY__URLS`` keep working), then ``notify.routes`` in order.
@@ -101,5 +103,8 @@ def build_routes(notify: Any, alertmanager: Any = None) -> list[Route]:
     if alertmanager is not None and alertmanager.url is not None:
         routes.append(Route("alertmanager", "alertmanager", (alertmanager.url.get_secret_value(),),
                             alertmanager.min_severity))
+    if grafana is not None and grafana.url and grafana.token is not None:
+        routes.append(Route("grafana", "grafana", (grafana.url,), grafana.min_severity,
+                            token=grafana.token.get_secret_value()))
     return routes
 

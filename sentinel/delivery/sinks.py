@@ -2,6 +2,7 @@
 
 - :class:`AppriseSink`: one apprise URL (chat, pager, ``json://`` …).
 - :class:`AlertmanagerSink`: Alertmanager's v2 API, ``POST /api/v2/alerts``.
+- :class:`GrafanaSink`: an annotation per transition, ``POST /api/annotations``.
 
 Failures are logged by route, URL index and scheme only.
 """
@@ -82,6 +83,36 @@ def alertmanager_alert(n: Mapping[str, Any], resolved_at: float | None) -> dict[
     return alert
 
 
+def _post_json(endpoint: str, body: Any, label: str, timeout: float, auth: str | None) -> bool:
+    req = urllib.request.Request(endpoint, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if auth:
+        req.add_header("Authorization", auth)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return 200 <= resp.status < 300
+    except urllib.error.HTTPError as exc:
+        log.warning("sentinel notify: %s answered HTTP %d", label, exc.code)
+    except (OSError, ValueError) as exc:
+        log.warning("sentinel notify: %s unreachable (%s)", label, type(exc).__name__)
+    return False
+
+
+class GrafanaSink:
+    """Posts one annotation (``payload["annotation"]``) to ``<url>/api/annotations`` with a
+    service-account token, so the dashboards' "Sentinel events" query shows the alert."""
+
+    def __init__(self, url: str, token: str, name: str = "grafana", timeout: float = 5.0) -> None:
+        self.name = name
+        self.timeout = timeout
+        self._endpoint = url.rstrip("/") + "/api/annotations"
+        self._auth = f"Bearer {token}" if token else None
+        self._label = describe("grafana", url)
+
+    def send(self, payload: Mapping[str, Any]) -> bool:
+        return _post_json(self._endpoint, payload.get("annotation", {}), self._label, self.timeout, self._auth)
+
+
 class AlertmanagerSink:
     """Posts alerts to ``<url>/api/v2/alerts``; credentials in the URL become basic auth."""
 
@@ -98,16 +129,4 @@ class AlertmanagerSink:
         self._label = describe("alertmanager", url)
 
     def send(self, payload: Mapping[str, Any]) -> bool:
-        data = json.dumps(list(payload.get("alerts", []))).encode()
-        req = urllib.request.Request(self._endpoint, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        if self._auth:
-            req.add_header("Authorization", self._auth)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return 200 <= resp.status < 300
-        except urllib.error.HTTPError as exc:
-            log.warning("sentinel notify: %s answered HTTP %d", self._label, exc.code)
-        except (OSError, ValueError) as exc:
-            log.warning("sentinel notify: %s unreachable (%s)", self._label, type(exc).__name__)
-        return False
+        return _post_json(self._endpoint, list(payload.get("alerts", [])), self._label, self.timeout, self._auth)

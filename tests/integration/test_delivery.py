@@ -136,3 +136,32 @@ def test_an_unwritable_outbox_degrades_to_memory(tmp_path: Path, receivers: list
         assert any("delivering from memory" in m for m in caplog.messages)
     finally:
         c.stop()
+
+
+def test_grafana_annotations_go_through_the_outbox(tmp_path: Path) -> None:
+    """No Grafana server can run on these machines: a local HTTP server stands in for it
+    and records what Grafana's ``POST /api/annotations`` receives."""
+    grafana = Receiver(status=503)  # down at first
+    cfg, _ = load_config({"grafana": {"url": f"http://127.0.0.1:{grafana.port}", "token": "glsa_TESTTOKEN"},
+                          "outbox": {"path": str(tmp_path / "outbox.sqlite"), "retry_initial_seconds": 0.1,
+                                     "retry_max_seconds": 0.3}})
+    c = make_courier(cfg)
+    try:
+        c.submit(notice_of(transition()))
+        wait_for(lambda: grafana.refused >= 1, timeout=10, what="a first attempt while Grafana is down")
+        grafana.status = 200
+        c.submit(notice_of(transition(to="resolved")))
+        wait_for(lambda: len(grafana.bodies) == 2, timeout=20, what="both annotations")
+        assert c.drain(5) and c.counts[("grafana", "sent")] == 2
+    finally:
+        c.stop()
+        grafana.close()
+    assert grafana.requests == [("/api/annotations", "Bearer glsa_TESTTOKEN")] * 2
+    by_state = {next(t for t in b["tags"] if t.startswith("state:")): b for b in grafana.bodies}
+    firing, resolved = by_state["state:firing"], by_state["state:resolved"]
+    for b in (firing, resolved):
+        assert {"sentinel", "alertname:TrainingNonFinite", "severity:critical", "run:r1"} <= set(b["tags"])
+        assert b["time"] == 1_000_000  # when the alert began, in ms
+        assert "/d/sentinel-layers?" in b["text"]  # a NaN opens the per-layer dashboard
+    assert firing["timeEnd"] == firing["time"] and resolved["timeEnd"] == 1_005_000  # a region once resolved
+

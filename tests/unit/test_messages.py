@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from sentinel.delivery.courier import notice_of
-from sentinel.delivery.messages import body, grafana_link, sparkline, title
+from sentinel.dashboards.links import dashboard_link
+from sentinel.delivery.messages import body, sparkline, title
 from sentinel.rules.alert import Transition
 
 
@@ -18,14 +19,14 @@ def _t(to: str = "firing") -> Transition:
 
 def test_firing_message_names_the_start_value_threshold_where_and_first_checks() -> None:
     n = notice_of(_t(), recent=[1.0, 1.1, 0.9, 1.0, 50.0, math.nan], metric="sentinel_grad_norm",
-                  grafana=grafana_link("https://g.example", "sentinel-training", "train", "r7", 1000.0, 1010.0))
+                  grafana=dashboard_link("https://g.example", _t().to_json()))
     assert title(n) == "[FIRING] warning GradientSpike — run r7, since step 200"
     text = body(n)
     for needle in ("value: 50 against threshold 10", "where: ranks 0–3, 5, groups layers.3",
                    "started at step: 200, latest step 480", "recent sentinel_grad_norm: ▁▁▁▁█✗",
                    "likely causes:\n- hard samples", "first checks:\n1. check the batch\n2. clip",
                    f"host {n['host']}, pid {n['pid']}",
-                   "grafana: https://g.example/d/sentinel-training?var-job=train&var-run=r7&from=700000&to=1310000",
+                   "grafana: https://g.example/d/sentinel-overview?orgId=1&var-job=train&var-run=r7&from=100000&to=1300000",
                    f"id: {n['key']}"):
         assert needle in text, needle
     md = body(n, markdown=True)
