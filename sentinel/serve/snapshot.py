@@ -56,6 +56,14 @@ def _num(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
+def _value(x: float) -> float | str:
+    """A current value: a number, or ``"NaN"``/``"Inf"``/``"-Inf"`` (JSON has no such numbers,
+    and a NaN loss is exactly what the page must show, not a blank)."""
+    if math.isfinite(x):
+        return float(x)
+    return "NaN" if math.isnan(x) else ("Inf" if x > 0 else "-Inf")
+
+
 def _base(labels: Labels) -> tuple[str, str, int] | None:
     d = dict(labels)
     try:
@@ -119,7 +127,7 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
             last = store.last(name, labels)
             if last is None:
                 continue
-            ranks.setdefault(base, {})[key_name] = _num(last[2])
+            ranks.setdefault(base, {})[key_name] = _value(last[2])
             series.setdefault(base, {})[key_name] = labels
     for alert in engine.alerts_json():  # a rank that crashed before its first step is still a rank
         for r in alert.get("ranks", []) if alert.get("job") != "node" else []:
@@ -129,6 +137,7 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
     for key in sorted(ranks):
         values = ranks[key]
         last_time = values.pop("last_step_time", None)
+        last_time = last_time if isinstance(last_time, float) else None
         window = store.window("sentinel_step_duration_seconds", series.get(key, {}).get("step_time", ()), 50)
         step_times = [] if window is None else [float(v) for v in window.values if math.isfinite(v)]
         state = _state(engine, key, last_time, step_times, now)

@@ -110,6 +110,8 @@ def test_status_page_shows_the_faulty_run_live(demo: str, browser: Any, tmp_path
     marker = page.locator("svg[data-chart='loss'] line[data-marker='TrainingNonFinite'] title").first
     assert "since step 60" in (marker.text_content() or "")  # where the NaN came, not the latest step
     assert "since step 60" in text
+    wait_for(lambda: page.locator("#keyvalues [data-key='loss'] b").inner_text() == "NaN", timeout=10,
+             what="the current loss shown as NaN, not as a blank")
     assert page.locator("#groups tr[data-group]").count() >= 1  # the per-group view
 
     page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)

@@ -32,6 +32,7 @@ function svgEl(tag, attrs) {
 
 function fmt(v) {
   if (v === null || v === undefined) return "—";
+  if (typeof v === "string") return v;  // "NaN", "Inf", "-Inf": the value is non-finite
   if (v === 0) return "0";
   const a = Math.abs(v);
   return a >= 1e4 || a < 1e-3 ? v.toExponential(2) : Number(v.toPrecision(4)).toString();
