@@ -104,16 +104,38 @@ def run(
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
+    tag: list[str] = typer.Option([], "--tag", help="Run metadata KEY=VALUE (repeatable): recorded in the "
+                                                     "history and exported in sentinel_run_info."),
 ) -> None:
     """Run CMD (python, torchrun, ...) with zero-code instrumentation: sentinel run -- CMD ..."""
     from sentinel.run import run_command
 
+    tags = _tags_or_exit(tag, "--tag")
     if not ctx.args:
         typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] [--web.config.file FILE] -- CMD ...",
                    err=True)
         raise typer.Exit(2)
     cfg, pack = _load_or_exit(config, web_config)
-    raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen)))  # type: ignore[arg-type]
+    raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen,  # type: ignore[arg-type]
+                                                        tags)))
+
+
+def _tags_or_exit(pairs: list[str], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` options as tags; a bad one is one line and exit status 2."""
+    from sentinel.instrument.options import check_tags
+
+    tags: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            typer.echo(f"{option}: expected KEY=VALUE, got {pair!r}", err=True)
+            raise typer.Exit(2)
+        tags[key.strip()] = value.strip()
+    try:
+        return check_tags(tags)
+    except ValueError as exc:
+        typer.echo(f"{option}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 alerts_app = typer.Typer(no_args_is_help=True, help="Alert delivery.")

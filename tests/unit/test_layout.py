@@ -47,6 +47,8 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
                         "sentinel.cli", "sentinel.demo", "sentinel.run")),
     ("sentinel.delivery", ("sentinel.engine", "sentinel.instrument", "sentinel.daemon", "sentinel.serve",
                            "sentinel.cli", "sentinel.demo", "sentinel.run")),
+    ("sentinel.history", ("sentinel.engine", "sentinel.instrument", "sentinel.config", "sentinel.daemon",
+                          "sentinel.serve", "sentinel.delivery", "sentinel.cli", "sentinel.demo", "sentinel.run")),
     ("sentinel.", ("sentinel.cli",)),
 ]
 
@@ -135,6 +137,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("instrument/stats.py", "from sentinel import config\n", "imports sentinel.config"),
     ("engine/ingest.py", "from ..serve.exporter import Row\n", "imports sentinel.serve.exporter"),
     ("daemon/service.py", "from sentinel.cli import app\n", "imports sentinel.cli"),
+    ("history/recorder.py", "from sentinel.engine.engine import Engine\n", "imports sentinel.engine.engine"),
+    ("engine/engine.py", "from sentinel.history.recorder import Recorder\n", "imports sentinel.history"),
 ])
 def test_a_forbidden_import_is_found(tmp_path: Path, rel: str, text: str, found: str) -> None:
     root = _tree(tmp_path, {rel: text})
