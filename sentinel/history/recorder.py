@@ -4,8 +4,8 @@ I/O), a writer thread writes them to the history file in batches.
 Bound: each run keeps at most ``max_points`` rows in ``samples`` (rank 0's). A run starts
 with every step; each time it would pass ``max_points`` the stride doubles and the rows off
 the new stride are deleted, so a run of any length holds between ``max_points / 2`` and
-``max_points`` rows (plus its first step). ``loss_records`` (new loss minima) is capped at
-``max_points`` rows per run too; the run's aggregates (final loss, means, peak memory)
+``max_points`` rows (plus its first step). ``loss_records`` holds every new loss minimum for the first ``max_points``, then
+those at least 0.1% below the last (4 × ``max_points`` rows at most); the run's aggregates (final loss, means, peak memory)
 are exact whatever was thinned.
 
 Never a crash: a file that cannot be opened, is corrupt, locked or full switches the
@@ -304,7 +304,10 @@ class Recorder:
             else:
                 if r.first_loss is None:
                     r.first_loss = agg["first_loss"] = loss
-                if (r.best is None or loss < r.best) and r.records < self.max_points:
+                # every new minimum for the first max_points; then only those 0.1% below the
+                # last (steps to a target stay within 0.1% of its loss), 4 × max_points at most
+                if (r.best is None or loss < (r.best if r.records < self.max_points else r.best * 0.999)) \
+                        and r.records < 4 * self.max_points:
                     r.best = agg["min_loss"] = loss
                     r.records += 1
                     db.execute("INSERT OR REPLACE INTO loss_records VALUES (?, ?, ?)", (r.id, step, loss))

@@ -23,11 +23,27 @@ def _num(v: Any) -> float | None:
 
 
 def _sqrt_sum(xs: list[Any]) -> float | None:
-    vals = [float(x) for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    if not vals:
-        return None
-    total = math.fsum(vals)
+    # frames reach the history admitted (engine/validate.py: numbers, or None where not
+    # sampled), so the C-level sum is the common path
+    try:
+        total = math.fsum(xs)
+    except TypeError:
+        vals = [x for x in xs if isinstance(x, (int, float))]
+        if not vals:
+            return None
+        total = math.fsum(vals)
     return math.sqrt(total) if total >= 0 else float("nan")
+
+
+def _roots(xs: Any, n: int) -> list[float]:
+    """Square roots of per-group sums (NaN where not sent)."""
+    nan = float("nan")
+    if not isinstance(xs, list) or len(xs) != n:
+        return [nan] * n
+    try:
+        return list(map(math.sqrt, xs))
+    except (TypeError, ValueError):
+        return [math.sqrt(x) if isinstance(x, (int, float)) and x >= 0 else nan for x in xs]
 
 
 def sample(frame: dict[str, Any]) -> dict[str, float | None]:
@@ -51,12 +67,14 @@ def sample(frame: dict[str, Any]) -> dict[str, float | None]:
     if isinstance(psq, list):
         out["param_norm"] = _sqrt_sum(psq)
         if isinstance(dsq, list) and len(dsq) == len(psq):
-            pairs = [(d, p) for d, p in zip(dsq, psq) if _num(d) is not None and _num(p) is not None]
+            every = None not in dsq
+            pairs = list(zip(dsq, psq)) if every else [(d, p) for d, p in zip(dsq, psq) if d is not None]
             if pairs:
-                dn, pn = _sqrt_sum([d for d, _ in pairs]), _sqrt_sum([p for _, p in pairs])
+                dn = _sqrt_sum(dsq) if every else _sqrt_sum([d for d, _ in pairs])
+                pn = out["param_norm"] if every else _sqrt_sum([p for _, p in pairs])
                 if dn is not None and pn:
                     out["update_ratio"] = dn / pn
-                if len(pairs) == len(dsq):  # every group sampled: the whole update's norm
+                if every:  # every group sampled: the whole update's norm
                     out["delta_norm"] = dn
     lr = frame.get("lr")
     if isinstance(lr, list) and lr and _num(lr[0]) is not None:
@@ -85,15 +103,12 @@ def group_blob(frame: dict[str, Any]) -> bytes | None:
         return None
     n = len(groups)
     nan = float("nan")
-
-    def roots(key: str) -> list[float]:
-        xs = frame.get(key)
-        if not isinstance(xs, list) or len(xs) != n:
-            return [nan] * n
-        return [math.sqrt(x) if isinstance(x, (int, float)) and x >= 0 else nan for x in xs]
-
-    g, p, d = roots("grad_sumsq"), roots("param_sumsq"), roots("delta_sumsq")
-    ratio = [dd / pp if pp and pp == pp and dd == dd else nan for dd, pp in zip(d, p)]
+    g, p = _roots(frame.get("grad_sumsq"), n), _roots(frame.get("param_sumsq"), n)
+    if "delta_sumsq" in frame:
+        d = _roots(frame.get("delta_sumsq"), n)
+        ratio = [dd / pp if pp else nan for dd, pp in zip(d, p)]
+    else:
+        ratio = [nan] * n
     return array("f", g + p + ratio).tobytes()
 
 
