@@ -238,3 +238,20 @@ def test_tags_are_exported_as_one_info_series(tmp_path: Path) -> None:
 
         [line] = wait_for(info, what="sentinel_run_info")
     assert line == 'sentinel_run_info{job="train",lr="3e-4",optimizer="lion",run="h-info",seed="1"} 1.0'
+
+
+def test_compare_by_a_tag_and_report_as_text_and_png(recorded: dict[str, Any], tmp_path: Path) -> None:
+    csv_path = tmp_path / "by.csv"
+    res = cli("compare", "h-a1", "h-a2", "h-b1", "--by", "optimizer", "--csv", str(csv_path), "--db", recorded["db"])
+    assert res.returncode == 0, res.stderr
+    [row] = list(csv.DictReader(csv_path.open()))
+    assert row["runs"] == "3" and row["run_names"] == "h-a1 h-a2 h-b1"
+    text = cli("report", "h-b1", "--format", "text", "--db", recorded["db"])
+    assert text.returncode == 0 and "train/h-b1" in text.stdout and "lr=0.003" in text.stdout
+    missing = cli("report", "no-such-run", "--db", recorded["db"])
+    assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
+    pytest.importorskip("matplotlib")
+    png = cli("report", "h-b1", "--format", "png", "-o", str(tmp_path / "png"), "--db", recorded["db"])
+    assert png.returncode == 0, png.stderr
+    files = sorted((tmp_path / "png").glob("*.png"))
+    assert len(files) >= 4 and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
