@@ -124,12 +124,12 @@ def train(task: Task, name: str, lr: float, seed: int, steps: int, phase: str, s
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a reduced form: 2 lrs, 15 sweep / 30 main steps")
+    ap.add_argument("--quick", action="store_true", help="a reduced form: 2 lrs, 10 sweep / 20 main steps")
     ap.add_argument("--db", help="history file (default: sentinel's per-user one)")
     ap.add_argument("--only", help="comma-separated optimizer names")
     a = ap.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    sweep_steps, main_steps = (15, 30) if a.quick else (200, 500)
+    sweep_steps, main_steps = (10, 20) if a.quick else (200, 500)
     lrs = (3e-4, 1e-3) if a.quick else LRS
     table = _optimizers()
     names = a.only.split(",") if a.only else list(table)

@@ -135,3 +135,14 @@ def test_tags_are_bounded(tags: dict[str, Any], ok: bool) -> None:
 def test_launcher_tags_merge_under_the_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SENTINEL_TAGS", '{"seed": "3", "lr": "1e-3"}')
     assert from_kwargs({"tags": {"lr": "3e-4"}}).tags == {"seed": "3", "lr": "3e-4"}
+
+
+def test_the_optimizer_comes_from_a_frames_field_else_from_the_tags(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    record(path, [step_frame(1, 1.0, run="tagged") | {"tags": {"optimizer": "lion"}},
+                  step_frame(1, 1.0, run="field") | {"tags": {"optimizer": "lion"},
+                                                      "optimizer": {"class": "AdamW", "lr": 1e-3}}])
+    db = hdb.connect(path, readonly=True)
+    tagged, field = find_run(db, "tagged"), find_run(db, "field")
+    assert tagged is not None and tagged.optimizer_name == "lion" and tagged.optimizer is None
+    assert field is not None and field.optimizer_name == "AdamW" and field.optimizer == [{"class": "AdamW", "lr": 1e-3}]
