@@ -16,7 +16,7 @@ Optimizers: SGD with momentum (clip 1.0), AdamW, Adafactor (``torch.optim``), LA
 Sophia (SophiaH, from ``pytorch-optimizer``; a Hutchinson Hessian estimate, so its
 backward keeps the graph); adaptive ones clip at 5.0 (seed 004 §3.2).
 
-    python examples/optimizer_shootout.py            # a few minutes on 2 cores
+    python examples/optimizer_shootout.py            # 15 min on 2 busy shared cores, fewer on idle ones
     python examples/optimizer_shootout.py --quick    # well under a minute (CI)
 """
 
