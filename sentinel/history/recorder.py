@@ -337,8 +337,8 @@ class Recorder:
     def _alert(self, db: sqlite3.Connection, t: Transition) -> None:
         r = self._run(db, t.job, t.run, t.time)
         db.execute("INSERT INTO alerts (run_id, alertname, severity, state_from, state_to, step, time, value, "
-                   "threshold, summary, causes, checks, ranks, groups) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                   "?, ?, ?)", (r.id, *transition_row(t)))
+                   f"threshold, summary, causes, checks, ranks, groups) VALUES ({', '.join('?' * 14)})",
+                   (r.id, *transition_row(t)))
         if t.alertname == "TrainingCrashed" and t.state_to == "firing":
             db.execute("UPDATE runs SET state = 'crashed' WHERE id = ?", (r.id,))
 

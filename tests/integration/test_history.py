@@ -209,7 +209,11 @@ def test_a_daemon_killed_mid_run_loses_at_most_its_last_batch(tmp_path: Path, mo
         db.close()
         daemon = start()  # a new daemon goes on recording the same run in the same file
         wait_for(lambda: sock.exists(), what="the restarted daemon")
-        wait_for(lambda: (steps(1), last_step() > step - 2)[1], timeout=20, what="steps after the restart")
+        def step_and_check() -> bool:
+            steps(1)
+            return last_step() > step - 2
+
+        wait_for(step_and_check, timeout=20, what="steps after the restart")
         mon.close()
     finally:
         daemon.send_signal(signal.SIGTERM)
@@ -255,3 +259,30 @@ def test_compare_by_a_tag_and_report_as_text_and_png(recorded: dict[str, Any], t
     assert png.returncode == 0, png.stderr
     files = sorted((tmp_path / "png").glob("*.png"))
     assert len(files) >= 4 and all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files)
+
+
+def test_a_non_finite_run_is_diverged_with_its_critical_alert_in_compare_and_report(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with sentinel.watch(model, opt, run="h-nan", engine="thread", listen="127.0.0.1:0",
+                        tags={"optimizer": "sgd", "lr": "1e-3"}) as mon:
+        for i in range(12):
+            x = torch.randn(8, 16)
+            loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mon.log(loss=loss if i < 9 else torch.tensor(float("nan")))
+    db = str(hdb.default_path())
+    csv_path = tmp_path / "nan.csv"
+    res = cli("compare", "h-nan", "--csv", str(csv_path), "--db", db)
+    assert res.returncode == 0, res.stderr
+    [row] = list(csv.DictReader(csv_path.open()))
+    assert row["diverged"] == "1" and int(row["criticals"]) >= 1
+    text = cli("report", "h-nan", "--format", "text", "--db", db).stdout
+    assert "TrainingNonFinite (critical)" in text and "first checks:" in text
+    page = tmp_path / "nan.html"
+    assert cli("report", "h-nan", "-o", str(page), "--db", db).returncode == 0
+    html = page.read_text()
+    assert 'class="marker"' in html and "TrainingNonFinite" in html and "likely causes" in html

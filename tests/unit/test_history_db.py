@@ -112,8 +112,8 @@ def test_a_million_steps_at_64_groups_stay_under_the_bound(tmp_path: Path) -> No
     # 10/sqrt(s) <= 0.1 first at s = 10,000; past 4,096 new minima, records are 0.1% apart in loss
     assert steps_to_target(db, run, 0.1) in range(10_000, 10_025)
     assert steps_to_target(db, run, 1.0) == 100  # among the first 4,096 minima: exact
-    s = series(db, run)
-    assert s.steps[0] == 1 and len(s.group_grad) == rows and len(s.group_grad[0]) == 64
+    kept = series(db, run)
+    assert kept.steps[0] == 1 and len(kept.group_grad) == rows and len(kept.group_grad[0]) == 64
 
 
 @pytest.mark.parametrize(("tags", "ok"), [
