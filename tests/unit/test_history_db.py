@@ -146,3 +146,16 @@ def test_the_optimizer_comes_from_a_frames_field_else_from_the_tags(tmp_path: Pa
     tagged, field = find_run(db, "tagged"), find_run(db, "field")
     assert tagged is not None and tagged.optimizer_name == "lion" and tagged.optimizer is None
     assert field is not None and field.optimizer_name == "AdamW" and field.optimizer == [{"class": "AdamW", "lr": 1e-3}]
+
+
+def test_retention_deletes_runs_by_age_then_the_oldest_by_size(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    frames = [step_frame(s, 1.0, run=name) | {"t": t0 + s} for name, t0 in (("old", 1e9), ("mid", 2e9), ("new", 3e9))
+              for s in range(1, 1500)]
+    record(path, frames, keep_seconds=1e12, max_bytes=2**40)
+    db = hdb.connect(path)
+    assert hdb.used_bytes(db) > 3 * 2**20
+    assert hdb.enforce_retention(db, now=3e9, keep_seconds=1.5e9, max_bytes=2**40) == 1  # "old": by age
+    assert hdb.enforce_retention(db, now=3e9, keep_seconds=1e12, max_bytes=2**20) == 1  # "mid": by size
+    assert [r[0] for r in db.execute("SELECT run FROM runs")] == ["new"]  # the newest stays, whatever its size
+    assert db.execute("SELECT COUNT(DISTINCT run_id) FROM samples").fetchone()[0] == 1
