@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 		$(PY) -m pip install --quiet "torch==$(TORCH_CPU_VERSION)"; \
 	fi
 	# the frameworks extra must never replace torch: hold it at the build installed above
-	$(PY) -m pip install --quiet -e ".[dev,frameworks]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	$(PY) -m pip install --quiet -e ".[dev,frameworks,report]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	@touch $@
 
 setup: $(VENV)/.installed

@@ -101,6 +101,14 @@ DAEMON_CATALOG: dict[str, Spec] = {
         C, "Frames the engine rejected whole (undecodable, off-schema, out of range or over a limit); "
            "nothing of them was written."),
     "sentinel_daemon_up": Spec(G, "1 while the engine runs."),
+    "sentinel_run_info": Spec(G, "1 per run, labelled with its tags (sentinel.watch(tags=...), sentinel run --tag; "
+                                 "at most 16)."),
+    "sentinel_history_up": Spec(G, "1 while run history is written to its SQLite file, 0 with no history."),
+    "sentinel_history_degraded_total": Spec(C, "Times the history file could not be used (corrupt, locked, full) "
+                                               "and history was switched off."),
+    "sentinel_history_dropped_total": Spec(C, "Frames and transitions not written to history (queue full, or "
+                                              "no history)."),
+    "sentinel_history_queue_depth": Spec(G, "Frames and transitions waiting for the history writer."),
     "sentinel_daemon_frames_refused_total": Spec(
         C, "Frames refused whole, by reason: uid (another user's), size, decode, schema, range, or the "
            "limit hit (groups, ranks, runs, series, scalars; see limits: in the config).", ("reason",)),

@@ -104,16 +104,183 @@ def run(
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
+    tag: list[str] = typer.Option([], "--tag", help="Run metadata KEY=VALUE (repeatable): recorded in the "
+                                                     "history and exported in sentinel_run_info."),
 ) -> None:
     """Run CMD (python, torchrun, ...) with zero-code instrumentation: sentinel run -- CMD ..."""
     from sentinel.run import run_command
 
+    tags = _tags_or_exit(tag, "--tag")
     if not ctx.args:
         typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] [--web.config.file FILE] -- CMD ...",
                    err=True)
         raise typer.Exit(2)
     cfg, pack = _load_or_exit(config, web_config)
-    raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen)))  # type: ignore[arg-type]
+    raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen,  # type: ignore[arg-type]
+                                                        tags)))
+
+
+def _tags_or_exit(pairs: list[str], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` options as tags; a bad one is one line and exit status 2."""
+    from sentinel.instrument.options import check_tags
+
+    tags: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            typer.echo(f"{option}: expected KEY=VALUE, got {pair!r}", err=True)
+            raise typer.Exit(2)
+        tags[key.strip()] = value.strip()
+    try:
+        return check_tags(tags)
+    except ValueError as exc:
+        typer.echo(f"{option}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+_DB_HELP = "History file (default: history.path in --config, else $XDG_STATE_HOME/sentinel/history.sqlite)."
+
+
+def _history_or_exit(db: str | None, config: str | None) -> object:
+    """The history file opened read-only; a missing or unreadable one is one line, exit 2."""
+    import sqlite3
+
+    from sentinel.history.db import connect, default_path
+
+    path = db
+    if path is None and config:
+        cfg, _ = _load_or_exit(config)
+        path = cfg.history.path or None  # type: ignore[attr-defined]
+    try:
+        return connect(path or default_path(), readonly=True)
+    except (OSError, sqlite3.Error) as exc:
+        typer.echo(f"sentinel: no history to read: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _since(value: str | None) -> float | None:
+    """``--since``: seconds (``90s``), minutes, hours or days (``2d``) ago, or an ISO date."""
+    import time
+    from datetime import datetime
+
+    if not value:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
+            return time.time() - float(value[:-1]) * units[value[-1]]
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        typer.echo(f"--since: expected e.g. 90s, 30m, 12h, 7d or 2026-11-30; got {value!r}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("runs")
+def runs_cmd(
+    job: Optional[str] = typer.Option(None, help="Only this job."),
+    tag: list[str] = typer.Option([], "--tag", help="Only runs with this tag KEY=VALUE (repeatable: all must match)."),
+    since: Optional[str] = typer.Option(None, help="Only runs started since: 30m, 12h, 7d, or a date."),
+    limit: int = typer.Option(50, min=1, help="At most this many (newest first)."),
+    db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
+    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+) -> None:
+    """List the recorded runs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sentinel.history.query import list_runs
+    from sentinel.history.report import fmt, fmt_duration, fmt_time
+
+    conn = _history_or_exit(db, config)
+    found = list_runs(conn, job, _tags_or_exit(tag, "--tag"), _since(since), limit)  # type: ignore[arg-type]
+    table = Table(title=f"{len(found)} run(s)")
+    for col in ("run", "job", "optimizer", "steps", "final loss", "alerts", "state", "started", "duration"):
+        table.add_column(col, justify="right" if col in ("steps", "final loss") else "left")
+    for r in found:
+        alerts = ", ".join(f"{n} {sev}" for sev, n in sorted(r.alerts.items())) or "—"
+        table.add_row(r.run, r.job, r.optimizer_name or "—", str(r.steps), fmt(r.final_loss), alerts, r.state,
+                      fmt_time(r.started), fmt_duration(r.duration))
+    Console(width=200).print(table)
+
+
+def _run_or_exit(conn: object, name: str) -> object:
+    from sentinel.history.query import find_run
+
+    run = find_run(conn, name)  # type: ignore[arg-type]
+    if run is None:
+        typer.echo(f"sentinel: no run {name!r} in the history (see: sentinel runs)", err=True)
+        raise typer.Exit(2)
+    return run
+
+
+@app.command()
+def report(
+    run: str = typer.Argument(..., help="RUN, JOB/RUN, or #ID as `sentinel runs` shows it."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="File (html) or folder (png) to write."),
+    format: str = typer.Option("html", "--format", help="html (one self-contained page), png (the plots), text."),
+    db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
+    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+) -> None:
+    """Report one recorded run: plots over steps, alerts with causes and first checks, the environment."""
+    from pathlib import Path
+
+    from sentinel.history import report as rep
+
+    if format not in ("html", "png", "text"):
+        typer.echo(f"--format: must be html, png or text; got {format!r}", err=True)
+        raise typer.Exit(2)
+    conn = _history_or_exit(db, config)
+    info = _run_or_exit(conn, run)
+    summary = rep.text_summary(conn, info)  # type: ignore[arg-type]
+    if format == "text":
+        typer.echo(summary)
+        return
+    if format == "png":
+        try:
+            paths = rep.png_report(conn, info, Path(output or "."))  # type: ignore[arg-type]
+        except ImportError:
+            typer.echo("--format png needs matplotlib: pip install 'sentinel[report]'", err=True)
+            raise typer.Exit(2) from None
+        typer.echo("\n".join(str(p) for p in paths))
+        return
+    path = Path(output or f"sentinel-report-{info.run}.html")  # type: ignore[attr-defined]
+    path.write_text(rep.html_report(conn, info), encoding="utf-8")  # type: ignore[arg-type]
+    typer.echo(summary)
+    typer.echo(f"report: {path}")
+
+
+@app.command()
+def compare(
+    runs: list[str] = typer.Argument(..., help="Runs to compare (RUN, JOB/RUN or #ID)."),
+    target_loss: Optional[float] = typer.Option(None, "--target-loss", help="Defines 'steps to target'."),
+    by: Optional[str] = typer.Option(None, "--by", help="Aggregate the runs sharing this tag's value."),
+    csv_path: Optional[str] = typer.Option(None, "--csv", help="Also write the table as CSV here."),
+    html_path: Optional[str] = typer.Option(None, "--html", help="Also write the table and loss curves as HTML."),
+    db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
+    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+) -> None:
+    """Seed 004's comparison table; runs differing only by the seed tag aggregate as mean ± std."""
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from sentinel.history import compare as cmp
+
+    conn = _history_or_exit(db, config)
+    infos = [_run_or_exit(conn, name) for name in runs]
+    table_rows = cmp.rows(conn, infos, target_loss, by)  # type: ignore[arg-type]
+    title = "comparison" + (f" (target loss {target_loss:g})" if target_loss is not None else "")
+    table = Table(title=title)
+    for col in cmp.COLUMNS:
+        table.add_column(col)
+    for row in table_rows:
+        table.add_row(*cmp.cells(row, target_loss))
+    Console(width=220).print(table)
+    if csv_path:
+        Path(csv_path).write_text(cmp.to_csv(table_rows, target_loss), encoding="utf-8")
+    if html_path:
+        Path(html_path).write_text(cmp.to_html(conn, table_rows, target_loss), encoding="utf-8")  # type: ignore[arg-type]
 
 
 alerts_app = typer.Typer(no_args_is_help=True, help="Alert delivery.")

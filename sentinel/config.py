@@ -99,6 +99,26 @@ class OutboxConfig(BaseModel):
     """Rows kept at most; the oldest delivered ones go first, then the oldest pending."""
 
 
+class HistoryConfig(BaseModel):
+    """The run history: runs, thinned series and alert transitions in one SQLite file (WAL),
+    written by the engine (embedded or daemon), read by ``sentinel runs/report/compare``."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    path: str = ""
+    """SQLite file; default ``$XDG_STATE_HOME/sentinel/history.sqlite`` (``~/.local/state/…``)."""
+    max_points: int = Field(default=4096, ge=64, le=1_000_000)
+    """Sample rows kept per run at most: every step at first, then thinned by doubling strides."""
+    keep_days: float = Field(default=90.0, gt=0)
+    """Runs last seen longer ago than this are deleted."""
+    max_bytes: int = Field(default=2**30, ge=2**20)
+    """Past this size in use, the oldest runs are deleted (the newest one is always kept)."""
+    queue_size: int = Field(default=65_536, ge=16)
+    """Frames waiting for the writer thread at most; more are dropped and counted."""
+    flush_seconds: float = Field(default=0.5, gt=0, le=60)
+    """The writer commits a batch at least this often (what a killed engine can lose)."""
+
+
 class AlertmanagerConfig(BaseModel):
     """An optional Alertmanager sink (v2 API), through the same outbox."""
 
@@ -194,6 +214,7 @@ class SentinelConfig(BaseSettings):
     gpu: GpuConfig = GpuConfig()
     retention: RetentionConfig = RetentionConfig()
     outbox: OutboxConfig = OutboxConfig()
+    history: HistoryConfig = HistoryConfig()
     alertmanager: AlertmanagerConfig = AlertmanagerConfig()
     grafana: GrafanaConfig = GrafanaConfig()
     limits: LimitsConfig = LimitsConfig()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import shlex
 import os
 import shutil
 import signal
@@ -14,15 +16,19 @@ from types import FrameType
 import sentinel_hooks
 from sentinel.config import SentinelConfig
 from sentinel.daemon.daemon import Daemon
-from sentinel.instrument.options import default_run_name
+from sentinel.instrument.options import default_run_name, env_tags
 from sentinel.rules.config import RulePack
 
 log = logging.getLogger("sentinel")
 
 
-def child_env(socket_path: str, url: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment that switches instrumentation on in every Python that CMD starts."""
+def child_env(socket_path: str, url: str, base: dict[str, str] | None = None,
+              tags: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that switches instrumentation on in every Python that CMD starts
+    (``tags``: ``--tag``s, for the zero-code monitors through ``SENTINEL_TAGS``)."""
     env = dict(os.environ if base is None else base)
+    if tags:
+        env["SENTINEL_TAGS"] = json.dumps({**env_tags(env.get("SENTINEL_TAGS")), **tags})
     hooks_dir = os.path.dirname(os.path.abspath(sentinel_hooks.__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks_dir, env.get("PYTHONPATH", "")) if p)
     env.update(SENTINEL_AUTO="1", SENTINEL_SOCKET=socket_path, SENTINEL_URL=url)
@@ -30,7 +36,8 @@ def child_env(socket_path: str, url: str, base: dict[str, str] | None = None) ->
     return env
 
 
-def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str) -> int:
+def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str,
+                tags: dict[str, str] | None = None) -> int:
     """Start a daemon, run ``cmd`` under it, forward SIGINT/SIGTERM, return its exit status
     (128 + N when it died by signal N, as a shell reports it).
 
@@ -38,22 +45,27 @@ def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: 
     (``TrainingCrashed``), delivered before the daemon stops."""
     folder = tempfile.mkdtemp(prefix="sentinel-run-")  # 0700, a fresh name: nothing to plant
     try:
-        return _run(cmd, config, pack, listen, folder)
+        return _run(cmd, config, pack, listen, folder, tags or {})
     finally:  # every exit path: sockets a crashed rank left, and the folder itself
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, folder: str) -> int:
+def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, folder: str,
+         tags: dict[str, str]) -> int:
     daemon = Daemon(config, pack, listen, os.path.join(folder, "engine.sock"))
     try:
-        return _supervise(cmd, daemon)
+        return _supervise(cmd, daemon, tags)
     finally:
         daemon.stop()
 
 
-def _supervise(cmd: list[str], daemon: Daemon) -> int:
+def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str]) -> int:
     print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
-    env = child_env(daemon.socket_path, daemon.url)
+    env = child_env(daemon.socket_path, daemon.url, tags=tags)
+    history = daemon.service.history
+    job = env.get("SENTINEL_JOB", "train")
+    if history is not None:
+        history.run_started(job, env["SENTINEL_RUN"], shlex.join(cmd), env_tags(env.get("SENTINEL_TAGS")))
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
@@ -75,8 +87,9 @@ def _supervise(cmd: list[str], daemon: Daemon) -> int:
     status = 128 - rc if rc < 0 else rc
     daemon.listener.close()  # every frame CMD sent is in, and ingested, before judging the exit
     daemon.service.flush()
+    if history is not None:
+        history.run_ended(job, env["SENTINEL_RUN"], status)
     if status:
-        job = env.get("SENTINEL_JOB", "train")
         who = f"{os.path.basename(cmd[0])} (pid {proc.pid})"
         engine.exited(job, env["SENTINEL_RUN"], status, who=who)
         for a in engine.alerts_json():  # also those a rank's goodbye frame raised before

@@ -311,6 +311,13 @@ class Store:
                 return []
             return list(m.series) if m.kind == "gauge" else list(m.totals)
 
+    def remove(self, name: str, labels: Labels) -> None:
+        """Forget one series (a run's info series whose tags changed)."""
+        with self.lock:
+            m = self._metrics.get(name)
+            if m is not None and (m.series.pop(labels, None) is not None or m.totals.pop(labels, None) is not None):
+                self.generation += 1
+
     def drop(self, job: str, run: str) -> int:
         """Forget every series and counter of a run (one that ended); returns how many."""
         pair_job, pair_run = ("job", job), ("run", run)

@@ -29,6 +29,8 @@ from sentinel.delivery.courier import Courier, notice_of
 from sentinel.dashboards.links import dashboard_link
 from sentinel.delivery.outbox import Outbox, default_path
 from sentinel.delivery.routes import build_routes
+from sentinel.history.db import default_path as default_history_path
+from sentinel.history.recorder import Recorder
 from sentinel.rules.config import RulePack
 from sentinel.store import Row
 from sentinel.rules.lifecycle import Transition
@@ -53,6 +55,15 @@ def resident_bytes() -> int | None:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return None
+
+
+def make_history(config: SentinelConfig) -> Recorder | None:
+    """The history recorder of the config (None when ``history.enabled`` is false)."""
+    h = config.history
+    if not h.enabled:
+        return None
+    return Recorder(h.path or default_history_path(), h.max_points, h.keep_days * 86_400.0, h.max_bytes,
+                    h.queue_size, h.flush_seconds)
 
 
 def make_courier(config: SentinelConfig) -> Courier:
@@ -84,6 +95,11 @@ class Service:
         self.pack = pack
         self.courier = make_courier(config)
         self.engine.listeners += [self._notify, self._actions]
+        self.history = make_history(config)
+        """Where runs are recorded (None: history is off); the engine's thread only queues."""
+        if self.history is not None:
+            self.engine.frame_listeners.append(self.history.offer_frame)
+            self.engine.listeners.append(self.history.offer_transition)
         self.collector = StoreCollector(self.engine.store, extra=self._rows)
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
@@ -105,6 +121,8 @@ class Service:
                              config.gpu.interval_seconds)
         self.extra_rows.append(self.gpu.rows)
         self.gpu.start()
+        if self.history is not None:
+            self.extra_rows.append(self.history.rows)
         self.received = 0
         self.processed = 0
         self._taken = 0  # frames the worker took off the queue
@@ -153,6 +171,8 @@ class Service:
         self._queue.put(None)  # wake the worker now rather than at its timeout
         self._thread.join(2.0)
         self.gpu.stop()
+        if self.history is not None:
+            self.history.close()
         self.courier.stop()
         self.http.stop()
 

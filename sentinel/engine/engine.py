@@ -37,7 +37,7 @@ def _alive(pid: int) -> bool:
         return True
     return True
 
-Listener = Callable[[Transition], None]
+Listener = Callable[[Transition], object]
 
 SCAN_PER_CALL = 4096
 """Pids checked for liveness per :meth:`Engine.check_processes` (about 1 µs each)."""
@@ -73,6 +73,8 @@ class Engine:
         self.ingestor = Ingestor(self.store)
         self.rules = RuleEngine(pack if pack is not None else load_pack(), self.store, clock)
         self.listeners: list[Listener] = []
+        self.frame_listeners: list[Callable[[dict[str, Any]], object]] = []
+        """Given every frame admitted and ingested (decoded; e.g. the history recorder's queue)."""
         self.transitions: deque[Transition] = deque(maxlen=history)
         self.frames_received = 0
         self.frames_malformed = 0
@@ -133,6 +135,13 @@ class Engine:
                 return False
             if pid is not None and frame["kind"] != "bye":
                 self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
+            for listener in self.frame_listeners:
+                try:
+                    listener(frame)
+                except Exception:
+                    self.listener_errors += 1
+                    if self.listener_errors == 1:
+                        log.warning("sentinel engine: frame listener failed", exc_info=True)
             return True
 
     def _reject(self, reason: str, exc: Exception) -> None:

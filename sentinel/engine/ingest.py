@@ -55,6 +55,12 @@ class Ingestor:
         amp = f.get("amp")
         if isinstance(amp, dict) and isinstance(amp.get("scale"), (int, float)):
             self._amp(float(amp["scale"]), add, base)
+        tags = f.get("tags")
+        if isinstance(tags, dict) and kind in ("step", "log"):  # checked by engine/validate.py
+            info = labels_of(job=f["job"], run=f["run"], **tags)
+            if self.store.last("sentinel_run_info", info) is None:
+                self._drop_info(f["job"], f["run"])  # one info series per run: the latest tags
+            rows.append(("sentinel_run_info", info, 1.0))
         if kind == "step":
             self._step(f, add, base, ctx)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
@@ -71,6 +77,12 @@ class Ingestor:
                 del table[base]
         for key in [k for k in self._totals if all(p in k[0] for p in pairs)]:
             del self._totals[key]  # a run started again under the same name gets its counters back
+
+    def _drop_info(self, job: str, run: str) -> None:
+        for labels in self.store.labelsets("sentinel_run_info"):
+            d = dict(labels)
+            if d.get("job") == job and d.get("run") == run:
+                self.store.remove("sentinel_run_info", labels)
 
     def _base(self, job: str, run: str, rank: int) -> Labels:
         """The ``job, run, rank`` labels (built once per rank)."""

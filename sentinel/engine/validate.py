@@ -183,7 +183,8 @@ def _scalars(scalars: Any, limits: Limits) -> None:
 def _schema_ok(key: str, value: Any) -> bool:
     """Whether a field that failed its test at least had the right shape (a range problem)."""
     shape = {"lr": list, "sat": list, "mem": dict, "state_bytes": dict, "amp": dict, "shard": str,
-             "exc": str, "reply": str, "ddp": bool}.get(key)
+             "exc": str, "reply": str, "ddp": bool,
+             "tags": dict, "cmd": str}.get(key)
     if shape is not None:
         return type(value) is shape
     return _num(value)
@@ -204,7 +205,20 @@ def _map(cap_of: Callable[[Limits], int]) -> Callable[[Any, Limits], bool]:
     return test
 
 
+_TAG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+RESERVED_TAGS = frozenset({"job", "run", "rank", "group", "instance", "le", "quantile"})
+
+
+def _tags(v: Any, _: Limits) -> bool:
+    """At most 16 tags, keys label-safe (and not the series' own labels), values <= 64 chars."""
+    return (type(v) is dict and len(v) <= 16
+            and all(type(k) is str and _TAG_KEY.fullmatch(k) is not None and k not in RESERVED_TAGS
+                    and type(x) is str and len(x) <= 64 for k, x in v.items()))
+
+
 _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
+    "tags": _tags,
+    "cmd": lambda v, _: type(v) is str and len(v) <= 1000,
     "shard": lambda v, _: type(v) is str and v in _SHARDS,
     "ddp": lambda v, _: type(v) is bool,
     "clip_norm": lambda v, _: _nonneg(v),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -357,6 +358,10 @@ class Monitor(Reporter):
         o, now = self.options, time.time()
         meta: dict[str, Any] = {"kind": "step", "step": self.steps, "t": now,
                                 "groups": self.groups, "lr": probes.learning_rates(self.optimizers)}
+        if o.tags and (self.steps == 1 or self.steps % o.tags_every == 0):
+            meta["tags"] = o.tags
+        if self.steps == 1:  # the history's record of what ran (engine side)
+            meta["cmd"] = " ".join(sys.argv)[:1000]
         if self._last_step_time is not None:
             meta["step_seconds"] = now - self._last_step_time
         self._last_step_time = now

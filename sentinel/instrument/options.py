@@ -51,6 +51,13 @@ class WatchOptions:
     """Take each step's loss from ``Tensor.backward`` (the sum of the losses passed to it
     since the previous step, unscaled for a GradScaler), as zero-code mode does, instead
     of from :meth:`~sentinel.instrument.monitor.Monitor.log`."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Run metadata, e.g. ``{"optimizer": "lion", "lr": "3e-4", "seed": "1"}``: recorded in the
+    history and exported as ``sentinel_run_info{...}``. At most 16; keys label-safe, at most
+    32 characters, not ``job``/``run``/``rank``/``group``; values at most 64 characters.
+    ``SENTINEL_TAGS`` (a JSON map, as ``sentinel run --tag`` sets it) adds to them."""
+    tags_every: int = 100
+    """Step frames carry the tags at the first step and then every N steps."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -62,8 +69,50 @@ class WatchOptions:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
         parse_listen(self.listen)
+        self.tags = check_tags(self.tags)
+        if int(self.tags_every) < 1:
+            raise ValueError(f"tags_every: must be >= 1, got {self.tags_every!r}")
         if self.engine not in ("process", "thread", "off"):
             raise ValueError(f"engine: must be process, thread or off, got {self.engine!r}")
+
+
+MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 16, 32, 64
+_RESERVED = frozenset({"job", "run", "rank", "group", "instance", "le", "quantile"})
+
+
+def check_tags(tags: Any) -> dict[str, str]:
+    """Tags as strings, checked against the bounds (see :attr:`WatchOptions.tags`).
+
+    Raises:
+        ValueError: too many tags, a bad key, or a value too long.
+    """
+    if not isinstance(tags, dict):
+        raise ValueError(f"tags: must be a mapping of str to str, got {type(tags).__name__}")
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"tags: at most {MAX_TAGS}, got {len(tags)}")
+    out: dict[str, str] = {}
+    for k, v in tags.items():
+        if (not isinstance(k, str) or not 0 < len(k) <= MAX_TAG_KEY or not (k[0].isalpha() or k[0] == "_")
+                or not all(c.isascii() and (c.isalnum() or c == "_") for c in k) or k in _RESERVED):
+            raise ValueError(f"tags: key {k!r} must match [A-Za-z_][A-Za-z0-9_]* (at most {MAX_TAG_KEY} "
+                             f"characters) and not be one of {', '.join(sorted(_RESERVED))}")
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)) or len(str(v)) > MAX_TAG_VALUE:
+            raise ValueError(f"tags.{k}: must be a string of at most {MAX_TAG_VALUE} characters")
+        out[k] = str(v)
+    return out
+
+
+def env_tags(value: str | None) -> dict[str, str]:
+    """``SENTINEL_TAGS``: a JSON map; anything else is ignored (never break training)."""
+    if not value:
+        return {}
+    import json
+
+    try:
+        parsed = json.loads(value)
+        return check_tags(parsed) if isinstance(parsed, dict) else {}
+    except ValueError:
+        return {}
 
 
 def launcher_run_name() -> str:
@@ -105,10 +154,13 @@ def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
         raise TypeError(f"unknown sentinel.watch option(s): {', '.join(sorted(unknown))}")
     values: dict[str, Any] = {}
     for name, f in known.items():
-        if name in kwargs:
+        if name in kwargs and name != "tags":
             values[name] = kwargs[name]
             continue
         env = os.environ.get(f"SENTINEL_{name.upper()}")
+        if name == "tags":  # the launcher's tags, with the script's own over them
+            values[name] = {**env_tags(env), **check_tags(kwargs.get("tags", {}))}
+            continue
         if env is None or name == "extra":
             continue
         default = f.default

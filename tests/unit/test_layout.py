@@ -49,6 +49,8 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
                            "sentinel.cli", "sentinel.demo", "sentinel.run")),
     # the dashboards generator reads the ground floor and the rule pack (thresholds) only
     ("sentinel.dashboards", ("sentinel.engine", "sentinel.config", "sentinel.instrument") + SHELLS),
+    ("sentinel.history", ("sentinel.engine", "sentinel.instrument", "sentinel.config", "sentinel.daemon",
+                          "sentinel.serve", "sentinel.delivery", "sentinel.cli", "sentinel.demo", "sentinel.run")),
     ("sentinel.", ("sentinel.cli",)),
 ]
 
@@ -139,6 +141,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("daemon/service.py", "from sentinel.cli import app\n", "imports sentinel.cli"),
     ("dashboards/boards.py", "from sentinel.serve.exporter import Row\n", "imports sentinel.serve.exporter"),
     ("dashboards/boards.py", "from sentinel.daemon import gpu\n", "imports sentinel.daemon"),
+    ("history/recorder.py", "from sentinel.engine.engine import Engine\n", "imports sentinel.engine.engine"),
+    ("engine/engine.py", "from sentinel.history.recorder import Recorder\n", "imports sentinel.history"),
 ])
 def test_a_forbidden_import_is_found(tmp_path: Path, rel: str, text: str, found: str) -> None:
     root = _tree(tmp_path, {rel: text})

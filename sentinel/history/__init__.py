@@ -1,0 +1,1 @@
+"""The run history (SQLite, written by the engine side), ``sentinel runs``, ``report`` and ``compare``."""

@@ -1,0 +1,178 @@
+"""What one frame contributes to the history: pure functions from a decoded frame to the
+values of a ``samples`` row and the run's metadata."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Any
+
+from sentinel.rules.alert import Transition
+
+COLUMNS = ("loss", "grad_norm", "clip_norm", "param_norm", "update_ratio", "delta_norm", "lr",
+           "mem_used", "mem_peak", "loss_scale", "step_seconds")
+"""The scalar columns of ``samples``, in order."""
+
+MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 16, 32, 64
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def _sqrt_sum(xs: list[Any]) -> float | None:
+    # frames reach the history admitted (engine/validate.py: numbers, or None where not
+    # sampled), so the C-level sum is the common path
+    try:
+        total = math.fsum(xs)
+    except TypeError:
+        vals = [x for x in xs if isinstance(x, (int, float))]
+        if not vals:
+            return None
+        total = math.fsum(vals)
+    return math.sqrt(total) if total >= 0 else float("nan")
+
+
+def _roots(xs: Any, n: int) -> list[float]:
+    """Square roots of per-group sums (NaN where not sent)."""
+    nan = float("nan")
+    if not isinstance(xs, list) or len(xs) != n:
+        return [nan] * n
+    try:
+        return list(map(math.sqrt, xs))
+    except (TypeError, ValueError):
+        return [math.sqrt(x) if isinstance(x, (int, float)) and x >= 0 else nan for x in xs]
+
+
+def sample(frame: dict[str, Any]) -> dict[str, float | None]:
+    """The ``samples`` columns a frame sets (absent ones are left out, not None).
+
+    Norms are taken from the frame's sums of squares (rank 0's own: for a sharded run
+    they cover rank 0's shards only). The grad norm is the one the optimizer stepped
+    with (after any clipping); ``clip_norm`` is the norm before clipping.
+    """
+    out: dict[str, float | None] = {}
+    scalars = frame.get("scalars")
+    if isinstance(scalars, dict) and _num(scalars.get("loss")) is not None:
+        out["loss"] = _num(scalars["loss"])
+    if frame["kind"] != "step":
+        return out
+    gsq, psq, dsq = frame.get("grad_sumsq"), frame.get("param_sumsq"), frame.get("delta_sumsq")
+    if isinstance(gsq, list):
+        out["grad_norm"] = _sqrt_sum(gsq)
+    if _num(frame.get("clip_norm")) is not None:
+        out["clip_norm"] = _num(frame["clip_norm"])
+    if isinstance(psq, list):
+        out["param_norm"] = _sqrt_sum(psq)
+        if isinstance(dsq, list) and len(dsq) == len(psq):
+            every = None not in dsq
+            pairs = list(zip(dsq, psq)) if every else [(d, p) for d, p in zip(dsq, psq) if d is not None]
+            if pairs:
+                dn = _sqrt_sum(dsq) if every else _sqrt_sum([d for d, _ in pairs])
+                pn = out["param_norm"] if every else _sqrt_sum([p for _, p in pairs])
+                if dn is not None and pn:
+                    out["update_ratio"] = dn / pn
+                if every:  # every group sampled: the whole update's norm
+                    out["delta_norm"] = dn
+    lr = frame.get("lr")
+    if isinstance(lr, list) and lr and _num(lr[0]) is not None:
+        out["lr"] = _num(lr[0])
+    mem = frame.get("mem")
+    if isinstance(mem, dict):
+        cuda = _num(mem.get("cuda_allocated"))
+        used = cuda if cuda is not None else _num(mem.get("host_rss"))
+        if used is not None:
+            out["mem_used"] = used
+        peak = _num(mem.get("cuda_peak")) if cuda is not None else _num(mem.get("host_rss"))
+        if peak is not None:
+            out["mem_peak"] = peak
+    amp = frame.get("amp")
+    if isinstance(amp, dict) and _num(amp.get("scale")) is not None:
+        out["loss_scale"] = _num(amp["scale"])
+    if _num(frame.get("step_seconds")) is not None:
+        out["step_seconds"] = _num(frame["step_seconds"])
+    return out
+
+
+def group_blob(frame: dict[str, Any]) -> bytes | None:
+    """Per-group grad norms, parameter norms and update ratios as float32 (NaN: not sent)."""
+    groups = frame.get("groups")
+    if frame["kind"] != "step" or not isinstance(groups, list) or not groups:
+        return None
+    n = len(groups)
+    nan = float("nan")
+    g, p = _roots(frame.get("grad_sumsq"), n), _roots(frame.get("param_sumsq"), n)
+    if "delta_sumsq" in frame:
+        d = _roots(frame.get("delta_sumsq"), n)
+        ratio = [dd / pp if pp else nan for dd, pp in zip(d, p)]
+    else:
+        ratio = [nan] * n
+    return array("f", g + p + ratio).tobytes()
+
+
+def unpack_groups(blob: bytes | None, n: int) -> tuple[list[float], list[float], list[float]] | None:
+    """The inverse of :func:`group_blob`: (grad norms, parameter norms, update ratios)."""
+    if not blob or n <= 0:
+        return None
+    a = array("f")
+    a.frombytes(blob)
+    if len(a) != 3 * n:
+        return None
+    vals = a.tolist()
+    return vals[:n], vals[n:2 * n], vals[2 * n:]
+
+
+def tags_of(value: Any) -> dict[str, str] | None:
+    """A frame's ``tags``, bounded (count, key and value length); None when it has none."""
+    if not isinstance(value, dict) or not value:
+        return None
+    out: dict[str, str] = {}
+    for k, v in list(value.items())[:MAX_TAGS]:
+        if isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            out[k[:MAX_TAG_KEY]] = str(v)[:MAX_TAG_VALUE]
+    return out or None
+
+
+def optimizer_of(value: Any) -> list[dict[str, Any]] | None:
+    """A frame's ``optimizer`` field: a map or a list of maps with a ``class`` (or ``name``)
+    and numeric hyperparameters. Returns ``[{"class": str, hyper: number, ...}]``, bounded,
+    or None when there is nothing usable."""
+    items = value if isinstance(value, list) else [value]
+    out: list[dict[str, Any]] = []
+    for item in items[:8]:
+        if not isinstance(item, dict):
+            continue
+        name = item.get("class", item.get("name"))
+        if not isinstance(name, str) or not name:
+            continue
+        entry: dict[str, Any] = {"class": name[:64]}
+        for k, v in list(item.items())[:32]:
+            if k in ("class", "name") or not isinstance(k, str):
+                continue
+            if _num(v) is not None:
+                entry[k[:32]] = v
+            elif isinstance(v, list) and len(v) <= 4 and all(_num(x) is not None for x in v):
+                entry[k[:32]] = list(v)  # e.g. betas
+        out.append(entry)
+    return out or None
+
+
+def optimizer_label(optimizer: list[dict[str, Any]] | None, tags: dict[str, str] | None) -> str:
+    """How tables name a run's optimizer: the frame's class, else the ``optimizer`` tag."""
+    if optimizer:
+        return "+".join(str(o["class"]) for o in optimizer)
+    return (tags or {}).get("optimizer", "")
+
+
+def transition_row(t: Transition) -> tuple[Any, ...]:
+    """The ``alerts`` columns (after ``run_id``) of a transition."""
+    import json
+
+    def num(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return (t.alertname, t.severity, t.state_from, t.state_to, t.step, t.time, num(t.value), num(t.threshold),
+            t.summary, json.dumps(list(t.causes)), json.dumps(list(t.checks)), json.dumps(list(t.ranks)),
+            json.dumps(list(t.groups)))

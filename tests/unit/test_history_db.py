@@ -1,0 +1,161 @@
+"""The history file: migrated not recreated, bounded, and a bad file is "no history", never a crash."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.history import db as hdb
+from sentinel.history.query import find_run, series, steps_to_target
+from sentinel.history.recorder import Recorder
+from sentinel.instrument.options import check_tags, from_kwargs
+
+GROUPS = [f"layers.{i}" for i in range(64)]
+
+
+def step_frame(step: int, loss: float | None = None, run: str = "r", full: bool = True) -> dict[str, Any]:
+    f: dict[str, Any] = {"kind": "step", "job": "j", "run": run, "rank": 0, "world": 1, "step": step,
+                         "t": 1000.0 + step, "groups": GROUPS, "grad_sumsq": [1.0] * 64, "lr": [0.1]}
+    if full and step % 10 == 0:
+        f["param_sumsq"] = [4.0] * 64
+        f["delta_sumsq"] = [0.01] * 64
+        f["mem"] = {"host_rss": 1000.0 + step}
+    if loss is not None:
+        f["scalars"] = {"loss": loss}
+    return f
+
+
+def record(path: Path, frames: list[dict[str, Any]], **kw: Any) -> Recorder:
+    rec = Recorder(path, **kw)
+    for f in frames:
+        assert rec.offer_frame(f)
+    assert rec.flush(60)
+    rec.close()
+    return rec
+
+
+def test_a_v1_file_is_migrated_in_place_and_keeps_its_runs(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    old = sqlite3.connect(path, isolation_level=None)
+    hdb.migrate(old, target=1)
+    old.execute("INSERT INTO runs (job, run, started, steps, final_loss) VALUES ('j', 'old', ?, 7, 0.5)",
+                (time.time(),))
+    old.close()
+    db = hdb.connect(path)
+    assert hdb.version_of(db) == hdb.SCHEMA_VERSION == 2
+    assert db.execute("SELECT run, steps, final_loss, env FROM runs").fetchall() == [("old", 7, 0.5, None)]
+    db.close()
+    record(path, [step_frame(1, 2.0, run="new") | {"env": {"torch": "2.13.0"}}])
+    ro = hdb.connect(path, readonly=True)
+    assert {r[0] for r in ro.execute("SELECT run FROM runs")} == {"old", "new"}
+    info = find_run(ro, "new")
+    assert info is not None and info.env == {"torch": "2.13.0"}
+
+
+@pytest.mark.parametrize("damage", ["garbage", "newer", "locked"])
+def test_a_bad_file_is_no_history_with_a_counter_not_a_crash(tmp_path: Path, damage: str,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "h.sqlite"
+    holder = None
+    if damage == "garbage":
+        path.write_bytes(b"this is not a database" * 200)
+    elif damage == "newer":
+        db = hdb.connect(path)
+        db.execute("UPDATE schema_version SET version = 99")
+        db.close()
+    else:  # another process holds the write lock for the whole run
+        hdb.connect(path).close()
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+    rec = Recorder(path, flush_seconds=0.05)
+    for s in range(1, 50):
+        rec.offer_frame(step_frame(s, 1.0))
+    rec.flush(10)
+    rec.close()
+    assert rec.degraded == 1 and not rec.up
+    assert rec.dropped + rec._lost >= 1  # nothing written, all of it counted
+    assert sum("no run history is recorded" in r.getMessage() for r in caplog.records) == 1
+    rows = dict((name, v) for name, _, _, v in rec.rows())
+    assert rows["sentinel_history_up"] == 0.0 and rows["sentinel_history_degraded_total"] == 1.0
+    if holder is not None:
+        holder.execute("ROLLBACK")
+
+
+def test_a_million_steps_at_64_groups_stay_under_the_bound(tmp_path: Path) -> None:
+    """1M steps through the recorder, at every step for the first 32,768 (where the stride
+    is below 16) and every 16th step after (the steps the stride keeps from there on, and
+    enough for the aggregates); the file must stay under max_points rows and its size bound."""
+    path = tmp_path / "h.sqlite"
+    rec = Recorder(path, max_points=4096, queue_size=200_000, flush_seconds=0.05)
+    n = 0
+    for s in list(range(1, 32_769)) + list(range(32_784, 1_000_001, 16)):
+        rec.offer_frame(step_frame(s, 10.0 / math.sqrt(s), full=s % 160 == 0 or s < 32_769))
+        n += 1
+        if n % 20_000 == 0:
+            assert rec.flush(120)
+    assert rec.flush(120)
+    rec.close()
+    db = hdb.connect(path, readonly=True)
+    run = find_run(db, "r")
+    assert run is not None and run.steps == 1_000_000
+    rows = db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    assert 2048 <= rows <= 4097
+    assert run.stride in (256, 512)
+    assert os.path.getsize(path) < 8 * 2**20  # README: under 8 MiB a run at 64 groups
+    assert run.final_loss == pytest.approx(0.01)  # exact whatever was thinned
+    # 10/sqrt(s) <= 0.1 first at s = 10,000; past 4,096 new minima, records are 0.1% apart in loss
+    assert steps_to_target(db, run, 0.1) in range(10_000, 10_025)
+    assert steps_to_target(db, run, 1.0) == 100  # among the first 4,096 minima: exact
+    kept = series(db, run)
+    assert kept.steps[0] == 1 and len(kept.group_grad) == rows and len(kept.group_grad[0]) == 64
+
+
+@pytest.mark.parametrize(("tags", "ok"), [
+    ({"optimizer": "lion", "lr": "3e-4", "seed": 1}, True),
+    ({f"k{i}": "v" for i in range(17)}, False),
+    ({"run": "x"}, False),
+    ({"bad-key": "x"}, False),
+    ({"k": "v" * 65}, False),
+    ({"k" * 33: "v"}, False),
+])
+def test_tags_are_bounded(tags: dict[str, Any], ok: bool) -> None:
+    if ok:
+        assert check_tags(tags) == {k: str(v) for k, v in tags.items()}
+    else:
+        with pytest.raises(ValueError, match="tags"):
+            check_tags(tags)
+
+
+def test_launcher_tags_merge_under_the_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SENTINEL_TAGS", '{"seed": "3", "lr": "1e-3"}')
+    assert from_kwargs({"tags": {"lr": "3e-4"}}).tags == {"seed": "3", "lr": "3e-4"}
+
+
+def test_the_optimizer_comes_from_a_frames_field_else_from_the_tags(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    record(path, [step_frame(1, 1.0, run="tagged") | {"tags": {"optimizer": "lion"}},
+                  step_frame(1, 1.0, run="field") | {"tags": {"optimizer": "lion"},
+                                                      "optimizer": {"class": "AdamW", "lr": 1e-3}}])
+    db = hdb.connect(path, readonly=True)
+    tagged, field = find_run(db, "tagged"), find_run(db, "field")
+    assert tagged is not None and tagged.optimizer_name == "lion" and tagged.optimizer is None
+    assert field is not None and field.optimizer_name == "AdamW" and field.optimizer == [{"class": "AdamW", "lr": 1e-3}]
+
+
+def test_retention_deletes_runs_by_age_then_the_oldest_by_size(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    frames = [step_frame(s, 1.0, run=name) | {"t": t0 + s} for name, t0 in (("old", 1e9), ("mid", 2e9), ("new", 3e9))
+              for s in range(1, 1500)]
+    record(path, frames, keep_seconds=1e12, max_bytes=2**40)
+    db = hdb.connect(path)
+    assert hdb.used_bytes(db) > 3 * 2**20
+    assert hdb.enforce_retention(db, now=3e9, keep_seconds=1.5e9, max_bytes=2**40) == 1  # "old": by age
+    assert hdb.enforce_retention(db, now=3e9, keep_seconds=1e12, max_bytes=2**20) == 1  # "mid": by size
+    assert [r[0] for r in db.execute("SELECT run FROM runs")] == ["new"]  # the newest stays, whatever its size
+    assert db.execute("SELECT COUNT(DISTINCT run_id) FROM samples").fetchone()[0] == 1
