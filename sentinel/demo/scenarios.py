@@ -381,6 +381,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("amp-collapse-early", "mlp", "adamw", fault="amp-collapse", fault_step=20,
              amp=True, expect=("LossScaleCollapse",), max_delay=5, steps=80,
              why="every step overflows from step 20, before any warm-up: the scale sinks below 1"),
+    Scenario("lr-high-start", "mlp", "adamw", fault="lr-high", fault_step=1, lr_factor=100.0,
+             expect=("EarlyLossSwing", "EarlyUpdateTooLarge", "UpdateRatioHigh"), max_delay=30,
+             steps=120, why="learning rate ×100 from step 1: the loss swings, then settles (no NaN)"),
+    Scenario("lr-low-start", "cnn", "adamw", fault="lr-low", fault_step=1, lr_factor=1e-3,
+             expect=("EarlyLossStalled", "UpdateRatioLow"), max_delay=60, steps=120,
+             why="learning rate ×1e-3 from step 1: the loss has not fallen by step 50"),
     *(_clean(m, o) for m in MODELS for o in OPTIMIZERS),
 )
 """Every scenario, fault ones first, then a clean run of each model with each optimizer."""

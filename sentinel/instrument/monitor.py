@@ -267,10 +267,10 @@ class Monitor(Reporter):
                 self.guard.run("report", self._finalize)
             step = self.steps + 1
             if not self._contributed and self.guard.run(
-                    "layout", self.layout.changed, self.optimizers, step % self.options.update_every == 0):
+                    "layout", self.layout.changed, self.optimizers, self._update_due(step)):
                 self.guard.run("layout", self._relayout)
             out = self.guard.run("grad", self._closure_aware, k, step, args, kwargs)
-            if step % self.options.update_every == 0:
+            if self._update_due(step):
                 self.guard.run("update", self.layout.snapshots[k].take)
             self.probe_seconds += time.perf_counter() - t0
             return out
@@ -307,7 +307,7 @@ class Monitor(Reporter):
             step = self.steps + 1
             if self._closure_done.pop(k, True) is False:  # the optimizer never called the closure
                 self.guard.run("grad", self._grad_stats, k, step)
-            if step % self.options.update_every == 0:
+            if self._update_due(step):
                 self.guard.run("update", self._update_stats, k)
                 self.guard.run("param", self._param_stats, k)
             self._contributed.add(k)
@@ -315,6 +315,11 @@ class Monitor(Reporter):
                 self.guard.run("report", self._finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
+
+    def _update_due(self, step: int) -> bool:
+        """Whether ``step`` samples the update ratio: every ``update_every`` steps, and every
+        step of the first ``early_steps`` (the early-training checks)."""
+        return step % self.options.update_every == 0 or step <= self.options.early_steps
 
     def _on_load(self, opt: torch.optim.Optimizer) -> None:
         self._state_due = True

@@ -26,6 +26,9 @@ class WatchOptions:
     max_groups: int = 64
     update_every: int = 10
     """Update ratio ‖Δw‖/‖w‖ and parameter norms, every N steps."""
+    early_steps: int = 50
+    """... and at every step of the first N steps, which the early-training rules judge
+    (seed 004 §4.2: a 10-step divergence check before anything else); 0: never."""
     update_snapshot_bytes: int = 256 * 2**20
     """Bound on the snapshot buffer for the update ratio; groups rotate when exceeded."""
     state_every: int = 100

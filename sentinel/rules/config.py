@@ -106,6 +106,8 @@ class Rule(BaseModel):
         cooldown_seconds: a re-fire this soon after a resolve is recorded, not notified.
         warmup_steps: no evaluation before this step, unless the rule is critical;
             baselines never use samples from before it.
+        until_steps: no evaluation after this step (0: no end), except to resolve an
+            alert that is open: for the checks of the first steps of a run.
         every_steps: evaluate at most every this many steps (for heavy detectors).
             ``for_steps``/``resolve_after`` count evaluations, not steps.
         lr_grace_steps: no evaluation for this many steps from a learning-rate change.
@@ -135,6 +137,7 @@ class Rule(BaseModel):
     resolve_after: PositiveInt = 1
     cooldown_seconds: NonNegativeFloat = 0.0
     warmup_steps: NonNegativeInt = 0
+    until_steps: NonNegativeInt = 0
     every_steps: PositiveInt = 1
     lr_grace_steps: NonNegativeInt = 0
     lr_resets_baseline: bool = True

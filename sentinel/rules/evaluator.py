@@ -139,6 +139,8 @@ class RuleEngine:
             for c in self._step_rules if only is None else [c for c in self._step_rules if c.name in only]:
                 if step < c.gate_until or written is not None and c.metrics.isdisjoint(written):
                     continue  # warming up, or no new sample of its metrics in this frame
+                if c.until and step > c.until and not life.is_open(c.name, job, run):
+                    continue  # an early-phase check, over (an open alert is judged until it resolves)
                 if c.every > 1 and (step + c.offset) % c.every:
                     # off its phase: run only to catch up (a sparse series, a frozen step)
                     seen = judged[c.idx]

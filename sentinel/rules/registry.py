@@ -6,6 +6,7 @@ from sentinel.rules import (
     band,
     divergence,
     drop,
+    early,
     exited,
     forecast,
     nonfinite,
@@ -27,6 +28,7 @@ DETECTORS: dict[str, DetectorSpec] = {
     "plateau": DetectorSpec(plateau.detect, plateau.PlateauParams),
     "forecast": DetectorSpec(forecast.detect, forecast.ForecastParams),
     "drop": DetectorSpec(drop.detect, drop.DropParams),
+    "early": DetectorSpec(early.detect, early.EarlyParams),
     "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
     "exited": DetectorSpec(exited.detect, exited.ExitedParams),
 }
