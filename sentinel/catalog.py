@@ -59,6 +59,9 @@ CATALOG: dict[str, Spec] = {
         G, "Exit status of a rank that ended without finishing: the code, 128+N for signal N, "
            "-1 when its process vanished; 0 once it reports again."),
     "sentinel_learning_rate": Spec(G, "Learning rate per optimizer param group.", ("param_group",)),
+    "sentinel_learning_rate_schedule_ratio": Spec(
+        G, "Learning rate over its peak (the highest seen, or the scheduler's initial/max lr), "
+           "the largest over param groups: 1 for a constant lr, near 0 late in a decay or early in a warmup."),
     "sentinel_gradient_variance_ratio": Spec(G, "GVR: var/mean^2 of the recent global grad norms."),
     "sentinel_gradient_snr": Spec(G, "Gradient signal-to-noise: mean(|g|)/std(|g|) over all elements."),
     "sentinel_optimizer_state_saturation_ratio": Spec(

@@ -23,6 +23,8 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``grad_count``?    number of gradient elements
 ``sat``?           ``[above, total]`` sampled ``exp_avg_sq`` counts
 ``lr``?            learning rate per optimizer param group (list)
+``lr_peak``?       per param group, the lr a torch scheduler scales from
+                   (``max_lr``/``initial_lr``; NaN for a group without one)
 ``step_seconds``?  wall time since the previous step
 ``state_bytes``?   ``{state_key: bytes}`` of optimizer state
 ``param_bytes``?   bytes of parameters

@@ -10,6 +10,7 @@ from sentinel.engine.clip import ingest_clip
 from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
+from sentinel.engine.schedule import SchedulePeaks
 from sentinel.engine.shards import ShardAssembler
 from sentinel.store import Labels, Store, labels_of
 
@@ -36,17 +37,21 @@ class Ingestor:
         self._bases: dict[tuple[object, ...], Labels] = {}
         self._totals: dict[tuple[Labels, str], Any] = {}  # the last total written per counter
         self._group_labels = GroupLabels()
+        self.schedule = SchedulePeaks()
+        self._sched_last: dict[Labels, float] = {}
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame.
 
         Returns:
-            Context for the rules: ``nonfinite_groups`` ({source: [group names]}) and
-            ``lr_change_step`` (the last step the learning rate changed, or None).
+            Context for the rules: ``nonfinite_groups`` ({source: [group names]}),
+            ``lr_change_step`` (the last step the learning rate changed, or None) and
+            ``lr_fraction`` (the lr over its peak, see :mod:`sentinel.engine.schedule`).
         """
         base = self._base(f["job"], f["run"], f["rank"])
         step, t = f["step"], float(f["t"])
-        ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base)}
+        ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base),
+                               "lr_fraction": self.schedule.fraction(base)}
         rows: list[tuple[str, Labels, float]] = []
         add = self._adder(base, rows)
         if "errors" in f:
@@ -73,6 +78,10 @@ class Ingestor:
         for table in (self._lr_last, self.lr_change_step, self._scale_last):
             for base in [b for b in table if all(p in b for p in pairs)]:
                 del table[base]
+        gone = [b for b in self.schedule.keys() if isinstance(b, tuple) and all(p in b for p in pairs)]
+        self.schedule.forget(gone)
+        for b in gone:
+            self._sched_last.pop(b, None)  # type: ignore[arg-type]
         for key in [k for k in self._totals if all(p in k[0] for p in pairs)]:
             del self._totals[key]  # a run started again under the same name gets its counters back
 
@@ -191,6 +200,7 @@ class Ingestor:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
         self._lr(f.get("lr"), add, base, step)
         ctx["lr_change_step"] = self.lr_change_step.get(base)
+        ctx["lr_fraction"] = self._schedule(f, add, base)
         st = f.get("state_bytes")
         if isinstance(st, dict):
             for key, nbytes in st.items():
@@ -225,6 +235,19 @@ class Ingestor:
             if any(abs(a - b) > 0.1 * max(abs(a), abs(b)) for a, b in zip(prev, lrs)):
                 self.lr_change_step[base] = step
         self._lr_last[base] = list(lrs)
+
+    def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels) -> float | None:
+        """The lr over its peak (schedule.py); its gauge is written when it moves."""
+        lrs, hints = f.get("lr"), f.get("lr_peak")
+        if not isinstance(lrs, list) or not all(isinstance(x, (int, float)) for x in lrs):
+            return self.schedule.fraction(base)
+        if not isinstance(hints, list) or not all(isinstance(x, (int, float)) for x in hints):
+            hints = None
+        frac = self.schedule.update(base, [float(x) for x in lrs], hints)
+        if frac is not None and self._sched_last.get(base) != frac:
+            self._sched_last[base] = frac
+            add("sentinel_learning_rate_schedule_ratio", frac)
+        return frac
 
     def _memory(self, mem: dict[str, Any], add: Callable[..., None], base: Labels) -> None:
         gauges = {"cuda_allocated": "sentinel_cuda_memory_allocated_bytes",

@@ -361,6 +361,9 @@ class Monitor(Reporter):
         o, now = self.options, time.time()
         meta: dict[str, Any] = {"kind": "step", "step": self.steps, "t": now,
                                 "groups": self.groups, "lr": probes.learning_rates(self.optimizers)}
+        peaks = probes.schedule_peaks(self.optimizers)
+        if peaks is not None:
+            meta["lr_peak"] = peaks
         if self._last_step_time is not None:
             meta["step_seconds"] = now - self._last_step_time
         self._last_step_time = now

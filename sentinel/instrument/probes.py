@@ -87,3 +87,25 @@ def cuda_memory(devices: Sequence[torch.device]) -> dict[str, float]:
             _TOTALS[idx] = torch.cuda.get_device_properties(idx).total_memory
         out["cuda_total"] += _TOTALS[idx]
     return out
+
+
+def schedule_peaks(optimizers: Sequence[torch.optim.Optimizer]) -> list[float] | None:
+    """The learning rate each param group's torch scheduler scales from, where one is set:
+    ``max_lr`` (OneCycleLR) or ``initial_lr`` (every ``LRScheduler`` writes it into the
+    group at construction); NaN for groups without. None when no group has one.
+
+    A warmup starts far below this value, and a decay ends far below it: the engine judges
+    the current lr against it (see :mod:`sentinel.engine.schedule`)."""
+    out: list[float] = []
+    seen = False
+    for opt in optimizers:
+        for group in opt.param_groups:
+            peak = group.get("max_lr", group.get("initial_lr"))
+            if isinstance(peak, torch.Tensor):
+                peak = float(peak) if peak.device.type == "cpu" else None
+            if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+                out.append(float(peak))
+                seen = True
+            else:
+                out.append(float("nan"))
+    return out if seen else None

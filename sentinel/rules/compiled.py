@@ -30,6 +30,7 @@ class Compiled:
     grace: int
     params: Any
     until: int = 0  # no verdict after this step unless an alert is open (0: no end)
+    floor: float = 0.0  # no verdict while the lr is below this fraction of its peak
 
 
 @dataclass
@@ -64,6 +65,7 @@ def compile_rule(idx: int, rule: Rule) -> Compiled:
     return Compiled(
         idx, rule, spec, max(1, p.samples()), offset, fast, frozenset(rule.metrics),
         rule.name, gate, rule.every_steps, rule.lr_grace_steps, p, rule.until_steps,
+        rule.schedule_floor,
     )  # fmt: skip
 
 
