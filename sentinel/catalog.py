@@ -38,6 +38,11 @@ CATALOG: dict[str, Spec] = {
     "sentinel_group_param_norm": Spec(G, "L2 norm of the parameters of one group.", ("group",)),
     "sentinel_update_ratio": Spec(G, "Update ratio ||dw||/||w|| over the sampled groups (0-1 scale)."),
     "sentinel_group_update_ratio": Spec(G, "Update ratio ||dw||/||w|| of one group.", ("group",)),
+    "sentinel_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) over the sampled groups."),
+    "sentinel_group_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) of one group.", ("group",)),
+    "sentinel_update_mean_abs_ratio": Spec(
+        G, "The seeds' update ratio UAR = mean|dw| / mean|w| over the sampled groups (0-1 scale)."),
+    "sentinel_group_update_mean_abs_ratio": Spec(G, "UAR = mean|dw| / mean|w| of one group.", ("group",)),
     "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key.", ("state",)),
     "sentinel_param_bytes": Spec(G, "Bytes of the watched parameters."),
     "sentinel_optimizer_state_param_ratio": Spec(G, "Optimizer state bytes divided by parameter bytes."),

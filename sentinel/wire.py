@@ -14,6 +14,8 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``grad_sumsq``?    per-group sum of squares of gradients
 ``param_sumsq``?   per-group sum of squares of parameters
 ``delta_sumsq``?   per-group sum of squares of the last update (NaN = not sampled)
+``delta_l1``?      per-group sum of ``|Δw|`` of the last update (None = not sampled)
+``param_l1``?      per-group sum of ``|w|`` before it, same groups (the seed's UAR)
 ``shard``?         ``"replicated"`` or ``"sharded"``: how ranks' sums combine
                    (sharded: each rank's sums cover its own shards, and the
                    engine adds up the ``world`` ranks' sums for a step)

@@ -10,6 +10,7 @@ from sentinel.engine.clip import ingest_clip
 from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
+from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
 from sentinel.engine.schedule import SchedulePeaks
 from sentinel.engine.shards import ShardAssembler
 from sentinel.store import Labels, Store, labels_of
@@ -195,6 +196,14 @@ class Ingestor:
                 ratio = write_update_ratios(store, base, self._group_labels(base, groups), psq, dsq, step, t)
                 if ratio is not None:
                     add("sentinel_update_ratio", ratio)
+                if isinstance(dsq, list) and len(dsq) == len(groups):  # magnitude.py: ‖Δw‖ and the seed's UAR
+                    glabels = self._group_labels(base, groups)
+                    unorm = write_update_norms(store, glabels, dsq, step, t)
+                    if unorm is not None:
+                        add("sentinel_update_norm", unorm)
+                    uar = write_mean_abs_ratios(store, glabels, f.get("delta_l1"), f.get("param_l1"), step, t)
+                    if uar is not None:
+                        add("sentinel_update_mean_abs_ratio", uar)
         sat = f.get("sat")
         if isinstance(sat, list) and len(sat) == 2 and sat[1]:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))

@@ -33,6 +33,9 @@ def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int
             sampled = set(frame.pop("delta_groups", ()))
             frame["delta_sumsq"] = [v if i in sampled else None
                                     for i, v in enumerate(values["delta_sumsq"])]
+            for key in ("delta_l1", "param_l1"):  # the seed's UAR (instrument/magnitude.py)
+                if key in values and len(values[key]) == g:
+                    frame[key] = [v if i in sampled else None for i, v in enumerate(values[key])]
         frame.pop("delta_groups", None)
         if "grad_l1" in values and "grad_count" in frame:
             frame["grad_l1"] = values["grad_l1"][0]

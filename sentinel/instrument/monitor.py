@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, losses, probes, registry
+from sentinel.instrument import clip, losses, magnitude, probes, registry
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -272,6 +272,7 @@ class Monitor(Reporter):
             out = self.guard.run("grad", self._closure_aware, k, step, args, kwargs)
             if self._update_due(step):
                 self.guard.run("update", self.layout.snapshots[k].take)
+                self.guard.run("update_l1", self._param_l1, k)
             self.probe_seconds += time.perf_counter() - t0
             return out
         return pre
@@ -341,8 +342,14 @@ class Monitor(Reporter):
 
     def _update_stats(self, k: int) -> None:
         snap = self.layout.snapshots[k]
+        entries = magnitude.pending(snap)
         self._add("delta_sumsq", snap.delta_sumsq())
         self._meta_groups |= snap.groups
+        if entries:  # the seed's UAR: the same deltas' L1 (magnitude.py)
+            self.guard.run("update_l1", self._add, "delta_l1", magnitude.delta_l1(self.layout.tensors[k], entries))
+
+    def _param_l1(self, k: int) -> None:
+        self._add("param_l1", magnitude.param_l1(self.layout.tensors[k], self.layout.snapshots[k].groups))
 
     def _note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
         for segs in self._segs.values():  # clipped twice before a step: the last one counts

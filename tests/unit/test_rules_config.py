@@ -20,7 +20,7 @@ BUILTIN = [
     "EarlyLossSwing", "EarlyUpdateTooLarge", "EarlyGradientGrowth", "EarlyLossRising", "EarlyLossStalled",
     "LossSpike", "LossDivergence", "LossOscillation", "LossPlateau",
     "GradientSpike", "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
-    "UpdateRatioHigh", "UpdateRatioLow", "OptimizerStateSaturated", "OOMRisk",
+    "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
     "LossScaleCollapse", "TrainingStalled",
     # the daemon issue's: liveness, cross-rank and GPU health
     "TrainingCrashed", "RankDivergence", "RankStraggler", "GPUOverheating", "GPUXidError", "GPUEccErrors",
