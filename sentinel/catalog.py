@@ -82,6 +82,13 @@ CATALOG: dict[str, Spec] = {
         G, "Memory the OOM rule compares usage to: CUDA total, else the host/cgroup limit."),
     "sentinel_memory_used_bytes": Spec(
         G, "Memory the OOM rule watches: CUDA reserved, else the host RSS."),
+    "sentinel_environment_info": Spec(
+        G, "1, labelled with what the rank runs on: torch, CUDA, cuDNN and NCCL versions, GPU model, "
+           "TF32 and determinism flags (0 for an environment the rank no longer reports).",
+        ("torch", "cuda", "cudnn", "nccl", "gpu_model", "tf32_matmul", "tf32_cudnn", "deterministic",
+         "cudnn_deterministic", "cudnn_benchmark")),
+    "sentinel_cuda_ooms_new": Spec(G, "CUDA out-of-memory errors since the previous memory report."),
+    "sentinel_cuda_alloc_retries_new": Spec(G, "CUDA allocation retries since the previous memory report."),
     "sentinel_amp_loss_scale": Spec(G, "AMP GradScaler loss scale."),
     "sentinel_amp_skipped_steps_total": Spec(C, "Optimizer steps skipped by GradScaler for inf/NaN grads."),
     "sentinel_instrument_errors_total": Spec(C, "Exceptions caught inside sentinel's training hooks."),
@@ -90,6 +97,7 @@ CATALOG: dict[str, Spec] = {
 
 GPU_CATALOG: dict[str, Spec] = {  # node-level: labelled gpu and UUID (as dcgm-exporter), not job/run/rank
     "sentinel_gpu_monitoring_up": Spec(G, "1 when NVML is available and polled, else 0."),
+    "sentinel_gpu_info": Spec(G, "1, labelled with the GPU's model name (NVML).", ("model",)),
     "sentinel_gpu_utilization_ratio": Spec(G, "GPU busy fraction over the last sample period (NVML)."),
     "sentinel_gpu_memory_used_bytes": Spec(G, "GPU memory in use, all processes (NVML)."),
     "sentinel_gpu_memory_total_bytes": Spec(G, "GPU memory in total (NVML)."),

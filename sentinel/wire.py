@@ -31,6 +31,9 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``state_bytes``?   ``{state_key: bytes}`` of optimizer state
 ``param_bytes``?   bytes of parameters
 ``mem``?           ``{name: value}`` memory figures (see the exporter)
+``env``?           ``{name: str}`` versions, GPU model and numerics flags
+                   (``instrument/environment.py``); at the first step and with
+                   ``state_bytes``
 ``amp``?           ``{"scale": float, "skipped": int}``
 ``scalars``?       ``{name: float}`` from ``Monitor.log``
 ``errors``?        instrument errors so far (monotonic)

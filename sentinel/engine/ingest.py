@@ -10,12 +10,14 @@ from sentinel.engine.clip import ingest_clip
 from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
+from sentinel.engine.environment import env_labels
 from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
 from sentinel.engine.schedule import SchedulePeaks
 from sentinel.engine.shards import ShardAssembler
 from sentinel.store import Labels, Store, labels_of
 
 MAX_SCALAR_NAMES = 32
+ENV_INFO = "sentinel_environment_info"
 
 
 class Ingestor:
@@ -40,6 +42,7 @@ class Ingestor:
         self._group_labels = GroupLabels()
         self.schedule = SchedulePeaks()
         self._sched_last: dict[Labels, float] = {}
+        self._env: dict[Labels, Labels] = {}  # the info series of each rank
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame.
@@ -221,6 +224,8 @@ class Ingestor:
         mem = f.get("mem")
         if isinstance(mem, dict):
             self._memory(mem, add, base)
+        if "env" in f:
+            self._environment(f["env"], base, step, float(f["t"]))
 
     def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
         # GradScaler halves the scale exactly when it skips a step for inf/NaN grads, so each
@@ -244,6 +249,20 @@ class Ingestor:
             if any(abs(a - b) > 0.1 * max(abs(a), abs(b)) for a, b in zip(prev, lrs)):
                 self.lr_change_step[base] = step
         self._lr_last[base] = list(lrs)
+
+    def _environment(self, env: Any, base: Labels, step: int, t: float) -> None:
+        """``sentinel_environment_info{torch,cuda,...} 1`` (environment.py); a rank whose
+        environment changed (a restart under the same name) keeps only the new series."""
+        labels = env_labels(base, env)
+        if labels is None:
+            return
+        old = self._env.get(base)
+        if old is not None and old != labels:
+            self.store.add(ENV_INFO, old, step, t, 0.0)
+        if len(self._env) > 10_000:
+            self._env.clear()
+        self._env[base] = labels
+        self.store.add(ENV_INFO, labels, step, t, 1.0)
 
     def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels) -> float | None:
         """The lr over its peak (schedule.py); its gauge is written when it moves."""
@@ -270,7 +289,10 @@ class Ingestor:
         for key, name in (("cuda_retries", "sentinel_cuda_alloc_retries_total"),
                           ("cuda_ooms", "sentinel_cuda_ooms_total")):
             if isinstance(mem.get(key), (int, float)):
+                prev = self.store.counter(name, base)
                 self.store.set_counter(name, base, float(mem[key]))
+                # the rise since the last report, as a gauge the OOM rules read
+                add(name.replace("_total", "_new"), max(0.0, float(mem[key]) - prev))
         on_cuda = bool(mem.get("cuda_total"))
         used = mem.get("cuda_reserved") if on_cuda else mem.get("host_rss")
         capacity = mem.get("capacity") or (mem.get("cuda_total") if on_cuda else mem.get("host_limit"))

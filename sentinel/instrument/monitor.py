@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, losses, magnitude, probes, registry
+from sentinel.instrument import clip, environment, losses, magnitude, probes, registry
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -388,6 +388,9 @@ class Monitor(Reporter):
             self._meta_groups = set()
         if self._state_due or self.steps % o.state_every == 0:
             self._state_due = False
+            env = self.guard.run("environment", environment.describe, self.devices)
+            if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
+                meta["env"] = env
             st = self.guard.run("state", probes.state_bytes, self.optimizers)
             if st is not None:
                 meta["state_bytes"] = st

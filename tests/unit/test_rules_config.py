@@ -20,7 +20,8 @@ BUILTIN = [
     "EarlyLossSwing", "EarlyUpdateTooLarge", "EarlyGradientGrowth", "EarlyLossRising", "EarlyLossStalled",
     "LossSpike", "LossDivergence", "LossOscillation", "LossPlateau",
     "GradientSpike", "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
-    "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
+    "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
+    "MemoryCritical", "CudaOOM", "CudaAllocRetries",
     "LossScaleCollapse", "TrainingStalled",
     # the daemon issue's: liveness, cross-rank and GPU health
     "TrainingCrashed", "RankDivergence", "RankStraggler", "GPUOverheating", "GPUXidError", "GPUEccErrors",
