@@ -87,6 +87,20 @@ CATALOG: dict[str, Spec] = {
            "TF32 and determinism flags (0 for an environment the rank no longer reports).",
         ("torch", "cuda", "cudnn", "nccl", "gpu_model", "tf32_matmul", "tf32_cudnn", "deterministic",
          "cudnn_deterministic", "cudnn_benchmark")),
+    "sentinel_optimizer_info": Spec(
+        G, "1 per optimizer the rank steps: its class, position and lowest parameter dtype.",
+        ("optimizer", "index", "dtype")),
+    "sentinel_optimizer_hyperparameter": Spec(
+        G, "An optimizer's hyperparameter (lr, beta1, beta2, eps, weight_decay, momentum), reduced over "
+           "its param groups (smallest beta1/momentum/eps, largest beta2/weight_decay/lr).",
+        ("optimizer", "index", "name")),
+    "sentinel_optimizer_beta1": Spec(G, "An optimizer's smallest beta1 (first-moment decay).", ("optimizer", "index")),
+    "sentinel_optimizer_beta2_memory_ratio": Spec(
+        G, "Second-moment memory 1/(1-beta2) over the run's planned steps (when given).", ("optimizer", "index")),
+    "sentinel_optimizer_fp16_eps": Spec(
+        G, "eps of an optimizer with fp16 parameters (so fp16 state).", ("optimizer", "index")),
+    "sentinel_optimizer_decoupled_weight_decay": Spec(
+        G, "Largest weight decay of an AdamW-style (decoupled) optimizer.", ("optimizer", "index")),
     "sentinel_cuda_ooms_new": Spec(G, "CUDA out-of-memory errors since the previous memory report."),
     "sentinel_cuda_alloc_retries_new": Spec(G, "CUDA allocation retries since the previous memory report."),
     "sentinel_amp_loss_scale": Spec(G, "AMP GradScaler loss scale."),

@@ -31,6 +31,9 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``state_bytes``?   ``{state_key: bytes}`` of optimizer state
 ``param_bytes``?   bytes of parameters
 ``mem``?           ``{name: value}`` memory figures (see the exporter)
+``optim``?         per optimizer ``{"class", "dtype", "hp": {name: float}}``
+                   (``instrument/optinfo.py``); with ``state_bytes``
+``total_steps``?   the run's planned optimizer steps, when the user gave them
 ``env``?           ``{name: str}`` versions, GPU model and numerics flags
                    (``instrument/environment.py``); at the first step and with
                    ``state_bytes``

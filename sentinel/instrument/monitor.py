@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, environment, losses, magnitude, probes, registry
+from sentinel.instrument import clip, environment, losses, magnitude, optinfo, probes, registry
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -388,6 +388,11 @@ class Monitor(Reporter):
             self._meta_groups = set()
         if self._state_due or self.steps % o.state_every == 0:
             self._state_due = False
+            optim = self.guard.run("optimizer", optinfo.describe, self.optimizers)
+            if optim:
+                meta["optim"] = optim
+                if self.options.total_steps > 0:
+                    meta["total_steps"] = self.options.total_steps
             env = self.guard.run("environment", environment.describe, self.devices)
             if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
                 meta["env"] = env

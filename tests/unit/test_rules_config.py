@@ -22,6 +22,7 @@ BUILTIN = [
     "GradientSpike", "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
     "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
     "MemoryCritical", "CudaOOM", "CudaAllocRetries",
+    "OptimizerEpsTooSmallFp16", "OptimizerBeta2TooLong", "OptimizerBeta1Low", "AdamWWithoutWeightDecay",
     "LossScaleCollapse", "TrainingStalled",
     # the daemon issue's: liveness, cross-rank and GPU health
     "TrainingCrashed", "RankDivergence", "RankStraggler", "GPUOverheating", "GPUXidError", "GPUEccErrors",
