@@ -101,6 +101,13 @@ CATALOG: dict[str, Spec] = {
         G, "eps of an optimizer with fp16 parameters (so fp16 state).", ("optimizer", "index")),
     "sentinel_optimizer_decoupled_weight_decay": Spec(
         G, "Largest weight decay of an AdamW-style (decoupled) optimizer.", ("optimizer", "index")),
+    "sentinel_optimizer_health_ratio": Spec(
+        G, "A sampled health figure of the optimizer (0-1): adafactor_saturation (second moment above the "
+           "threshold), lion_sign_agreement (gradient sign = momentum sign), sophia_clip_fraction "
+           "(steps clipped at rho).", ("figure",)),
+    "sentinel_optimizer_hessian_mean": Spec(G, "Sophia: mean of the sampled Hessian-diagonal estimate."),
+    "sentinel_trust_ratio": Spec(G, "LAMB: mean trust ratio ||w||/||update|| over the groups."),
+    "sentinel_group_trust_ratio": Spec(G, "LAMB: mean trust ratio of one group's parameters.", ("group",)),
     "sentinel_cuda_ooms_new": Spec(G, "CUDA out-of-memory errors since the previous memory report."),
     "sentinel_cuda_alloc_retries_new": Spec(G, "CUDA allocation retries since the previous memory report."),
     "sentinel_amp_loss_scale": Spec(G, "AMP GradScaler loss scale."),

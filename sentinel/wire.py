@@ -23,7 +23,10 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``clip_max``?      the ``max_norm`` it clipped to
 ``grad_l1``?       sum of ``|g|`` over all gradient elements (for the SNR)
 ``grad_count``?    number of gradient elements
-``sat``?           ``[above, total]`` sampled ``exp_avg_sq`` counts
+``sat``?           ``[above, total]`` sampled ``exp_avg_sq`` counts (Adam-like optimizers)
+``opt_health``?    ``{figure: [numerator, total]}`` sampled per-optimizer figures
+                   (``instrument/optstate.py``)
+``trust_ratio``?   per-group mean LAMB trust ratio (None where no LAMB parameter)
 ``lr``?            learning rate per optimizer param group (list)
 ``lr_peak``?       per param group, the lr a torch scheduler scales from
                    (``max_lr``/``initial_lr``; NaN for a group without one)

@@ -38,7 +38,7 @@ DEFAULT_LR: dict[tuple[ModelName, OptimizerName], float] = {
     ("mlp", "sgd"): 0.02, ("mlp", "adamw"): 3e-3, ("mlp", "adafactor"): 1e-2,
     ("cnn", "sgd"): 0.03, ("cnn", "adamw"): 3e-3, ("cnn", "adafactor"): 1e-2,
     ("gpt", "sgd"): 0.1, ("gpt", "adamw"): 3e-3, ("gpt", "adafactor"): 1e-2,
-    ("mlp", "adam"): 3e-3, ("mlp", "lamb"): 1e-2, ("mlp", "lion"): 3e-4, ("mlp", "sophia"): 3e-3,
+    ("mlp", "adam"): 3e-3, ("mlp", "lamb"): 3e-3, ("mlp", "lion"): 3e-4, ("mlp", "sophia"): 3e-3,
 }  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.environment import env_labels
-from sentinel.engine.optimizer import ingest_optimizers
+from sentinel.engine.optimizer import ingest_health, ingest_optimizers
 from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
 from sentinel.engine.schedule import SchedulePeaks
 from sentinel.engine.shards import ShardAssembler
@@ -229,6 +229,10 @@ class Ingestor:
             self._environment(f["env"], base, step, float(f["t"]))
         if "optim" in f:
             ingest_optimizers(f["optim"], f.get("total_steps"), add)
+        trust = ingest_health(f, add)
+        if trust is not None and len(trust) == len(groups):
+            rows = [(ls, v) for ls, v in zip(self._group_labels(base, groups), trust) if v is not None]
+            store.add_many("sentinel_group_trust_ratio", rows, step, float(f["t"]))
 
     def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
         # GradScaler halves the scale exactly when it skips a step for inf/NaN grads, so each

@@ -46,3 +46,28 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None]) ->
             add("sentinel_optimizer_decoupled_weight_decay", nums["weight_decay"], optimizer=name, index=idx)
         if "beta1" in nums:
             add("sentinel_optimizer_beta1", nums["beta1"], optimizer=name, index=idx)
+
+
+RATIO_FIGURES = ("adafactor_saturation", "lion_sign_agreement", "sophia_clip_fraction")
+
+
+def ingest_health(f: dict[str, Any], add: Callable[..., None]) -> list[float | None] | None:
+    """Queue the per-optimizer figures of a frame (instrument/optstate.py); return its
+    per-group LAMB trust ratios for the caller to write as a group row (or None)."""
+    health = f.get("opt_health")
+    if isinstance(health, dict):
+        for name, pair in health.items():
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], (int, float)) and pair[1] > 0):
+                continue
+            value = float(pair[0]) / float(pair[1])
+            if name in RATIO_FIGURES:
+                add("sentinel_optimizer_health_ratio", value, figure=name)
+            elif name == "sophia_hessian_mean":
+                add("sentinel_optimizer_hessian_mean", value)
+    tr = f.get("trust_ratio")
+    if not isinstance(tr, list):
+        return None
+    known = [float(v) for v in tr if isinstance(v, (int, float))]
+    if known:
+        add("sentinel_trust_ratio", sum(known) / len(known))
+    return [float(v) if isinstance(v, (int, float)) else None for v in tr]

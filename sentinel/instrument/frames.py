@@ -42,6 +42,15 @@ def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int
         if "sat_above" in values and "sat_total" in frame:
             frame["sat"] = [values["sat_above"][0], frame.pop("sat_total")]
         frame.pop("sat_total", None)
+        totals = frame.pop("health_total", None)  # optstate.py's figures: [numerator, total]
+        if isinstance(totals, dict):
+            health = {n: [values[f"h:{n}"][0], t] for n, t in totals.items() if values.get(f"h:{n}")}
+            if health:
+                frame["opt_health"] = health
+        counts = frame.pop("trust_count", None)  # LAMB's trust ratio per group
+        sums = values.get("trust_sum")
+        if isinstance(counts, list) and sums and len(sums) == len(counts):
+            frame["trust_ratio"] = [s / c if c else None for s, c in zip(sums, counts)]
         if values.get("clip_norm") and "clip_max" in frame:
             frame["clip_norm"] = values["clip_norm"][0]
         else:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, environment, losses, magnitude, optinfo, probes, registry
+from sentinel.instrument import clip, environment, losses, magnitude, optinfo, optstate, probes, registry
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -78,6 +78,7 @@ class Monitor(Reporter):
         self._last_step_time: float | None = None
         self._state_due = True
         self._sat_cursor = 0
+        self._health_cursor = 0
         self._contributed: set[int] = set()
         self._segs: Segs = {}
         self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
@@ -400,11 +401,12 @@ class Monitor(Reporter):
             if st is not None:
                 meta["state_bytes"] = st
                 meta["param_bytes"] = self.param_bytes
-            sat = self.guard.run("saturation", adam_saturation, self.optimizers,
+            sat = self.guard.run("saturation", adam_saturation, optstate.adam_like(self.optimizers),
                                  o.saturation_threshold, o.saturation_max_tensors, self._sat_cursor)
             if sat is not None and sat[1]:
                 self._add("sat_above", sat[0])
                 meta["sat_total"], self._sat_cursor = sat[1], sat[2]
+            self.guard.run("opt_health", self._optimizer_health, meta)
         if self.steps % o.memory_every == 0 or self.steps == 1:
             mem = self.guard.run("memory", self._memory)
             if mem:
@@ -425,6 +427,28 @@ class Monitor(Reporter):
         # logged after the step's last backward() and before the step (log, then step)
         if self.auto or logged_last:
             self._submit_open()
+
+    def _optimizer_health(self, meta: dict[str, Any]) -> None:
+        """Each optimizer's own health figure and LAMB's trust ratios (optstate.py)."""
+        o = self.options
+        nums, totals, self._health_cursor = optstate.health(
+            self.optimizers, o.saturation_threshold, o.saturation_max_tensors, self._health_cursor)
+        for name, per in nums.items():
+            self._add(f"h:{name}", per)
+        if totals:
+            meta["health_total"] = totals
+        counts: list[int] = []
+        for k, opt in enumerate(self.optimizers):
+            if type(opt).__name__.lower() != "lamb":
+                continue
+            tensors = self.layout.tensors[k]
+            group_of = {id(p): g for b in tensors.buckets.values() for p, g in zip(b.params, b.groups)}
+            sums, cnt = optstate.trust_ratios(opt, group_of, len(self.groups))
+            if any(cnt):
+                self._add("trust_sum", sums)
+                counts = [a + b for a, b in zip(counts, cnt)] if counts else cnt
+        if counts:
+            meta["trust_count"] = counts
 
     def _log(self, scalars: dict[str, Any], step: int | None) -> None:
         values = Scalars()
