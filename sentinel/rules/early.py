@@ -4,8 +4,9 @@ Every other detector waits for a baseline, so a learning rate far too high from 
 first step, one that makes the loss swing and then settles instead of producing NaN, goes
 unseen. This one judges only the samples of steps ``1..until`` and needs no baseline:
 
-- ``jumps``: how often a sample rose ``factor`` times above the one before it (a loss
-  swinging up and down; falling fast is healthy and never counts);
+- ``jumps``: how often a sample rose ``factor`` times above the one before it, back to
+  at least ``rebound`` of the starting level (a loss swinging up and down; falling fast
+  is healthy and never counts);
 - ``above``: how many samples exceed ``value`` (updates larger than 10 % of the weights);
 - ``growth``: the value rose at every one of the last ``count`` samples, by ``factor``
   overall (gradient norms growing step over step);
@@ -51,6 +52,10 @@ class EarlyParams(Params):
         at_step: for ``rise``/``stall``: judged once a sample at or after this step exists.
         chunk: for ``rise``/``stall``: samples per level (median).
         min_drop: for ``stall``: the level must be at least this fraction below the start.
+        rebound: for ``jumps``: a jump counts only when it reaches this fraction of the
+            starting level (median of the first 3 samples): a loss thrown back towards
+            where it began, not a noisy batch near its floor (a small-batch MSE there
+            jumps 3-10× between batches on a healthy run).
     """
 
     check: Check
@@ -61,6 +66,7 @@ class EarlyParams(Params):
     at_step: PositiveInt = 50
     chunk: PositiveInt = 5
     min_drop: float = Field(default=0.01, ge=0.0, lt=1.0)
+    rebound: float = Field(default=0.0, ge=0.0)
 
     def samples(self) -> int:
         return self.until + 1
@@ -82,8 +88,9 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
     if not vals:
         return None
     if p.check == "jumps":
+        floor = p.rebound * median(vals[:3]) if p.rebound > 0 else -math.inf
         jumps = [(b / a, i) for i, (a, b) in enumerate(zip(vals, vals[1:]), 1)
-                 if a > 0 and math.isfinite(a) and math.isfinite(b) and b >= p.factor * a]
+                 if a > 0 and math.isfinite(a) and math.isfinite(b) and b >= p.factor * a and b >= floor]
         if not jumps:
             return Verdict(False, 0.0, float(p.count))
         top, at = max(jumps)

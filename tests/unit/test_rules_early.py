@@ -95,3 +95,10 @@ def test_a_noisy_flat_loss_is_not_called_stalled() -> None:
     rng = np.random.default_rng(0)
     noisy = list(2.0 * np.exp(-np.arange(55) / 400) * (1 + 0.08 * rng.standard_normal(55)))
     assert verdict(noisy, check="stall", at_step=50, chunk=10) is None
+
+
+def test_a_noisy_loss_near_its_floor_is_no_swing() -> None:
+    # a small-batch MSE that fell from ~7 to ~0.1 jumps 3-10× between batches, far below its start
+    floor = [3.4, 12.5, 6.9, 5.5, 3.9, 2.7, 0.9, 0.4, 0.3, 0.9, 0.2, 2.1, 0.2, 0.8, 0.1, 0.6, 0.04, 0.4, 0.06, 0.44]
+    assert verdict(floor, check="jumps", rebound=0.5) is False
+    assert verdict(SWINGING, check="jumps", rebound=0.5) is True  # 1.5 and 1.2 and 1.4 are near the start of 2
