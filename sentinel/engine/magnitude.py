@@ -28,8 +28,7 @@ def write_update_norms(store: Store, labels: tuple[Labels, ...], dsq: Sequence[f
             rows.append((ls, _sqrt(float(d))))
             total += float(d)
             any_ = True
-    if rows:
-        store.add_many("sentinel_group_update_norm", rows, step, t)
+    _write(store, "sentinel_group_update_norm", labels, rows, step, t)
     return _sqrt(total) if any_ else None
 
 
@@ -49,6 +48,14 @@ def write_mean_abs_ratios(store: Store, labels: tuple[Labels, ...], dl1: object,
         den += float(p)
         if p > 0:
             rows.append((ls, float(d) / float(p)))
-    if rows:
-        store.add_many("sentinel_group_update_mean_abs_ratio", rows, step, t)
+    _write(store, "sentinel_group_update_mean_abs_ratio", labels, rows, step, t)
     return num / den if den > 0 else None
+
+
+def _write(store: Store, name: str, labels: tuple[Labels, ...], rows: list[Row], step: int, t: float) -> None:
+    """Every group at once as one block row (``labels`` is the rank's cached tuple), else
+    the sampled groups one by one (a rotating snapshot)."""
+    if len(rows) == len(labels) and rows:
+        store.add_row(name, labels, [v for _, v in rows], step, t)
+    elif rows:
+        store.add_many(name, rows, step, t)
