@@ -154,11 +154,13 @@ class Bench:
 
 def run_config(b: Bench, tokens: int, steps: int, repeats: int, warmup: int) -> Samples:
     b.set_tokens(tokens)
-    update_every = b.mon.options.update_every
+    update_every, early = b.mon.options.update_every, b.mon.options.early_steps
     for _ in range(warmup):
         b.base_step()
-    # at least one update-ratio sample, so the snapshot buffers exist before timing
-    for _ in range(max(warmup, update_every)):
+    # at least one update-ratio sample, so the snapshot buffers exist before timing, and
+    # past the first early_steps, which sample the update ratio at every step (a one-off
+    # cost of the run's first steps, not the steady state timed here)
+    for _ in range(max(warmup, update_every, early - b.mon.steps)):
         b.mon_step()
     for k in range(warmup):
         b.read_step(naive=bool(k % 2))

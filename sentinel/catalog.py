@@ -38,6 +38,11 @@ CATALOG: dict[str, Spec] = {
     "sentinel_group_param_norm": Spec(G, "L2 norm of the parameters of one group.", ("group",)),
     "sentinel_update_ratio": Spec(G, "Update ratio ||dw||/||w|| over the sampled groups (0-1 scale)."),
     "sentinel_group_update_ratio": Spec(G, "Update ratio ||dw||/||w|| of one group.", ("group",)),
+    "sentinel_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) over the sampled groups."),
+    "sentinel_group_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) of one group.", ("group",)),
+    "sentinel_update_mean_abs_ratio": Spec(
+        G, "The seeds' update ratio UAR = mean|dw| / mean|w| over the sampled groups (0-1 scale)."),
+    "sentinel_group_update_mean_abs_ratio": Spec(G, "UAR = mean|dw| / mean|w| of one group.", ("group",)),
     "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key.", ("state",)),
     "sentinel_param_bytes": Spec(G, "Bytes of the watched parameters."),
     "sentinel_optimizer_state_param_ratio": Spec(G, "Optimizer state bytes divided by parameter bytes."),
@@ -59,6 +64,9 @@ CATALOG: dict[str, Spec] = {
         G, "Exit status of a rank that ended without finishing: the code, 128+N for signal N, "
            "-1 when its process vanished; 0 once it reports again."),
     "sentinel_learning_rate": Spec(G, "Learning rate per optimizer param group.", ("param_group",)),
+    "sentinel_learning_rate_schedule_ratio": Spec(
+        G, "Learning rate over its peak (the highest seen, or the scheduler's initial/max lr), "
+           "the largest over param groups: 1 for a constant lr, near 0 late in a decay or early in a warmup."),
     "sentinel_gradient_variance_ratio": Spec(G, "GVR: var/mean^2 of the recent global grad norms."),
     "sentinel_gradient_snr": Spec(G, "Gradient signal-to-noise: mean(|g|)/std(|g|) over all elements."),
     "sentinel_optimizer_state_saturation_ratio": Spec(
@@ -74,6 +82,34 @@ CATALOG: dict[str, Spec] = {
         G, "Memory the OOM rule compares usage to: CUDA total, else the host/cgroup limit."),
     "sentinel_memory_used_bytes": Spec(
         G, "Memory the OOM rule watches: CUDA reserved, else the host RSS."),
+    "sentinel_environment_info": Spec(
+        G, "1, labelled with what the rank runs on: torch, CUDA, cuDNN and NCCL versions, GPU model, "
+           "TF32 and determinism flags (0 for an environment the rank no longer reports).",
+        ("torch", "cuda", "cudnn", "nccl", "gpu_model", "tf32_matmul", "tf32_cudnn", "deterministic",
+         "cudnn_deterministic", "cudnn_benchmark")),
+    "sentinel_optimizer_info": Spec(
+        G, "1 per optimizer the rank steps: its class, position and lowest parameter dtype.",
+        ("optimizer", "index", "dtype")),
+    "sentinel_optimizer_hyperparameter": Spec(
+        G, "An optimizer's hyperparameter (lr, beta1, beta2, eps, weight_decay, momentum), reduced over "
+           "its param groups (smallest beta1/momentum/eps, largest beta2/weight_decay/lr).",
+        ("optimizer", "index", "name")),
+    "sentinel_optimizer_beta1": Spec(G, "An optimizer's smallest beta1 (first-moment decay).", ("optimizer", "index")),
+    "sentinel_optimizer_beta2_memory_ratio": Spec(
+        G, "Second-moment memory 1/(1-beta2) over the run's planned steps (when given).", ("optimizer", "index")),
+    "sentinel_optimizer_fp16_eps": Spec(
+        G, "eps of an optimizer with fp16 parameters (so fp16 state).", ("optimizer", "index")),
+    "sentinel_optimizer_decoupled_weight_decay": Spec(
+        G, "Largest weight decay of an AdamW-style (decoupled) optimizer.", ("optimizer", "index")),
+    "sentinel_optimizer_health_ratio": Spec(
+        G, "A sampled health figure of the optimizer (0-1): adafactor_saturation (second moment above the "
+           "threshold), lion_sign_agreement (gradient sign = momentum sign), sophia_clip_fraction "
+           "(steps clipped at rho).", ("figure",)),
+    "sentinel_optimizer_hessian_mean": Spec(G, "Sophia: mean of the sampled Hessian-diagonal estimate."),
+    "sentinel_trust_ratio": Spec(G, "LAMB: mean trust ratio ||w||/||update|| over the groups."),
+    "sentinel_group_trust_ratio": Spec(G, "LAMB: mean trust ratio of one group's parameters.", ("group",)),
+    "sentinel_cuda_ooms_new": Spec(G, "CUDA out-of-memory errors since the previous memory report."),
+    "sentinel_cuda_alloc_retries_new": Spec(G, "CUDA allocation retries since the previous memory report."),
     "sentinel_amp_loss_scale": Spec(G, "AMP GradScaler loss scale."),
     "sentinel_amp_skipped_steps_total": Spec(C, "Optimizer steps skipped by GradScaler for inf/NaN grads."),
     "sentinel_instrument_errors_total": Spec(C, "Exceptions caught inside sentinel's training hooks."),
@@ -82,6 +118,7 @@ CATALOG: dict[str, Spec] = {
 
 GPU_CATALOG: dict[str, Spec] = {  # node-level: labelled gpu and UUID (as dcgm-exporter), not job/run/rank
     "sentinel_gpu_monitoring_up": Spec(G, "1 when NVML is available and polled, else 0."),
+    "sentinel_gpu_info": Spec(G, "1, labelled with the GPU's model name (NVML).", ("model",)),
     "sentinel_gpu_utilization_ratio": Spec(G, "GPU busy fraction over the last sample period (NVML)."),
     "sentinel_gpu_memory_used_bytes": Spec(G, "GPU memory in use, all processes (NVML)."),
     "sentinel_gpu_memory_total_bytes": Spec(G, "GPU memory in total (NVML)."),

@@ -14,6 +14,8 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``grad_sumsq``?    per-group sum of squares of gradients
 ``param_sumsq``?   per-group sum of squares of parameters
 ``delta_sumsq``?   per-group sum of squares of the last update (NaN = not sampled)
+``delta_l1``?      per-group sum of ``|Δw|`` of the last update (None = not sampled)
+``param_l1``?      per-group sum of ``|w|`` before it, same groups (the seed's UAR)
 ``shard``?         ``"replicated"`` or ``"sharded"``: how ranks' sums combine
                    (sharded: each rank's sums cover its own shards, and the
                    engine adds up the ``world`` ranks' sums for a step)
@@ -21,12 +23,23 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``clip_max``?      the ``max_norm`` it clipped to
 ``grad_l1``?       sum of ``|g|`` over all gradient elements (for the SNR)
 ``grad_count``?    number of gradient elements
-``sat``?           ``[above, total]`` sampled ``exp_avg_sq`` counts
+``sat``?           ``[above, total]`` sampled ``exp_avg_sq`` counts (Adam-like optimizers)
+``opt_health``?    ``{figure: [numerator, total]}`` sampled per-optimizer figures
+                   (``instrument/optstate.py``)
+``trust_ratio``?   per-group mean LAMB trust ratio (None where no LAMB parameter)
 ``lr``?            learning rate per optimizer param group (list)
+``lr_peak``?       per param group, the lr a torch scheduler scales from
+                   (``max_lr``/``initial_lr``; NaN for a group without one)
 ``step_seconds``?  wall time since the previous step
 ``state_bytes``?   ``{state_key: bytes}`` of optimizer state
 ``param_bytes``?   bytes of parameters
 ``mem``?           ``{name: value}`` memory figures (see the exporter)
+``optim``?         per optimizer ``{"class", "dtype", "hp": {name: float}}``
+                   (``instrument/optinfo.py``); with ``state_bytes``
+``total_steps``?   the run's planned optimizer steps, when the user gave them
+``env``?           ``{name: str}`` versions, GPU model and numerics flags
+                   (``instrument/environment.py``); at the first step and with
+                   ``state_bytes``
 ``amp``?           ``{"scale": float, "skipped": int}``
 ``scalars``?       ``{name: float}`` from ``Monitor.log``
 ``errors``?        instrument errors so far (monotonic)

@@ -118,6 +118,12 @@ class GpuPoller:
                 except Exception:
                     pass  # that field is not supported here
 
+            try:  # the model, for sentinel_environment_info's gpu_model to join on
+                name = nv.nvmlDeviceGetName(h)
+                model = (name.decode() if isinstance(name, bytes) else str(name))[:64]
+                self.store.add("sentinel_gpu_info", tuple(sorted(labels + (("model", model),))), step, now, 1.0)
+            except Exception:
+                pass
             put("sentinel_gpu_utilization_ratio", lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
             put("sentinel_gpu_memory_used_bytes", lambda: nv.nvmlDeviceGetMemoryInfo(h).used)
             put("sentinel_gpu_memory_total_bytes", lambda: nv.nvmlDeviceGetMemoryInfo(h).total)

@@ -60,8 +60,11 @@ def overview(pack: RulePack) -> db.Dashboard:
                 description="Pre-clip: what clip_grad_norm_ saw (only where the script clips). "
                             "Line: GradientExplosion's ceiling.",
                 steps=above(pack, "GradientExplosion")),
-            graph("Update ratio |Δw|/|w|", [(f"sentinel_update_ratio{{{RANK}}}", LEGEND)], "none", log=True,
-                  description="Lines: UpdateRatioLow and UpdateRatioHigh.",
+            graph("Update ratio (UAR and L2)", [
+                (f"sentinel_update_mean_abs_ratio{{{RANK}}}", LEGEND + " UAR mean|Δw|/mean|w|"),
+                (f"sentinel_update_ratio{{{RANK}}}", LEGEND + " L2 ‖Δw‖/‖w‖")], "none", log=True,
+                  description="Lines: UpdateRatioLow and UpdateRatioHigh, which judge UAR (the seeds state "
+                              "their thresholds for it), or the L2 ratio where a run has no UAR (sharded).",
                   steps=band(pack, "UpdateRatioLow", "UpdateRatioHigh")),
             graph("Learning rate", [(f"sentinel_learning_rate{{{RANK}}}", LEGEND + " pg{{param_group}}")], "none",
                   log=True),

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from sentinel.demo.tasks import DEFAULT_LR, MODELS, OPTIMIZERS, ModelName, OptimizerName, Task
+from sentinel.demo.tasks import DEFAULT_LR, MODELS, MORE_OPTIMIZERS, OPTIMIZERS, ModelName, OptimizerName, Task
 from sentinel.demo.tasks import backward_and_step, make_optimizer
 from sentinel.engine.engine import Engine
 from sentinel.instrument import probes
@@ -100,6 +100,10 @@ class Scenario:
         rules: rule overrides, as in a config's ``rules:`` section.
         leak_mib: for ``leak``: MiB leaked per step; the memory capacity is set so that
             the OOM rule's ratio is reached after ``leak_budget_mib`` more MiB.
+        schedule: ``cosine``: torch's ``CosineAnnealingLR`` from the task's lr to 0 over
+            the run, stepped every iteration; ``warmup-cosine``: a ``LinearLR`` warmup from
+            1/1000 of it over the first fifth, then the cosine (a ``SequentialLR``).
+        lr_scale: the task's learning rate is multiplied by this from the start.
         why: one line on what the scenario shows.
     """
 
@@ -121,6 +125,8 @@ class Scenario:
     rules: Mapping[str, Any] = field(default_factory=dict)
     leak_mib: float = 1.0
     leak_budget_mib: float = 48.0
+    schedule: Literal["none", "cosine", "warmup-cosine"] = "none"
+    lr_scale: float = 1.0
     why: str = ""
 
     @property
@@ -291,7 +297,8 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
     clock = ManualClock()
     engine = Engine(pack=pack, clock=clock)
     task = Task(sc.model, seed=sc.seed, batch=sc.batch)
-    opt = make_optimizer(sc.optimizer, task.model.parameters(), DEFAULT_LR[(sc.model, sc.optimizer)])
+    opt = make_optimizer(sc.optimizer, task.model.parameters(), DEFAULT_LR[(sc.model, sc.optimizer)] * sc.lr_scale)
+    sched = _schedule(sc, opt)
     scaler = torch.amp.GradScaler("cpu") if sc.amp else None
     watch: dict[str, Any] = {"engine": "off", "job": "scenarios", "run": sc.name, **sc.watch}
     if sc.fault == "leak":
@@ -307,6 +314,8 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
             opt.zero_grad(set_to_none=True)
             backward_and_step(loss, opt, scaler, after_backward=partial(inject.after_backward, it))
             mon.log(loss=loss)
+            if sched is not None:
+                sched.step()
             if inject.at(it):
                 # the step its frames report: a step the GradScaler skipped reports the last
                 # completed step again
@@ -323,6 +332,19 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
             firings[t.alertname] = Firing(t.alertname, t.severity, t.step, t.groups, t.summary)
     return ScenarioResult(sc, fault_step, list(firings.values()), mon.steps,
                           time.perf_counter() - t0, stall_seconds)
+
+
+def _schedule(sc: Scenario, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The scenario's learning-rate schedule, stepped once per iteration."""
+    sched = torch.optim.lr_scheduler
+    if sc.schedule == "cosine":
+        return sched.CosineAnnealingLR(opt, T_max=sc.steps, eta_min=0.0)
+    if sc.schedule == "warmup-cosine":
+        warm = sc.steps // 5
+        return sched.SequentialLR(opt, [sched.LinearLR(opt, start_factor=1e-3, total_iters=warm),
+                                        sched.CosineAnnealingLR(opt, T_max=sc.steps - warm, eta_min=0.0)],
+                                  milestones=[warm])
+    return None
 
 
 def _hang(engine: Engine, clock: ManualClock, limit: float, tick: float = 5.0) -> float | None:
@@ -381,7 +403,40 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("amp-collapse-early", "mlp", "adamw", fault="amp-collapse", fault_step=20,
              amp=True, expect=("LossScaleCollapse",), max_delay=5, steps=80,
              why="every step overflows from step 20, before any warm-up: the scale sinks below 1"),
+    Scenario("corrupt-batch-gvr", "mlp", "adamw", fault="corrupt-batch", fault_step=250,
+             expect=("GradientNoiseRising",), max_delay=1, steps=270,
+             why="one batch with inputs ×100 after GVR's warm-up: its variance ratio jumps (seed 000 §4.4)"),
+    Scenario("lr-high-start", "mlp", "adamw", fault="lr-high", fault_step=1, lr_factor=100.0,
+             expect=("EarlyUpdateTooLarge", "UpdateRatioHigh"), max_delay=10,
+             steps=120, why="learning rate ×100 from step 1: the loss swings, then settles (no NaN)"),
+    Scenario("lr-low-start", "cnn", "adamw", fault="lr-low", fault_step=1, lr_factor=1e-3,
+             expect=("EarlyLossStalled", "UpdateRatioLow"), max_delay=60, steps=120,
+             why="learning rate ×1e-3 from step 1: the loss has not fallen by step 50"),
+    Scenario("cosine-adamw", "mlp", "adamw", steps=400, schedule="cosine", watch={"update_every": 2},
+             why="cosine schedule to zero: the last updates are tiny by the schedule's doing"),
+    Scenario("cosine-sgd", "mlp", "sgd", steps=400, schedule="cosine", watch={"update_every": 2},
+             why="SGD with momentum, cosine schedule to zero"),
+    Scenario("warmup-cosine-adamw", "gpt", "adamw", steps=400, schedule="warmup-cosine",
+             watch={"update_every": 2}, why="warmup from 1/1000 of the lr, then cosine to zero"),
+    Scenario("lr-low-cosine", "mlp", "adamw", fault="lr-low", fault_step=1, lr_scale=1e-4,
+             schedule="cosine", expect=("UpdateRatioLow",), max_delay=60, steps=200,
+             why="the optimizer built with 1e-4 of the working lr, under a cosine schedule: still too low"),
+    # faults from step 1 are due within 10 steps: seed 004 §4.2's 10-step divergence check
+    # the seeds' six optimizers, each with its typical fault where one exists (seed 000 §2,
+    # seed 004 §3.2-3.3): SGD without clipping at a too high lr, LAMB's sensitivity to its
+    # global lr, Lion run at an Adam-sized lr (it needs 3-10× less)
+    Scenario("sgd-lr-high-start", "mlp", "sgd", fault="lr-high", fault_step=1, lr_factor=30.0,
+             expect=("EarlyUpdateTooLarge", "UpdateRatioHigh", "TrainingNonFinite"), max_delay=10, steps=120,
+             why="SGD with momentum at 30× its lr from step 1, no clipping: it blows up within 20 steps"),
+    Scenario("lamb-lr-high-start", "mlp", "lamb", fault="lr-high", fault_step=1, lr_factor=30.0,
+             expect=("EarlyUpdateTooLarge", "UpdateRatioHigh"), max_delay=10, steps=120,
+             why="LAMB at 30× its lr from step 1: its trust-scaled updates exceed 10 % of the weights"),
+    Scenario("lion-adam-lr", "mlp", "lion", fault="lr-high", fault_step=1, lr_factor=100.0,
+             expect=("EarlyUpdateTooLarge", "UpdateRatioHigh"), max_delay=10, steps=120,
+             why="Lion at 10× Adam's lr (100× its own) from step 1: every sign step is too large"),
     *(_clean(m, o) for m in MODELS for o in OPTIMIZERS),
+    *(Scenario(f"clean-mlp-{o}", "mlp", o, steps=300, why=f"mlp trained with {o}: no warning or critical alert")
+      for o in MORE_OPTIMIZERS),
 )
 """Every scenario, fault ones first, then a clean run of each model with each optimizer."""
 

@@ -23,17 +23,22 @@ from torch import nn
 from sentinel.demo.model import TinyGPT, loss_fn, synthetic_batch
 
 ModelName = Literal["mlp", "cnn", "gpt"]
-OptimizerName = Literal["sgd", "adamw", "adafactor"]
+OptimizerName = Literal["sgd", "adamw", "adafactor", "adam", "lamb", "lion", "sophia"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 MODELS: tuple[ModelName, ...] = ("mlp", "cnn", "gpt")
 OPTIMIZERS: tuple[OptimizerName, ...] = ("sgd", "adamw", "adafactor")
+"""The optimizers every model is trained with in the clean scenario matrix."""
+MORE_OPTIMIZERS: tuple[OptimizerName, ...] = ("adam", "lamb", "lion", "sophia")
+"""The rest of the seeds' six (seed 000 §2): torch's Adam, and LAMB, Lion and Sophia from
+pytorch-optimizer (the dev extra), each trained on the mlp."""
 
 # learning rates at which each (model, optimizer) trains well; the faults multiply these
 DEFAULT_LR: dict[tuple[ModelName, OptimizerName], float] = {
     ("mlp", "sgd"): 0.02, ("mlp", "adamw"): 3e-3, ("mlp", "adafactor"): 1e-2,
     ("cnn", "sgd"): 0.03, ("cnn", "adamw"): 3e-3, ("cnn", "adafactor"): 1e-2,
     ("gpt", "sgd"): 0.1, ("gpt", "adamw"): 3e-3, ("gpt", "adafactor"): 1e-2,
+    ("mlp", "adam"): 3e-3, ("mlp", "lamb"): 3e-3, ("mlp", "lion"): 3e-4, ("mlp", "sophia"): 3e-3,
 }  # fmt: skip
 
 
@@ -140,25 +145,44 @@ class Task:
 
 
 def make_optimizer(name: OptimizerName, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """``sgd`` (momentum 0.9), ``adamw`` or ``adafactor`` (``torch.optim.Adafactor``).
+    """``sgd`` (momentum 0.9), ``adamw``, ``adam``, ``adafactor`` (``torch.optim.Adafactor``),
+    or ``lamb``, ``lion``, ``sophia`` (pytorch-optimizer's ``Lamb``, ``Lion``, ``SophiaH``;
+    imported here, so the demo needs the package only for them).
 
     Raises:
         ValueError: an unknown name.
+        ImportError: pytorch-optimizer is not installed (for lamb, lion, sophia).
     """
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=lr)
-    raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    if name in ("lamb", "lion", "sophia"):
+        import pytorch_optimizer as po
+
+        if name == "lamb":
+            return po.Lamb(params, lr=lr, weight_decay=0.01)
+        if name == "lion":
+            return po.Lion(params, lr=lr, weight_decay=0.01)
+        return po.SophiaH(params, lr=lr, update_period=5)
+    raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS + MORE_OPTIMIZERS)}, got {name!r}")
+
+
+def needs_graph(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` estimates curvature from the backward graph (Sophia's Hutchinson
+    estimate needs ``backward(create_graph=True)``)."""
+    return type(opt).__name__ == "SophiaH"
 
 
 def backward_and_step(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: Any = None,
                       after_backward: Callable[[], None] | None = None) -> None:
     """One training step's backward and optimizer step, through a GradScaler if given
     (which may skip the step on inf/NaN gradients and lower its scale)."""
-    (scaler.scale(loss) if scaler is not None else loss).backward()
+    (scaler.scale(loss) if scaler is not None else loss).backward(create_graph=needs_graph(opt))
     if after_backward is not None:
         after_backward()
     if scaler is not None:

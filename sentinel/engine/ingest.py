@@ -10,8 +10,15 @@ from sentinel.engine.clip import ingest_clip
 from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
+from sentinel.engine.environment import env_labels
+from sentinel.engine.optimizer import ingest_health, ingest_optimizers
+from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
+from sentinel.engine.schedule import SchedulePeaks
 from sentinel.engine.shards import ShardAssembler
 from sentinel.store import Labels, Store, labels_of
+
+ENV_INFO = "sentinel_environment_info"
+
 
 class Ingestor:
     """Writes one frame's values into the store and reports what the rules need.
@@ -32,17 +39,22 @@ class Ingestor:
         self._bases: dict[tuple[object, ...], Labels] = {}
         self._totals: dict[tuple[Labels, str], Any] = {}  # the last total written per counter
         self._group_labels = GroupLabels()
+        self.schedule = SchedulePeaks()
+        self._sched_last: dict[Labels, float] = {}
+        self._env: dict[Labels, Labels] = {}  # the info series of each rank
 
     def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
         """Record a decoded frame.
 
         Returns:
-            Context for the rules: ``nonfinite_groups`` ({source: [group names]}) and
-            ``lr_change_step`` (the last step the learning rate changed, or None).
+            Context for the rules: ``nonfinite_groups`` ({source: [group names]}),
+            ``lr_change_step`` (the last step the learning rate changed, or None) and
+            ``lr_fraction`` (the lr over its peak, see :mod:`sentinel.engine.schedule`).
         """
         base = self._base(f["job"], f["run"], f["rank"])
         step, t = f["step"], float(f["t"])
-        ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base)}
+        ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base),
+                               "lr_fraction": self.schedule.fraction(base)}
         rows: list[tuple[str, Labels, float]] = []
         add = self._adder(base, rows)
         if "errors" in f:
@@ -75,6 +87,10 @@ class Ingestor:
         for table in (self._lr_last, self.lr_change_step, self._scale_last):
             for base in [b for b in table if all(p in b for p in pairs)]:
                 del table[base]
+        gone = [b for b in self.schedule.keys() if isinstance(b, tuple) and all(p in b for p in pairs)]
+        self.schedule.forget(gone)
+        for b in gone:
+            self._sched_last.pop(b, None)  # type: ignore[arg-type]
         for key in [k for k in self._totals if all(p in k[0] for p in pairs)]:
             del self._totals[key]  # a run started again under the same name gets its counters back
 
@@ -194,11 +210,20 @@ class Ingestor:
                 ratio = write_update_ratios(store, base, self._group_labels(base, groups), psq, dsq, step, t)
                 if ratio is not None:
                     add("sentinel_update_ratio", ratio)
+                if isinstance(dsq, list) and len(dsq) == len(groups):  # magnitude.py: ‖Δw‖ and the seed's UAR
+                    glabels = self._group_labels(base, groups)
+                    unorm = write_update_norms(store, glabels, dsq, step, t)
+                    if unorm is not None:
+                        add("sentinel_update_norm", unorm)
+                    uar = write_mean_abs_ratios(store, glabels, f.get("delta_l1"), f.get("param_l1"), step, t)
+                    if uar is not None:
+                        add("sentinel_update_mean_abs_ratio", uar)
         sat = f.get("sat")
         if isinstance(sat, list) and len(sat) == 2 and sat[1]:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
         self._lr(f.get("lr"), add, base, step)
         ctx["lr_change_step"] = self.lr_change_step.get(base)
+        ctx["lr_fraction"] = self._schedule(f, add, base)
         st = f.get("state_bytes")
         if isinstance(st, dict):
             for key, nbytes in st.items():
@@ -210,6 +235,14 @@ class Ingestor:
         mem = f.get("mem")
         if isinstance(mem, dict):
             self._memory(mem, add, base)
+        if "env" in f:
+            self._environment(f["env"], base, step, float(f["t"]))
+        if "optim" in f:
+            ingest_optimizers(f["optim"], f.get("total_steps"), add)
+        trust = ingest_health(f, add)
+        if trust is not None and len(trust) == len(groups):
+            rows = [(ls, v) for ls, v in zip(self._group_labels(base, groups), trust) if v is not None]
+            store.add_many("sentinel_group_trust_ratio", rows, step, float(f["t"]))
 
     def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
         # GradScaler halves the scale exactly when it skips a step for inf/NaN grads, so each
@@ -234,6 +267,33 @@ class Ingestor:
                 self.lr_change_step[base] = step
         self._lr_last[base] = list(lrs)
 
+    def _environment(self, env: Any, base: Labels, step: int, t: float) -> None:
+        """``sentinel_environment_info{torch,cuda,...} 1`` (environment.py); a rank whose
+        environment changed (a restart under the same name) keeps only the new series."""
+        labels = env_labels(base, env)
+        if labels is None:
+            return
+        old = self._env.get(base)
+        if old is not None and old != labels:
+            self.store.add(ENV_INFO, old, step, t, 0.0)
+        if len(self._env) > 10_000:
+            self._env.clear()
+        self._env[base] = labels
+        self.store.add(ENV_INFO, labels, step, t, 1.0)
+
+    def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels) -> float | None:
+        """The lr over its peak (schedule.py); its gauge is written when it moves."""
+        lrs, hints = f.get("lr"), f.get("lr_peak")
+        if not isinstance(lrs, list) or not all(isinstance(x, (int, float)) for x in lrs):
+            return self.schedule.fraction(base)
+        if not isinstance(hints, list) or not all(isinstance(x, (int, float)) for x in hints):
+            hints = None
+        frac = self.schedule.update(base, [float(x) for x in lrs], hints)
+        if frac is not None and self._sched_last.get(base) != frac:
+            self._sched_last[base] = frac
+            add("sentinel_learning_rate_schedule_ratio", frac)
+        return frac
+
     def _memory(self, mem: dict[str, Any], add: Callable[..., None], base: Labels) -> None:
         gauges = {"cuda_allocated": "sentinel_cuda_memory_allocated_bytes",
                   "cuda_reserved": "sentinel_cuda_memory_reserved_bytes",
@@ -246,7 +306,10 @@ class Ingestor:
         for key, name in (("cuda_retries", "sentinel_cuda_alloc_retries_total"),
                           ("cuda_ooms", "sentinel_cuda_ooms_total")):
             if isinstance(mem.get(key), (int, float)):
+                prev = self.store.counter(name, base)
                 self.store.set_counter(name, base, float(mem[key]))
+                # the rise since the last report, as a gauge the OOM rules read
+                add(name.replace("_total", "_new"), max(0.0, float(mem[key]) - prev))
         on_cuda = bool(mem.get("cuda_total"))
         used = mem.get("cuda_reserved") if on_cuda else mem.get("host_rss")
         capacity = mem.get("capacity") or (mem.get("cuda_total") if on_cuda else mem.get("host_limit"))

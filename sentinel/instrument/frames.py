@@ -33,12 +33,24 @@ def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int
             sampled = set(frame.pop("delta_groups", ()))
             frame["delta_sumsq"] = [v if i in sampled else None
                                     for i, v in enumerate(values["delta_sumsq"])]
+            for key in ("delta_l1", "param_l1"):  # the seed's UAR (instrument/magnitude.py)
+                if key in values and len(values[key]) == g:
+                    frame[key] = [v if i in sampled else None for i, v in enumerate(values[key])]
         frame.pop("delta_groups", None)
         if "grad_l1" in values and "grad_count" in frame:
             frame["grad_l1"] = values["grad_l1"][0]
         if "sat_above" in values and "sat_total" in frame:
             frame["sat"] = [values["sat_above"][0], frame.pop("sat_total")]
         frame.pop("sat_total", None)
+        totals = frame.pop("health_total", None)  # optstate.py's figures: [numerator, total]
+        if isinstance(totals, dict):
+            health = {n: [values[f"h:{n}"][0], t] for n, t in totals.items() if values.get(f"h:{n}")}
+            if health:
+                frame["opt_health"] = health
+        counts = frame.pop("trust_count", None)  # LAMB's trust ratio per group
+        sums = values.get("trust_sum")
+        if isinstance(counts, list) and sums and len(sums) == len(counts):
+            frame["trust_ratio"] = [s / c if c else None for s, c in zip(sums, counts)]
         if values.get("clip_norm") and "clip_max" in frame:
             frame["clip_norm"] = values["clip_norm"][0]
         else:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, losses, probes, registry
+from sentinel.instrument import clip, environment, losses, magnitude, optinfo, optstate, probes, registry
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -79,6 +79,7 @@ class Monitor(Reporter):
         self._last_step_time: float | None = None
         self._state_due = True
         self._sat_cursor = 0
+        self._health_cursor = 0
         self._contributed: set[int] = set()
         self._segs: Segs = {}
         self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
@@ -269,11 +270,12 @@ class Monitor(Reporter):
                 self.guard.run("report", self._finalize)
             step = self.steps + 1
             if not self._contributed and self.guard.run(
-                    "layout", self.layout.changed, self.optimizers, step % self.options.update_every == 0):
+                    "layout", self.layout.changed, self.optimizers, self._update_due(step)):
                 self.guard.run("layout", self._relayout)
             out = self.guard.run("grad", self._closure_aware, k, step, args, kwargs)
-            if step % self.options.update_every == 0:
+            if self._update_due(step):
                 self.guard.run("update", self.layout.snapshots[k].take)
+                self.guard.run("update_l1", self._param_l1, k)
             self.probe_seconds += time.perf_counter() - t0
             return out
         return pre
@@ -309,7 +311,7 @@ class Monitor(Reporter):
             step = self.steps + 1
             if self._closure_done.pop(k, True) is False:  # the optimizer never called the closure
                 self.guard.run("grad", self._grad_stats, k, step)
-            if step % self.options.update_every == 0:
+            if self._update_due(step):
                 self.guard.run("update", self._update_stats, k)
                 self.guard.run("param", self._param_stats, k)
             self._contributed.add(k)
@@ -317,6 +319,11 @@ class Monitor(Reporter):
                 self.guard.run("report", self._finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
+
+    def _update_due(self, step: int) -> bool:
+        """Whether ``step`` samples the update ratio: every ``update_every`` steps, and every
+        step of the first ``early_steps`` (the early-training checks)."""
+        return step % self.options.update_every == 0 or step <= self.options.early_steps
 
     def _on_load(self, opt: torch.optim.Optimizer) -> None:
         self._state_due = True
@@ -338,8 +345,14 @@ class Monitor(Reporter):
 
     def _update_stats(self, k: int) -> None:
         snap = self.layout.snapshots[k]
+        entries = magnitude.pending(snap)
         self._add("delta_sumsq", snap.delta_sumsq())
         self._meta_groups |= snap.groups
+        if entries:  # the seed's UAR: the same deltas' L1 (magnitude.py)
+            self.guard.run("update_l1", self._add, "delta_l1", magnitude.delta_l1(self.layout.tensors[k], entries))
+
+    def _param_l1(self, k: int) -> None:
+        self._add("param_l1", magnitude.param_l1(self.layout.tensors[k], self.layout.snapshots[k].groups))
 
     def _note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
         for segs in self._segs.values():  # clipped twice before a step: the last one counts
@@ -362,6 +375,9 @@ class Monitor(Reporter):
             meta["tags"] = o.tags
         if self.steps == 1:  # the history's record of what ran (engine side)
             meta["cmd"] = " ".join(sys.argv)[:1000]
+        peaks = probes.schedule_peaks(self.optimizers)
+        if peaks is not None:
+            meta["lr_peak"] = peaks
         if self._last_step_time is not None:
             meta["step_seconds"] = now - self._last_step_time
         self._last_step_time = now
@@ -379,15 +395,24 @@ class Monitor(Reporter):
             self._meta_groups = set()
         if self._state_due or self.steps % o.state_every == 0:
             self._state_due = False
+            optim = self.guard.run("optimizer", optinfo.describe, self.optimizers)
+            if optim:
+                meta["optim"] = optim
+                if self.options.total_steps > 0:
+                    meta["total_steps"] = self.options.total_steps
+            env = self.guard.run("environment", environment.describe, self.devices)
+            if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
+                meta["env"] = env
             st = self.guard.run("state", probes.state_bytes, self.optimizers)
             if st is not None:
                 meta["state_bytes"] = st
                 meta["param_bytes"] = self.param_bytes
-            sat = self.guard.run("saturation", adam_saturation, self.optimizers,
+            sat = self.guard.run("saturation", adam_saturation, optstate.adam_like(self.optimizers),
                                  o.saturation_threshold, o.saturation_max_tensors, self._sat_cursor)
             if sat is not None and sat[1]:
                 self._add("sat_above", sat[0])
                 meta["sat_total"], self._sat_cursor = sat[1], sat[2]
+            self.guard.run("opt_health", self._optimizer_health, meta)
         if self.steps % o.memory_every == 0 or self.steps == 1:
             mem = self.guard.run("memory", self._memory)
             if mem:
@@ -408,6 +433,28 @@ class Monitor(Reporter):
         # logged after the step's last backward() and before the step (log, then step)
         if self.auto or logged_last:
             self._submit_open()
+
+    def _optimizer_health(self, meta: dict[str, Any]) -> None:
+        """Each optimizer's own health figure and LAMB's trust ratios (optstate.py)."""
+        o = self.options
+        nums, totals, self._health_cursor = optstate.health(
+            self.optimizers, o.saturation_threshold, o.saturation_max_tensors, self._health_cursor)
+        for name, per in nums.items():
+            self._add(f"h:{name}", per)
+        if totals:
+            meta["health_total"] = totals
+        counts: list[int] = []
+        for k, opt in enumerate(self.optimizers):
+            if type(opt).__name__.lower() != "lamb":
+                continue
+            tensors = self.layout.tensors[k]
+            group_of = {id(p): g for b in tensors.buckets.values() for p, g in zip(b.params, b.groups)}
+            sums, cnt = optstate.trust_ratios(opt, group_of, len(self.groups))
+            if any(cnt):
+                self._add("trust_sum", sums)
+                counts = [a + b for a, b in zip(counts, cnt)] if counts else cnt
+        if counts:
+            meta["trust_count"] = counts
 
     def _log(self, scalars: dict[str, Any], step: int | None) -> None:
         values = Scalars()

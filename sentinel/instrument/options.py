@@ -26,6 +26,9 @@ class WatchOptions:
     max_groups: int = 64
     update_every: int = 10
     """Update ratio ‖Δw‖/‖w‖ and parameter norms, every N steps."""
+    early_steps: int = 50
+    """... and at every step of the first N steps, which the early-training rules judge
+    (seed 004 §4.2: a 10-step divergence check before anything else); 0: never."""
     update_snapshot_bytes: int = 256 * 2**20
     """Bound on the snapshot buffer for the update ratio; groups rotate when exceeded."""
     state_every: int = 100
@@ -47,6 +50,9 @@ class WatchOptions:
     engine: str = "process"
     """Where the engine runs when no daemon is reachable: ``process`` (a child process,
     off this process's GIL), ``thread`` (a thread of this process) or ``off``."""
+    total_steps: int = 0
+    """The optimizer steps the run is planned for, if known; the β2 advice compares Adam's
+    second-moment memory 1/(1-β2) with it (seed 000 §3.2). 0: unknown."""
     capture_loss: bool = False
     """Take each step's loss from ``Tensor.backward`` (the sum of the losses passed to it
     since the previous step, unscaled for a GradScaler), as zero-code mode does, instead

@@ -13,14 +13,20 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 def state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
     """Bytes of optimizer state by state key (``exp_avg``, ``momentum_buffer``, …).
 
-    Reads tensor metadata only; no device work.
+    Factored states (Adafactor's ``row_var``/``col_var``) and one-element ones (LAMB's
+    ``trust_ratio``) count at their real size; the ``step`` counter is left out, so the
+    ratio to parameter bytes is the state's. A DTensor (FSDP2) counts its local shard:
+    what this rank holds. Reads tensor metadata only; no device work.
     """
     out: dict[str, int] = {}
     for opt in optimizers:
         for st in opt.state.values():
             for key, val in st.items():
-                if isinstance(val, torch.Tensor):
-                    out[key] = out.get(key, 0) + val.numel() * val.element_size()
+                if key == "step" or not isinstance(val, torch.Tensor):
+                    continue  # the step counter is bookkeeping, not state memory
+                local = getattr(val, "_local_tensor", None)  # FSDP2: this rank's shard, not the global size
+                t = local if isinstance(local, torch.Tensor) else val
+                out[key] = out.get(key, 0) + t.numel() * t.element_size()
     return out
 
 
@@ -87,3 +93,25 @@ def cuda_memory(devices: Sequence[torch.device]) -> dict[str, float]:
             _TOTALS[idx] = torch.cuda.get_device_properties(idx).total_memory
         out["cuda_total"] += _TOTALS[idx]
     return out
+
+
+def schedule_peaks(optimizers: Sequence[torch.optim.Optimizer]) -> list[float] | None:
+    """The learning rate each param group's torch scheduler scales from, where one is set:
+    ``max_lr`` (OneCycleLR) or ``initial_lr`` (every ``LRScheduler`` writes it into the
+    group at construction); NaN for groups without. None when no group has one.
+
+    A warmup starts far below this value, and a decay ends far below it: the engine judges
+    the current lr against it (see :mod:`sentinel.engine.schedule`)."""
+    out: list[float] = []
+    seen = False
+    for opt in optimizers:
+        for group in opt.param_groups:
+            peak = group.get("max_lr", group.get("initial_lr"))
+            if isinstance(peak, torch.Tensor):
+                peak = float(peak) if peak.device.type == "cpu" else None
+            if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+                out.append(float(peak))
+                seen = True
+            else:
+                out.append(float("nan"))
+    return out if seen else None

@@ -68,6 +68,9 @@ class Context:
             values), for detectors that print it.
         memo: a per-series dict a detector with a ``quiet`` shortcut may leave notes in
             for it (see :class:`DetectorSpec`); None when the engine keeps none.
+        lr_fraction: the rank's learning rate over its peak (the highest it reported, or
+            its scheduler's initial/max lr; the largest over param groups), None when
+            unknown: how far a schedule has taken the lr (sentinel/engine/schedule.py).
     """
 
     step: int
@@ -79,6 +82,7 @@ class Context:
     amp_skipped: bool = False
     note: str = ""
     memo: dict[str, Any] | None = None
+    lr_fraction: float | None = None
 
 
 class Params(BaseModel):

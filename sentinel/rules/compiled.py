@@ -29,6 +29,8 @@ class Compiled:
     every: int
     grace: int
     params: Any
+    until: int = 0  # no verdict after this step unless an alert is open (0: no end)
+    floor: float = 0.0  # no verdict while the lr is below this fraction of its peak
 
 
 @dataclass
@@ -62,7 +64,8 @@ def compile_rule(idx: int, rule: Rule) -> Compiled:
     gate = 0 if rule.severity == "critical" else rule.warmup_steps
     return Compiled(
         idx, rule, spec, max(1, p.samples()), offset, fast, frozenset(rule.metrics),
-        rule.name, gate, rule.every_steps, rule.lr_grace_steps, p,
+        rule.name, gate, rule.every_steps, rule.lr_grace_steps, p, rule.until_steps,
+        rule.schedule_floor,
     )  # fmt: skip
 
 

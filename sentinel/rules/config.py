@@ -106,9 +106,14 @@ class Rule(BaseModel):
         cooldown_seconds: a re-fire this soon after a resolve is recorded, not notified.
         warmup_steps: no evaluation before this step, unless the rule is critical;
             baselines never use samples from before it.
+        until_steps: no evaluation after this step (0: no end), except to resolve an
+            alert that is open: for the checks of the first steps of a run.
         every_steps: evaluate at most every this many steps (for heavy detectors).
             ``for_steps``/``resolve_after`` count evaluations, not steps.
         lr_grace_steps: no evaluation for this many steps from a learning-rate change.
+        schedule_floor: no evaluation while the learning rate is below this fraction of
+            its peak by a schedule's doing (the end of a decay, the start of a warmup); 0:
+            always evaluated. For rules that a small scheduled lr explains.
         lr_resets_baseline: baselines (``ctx.since_step``) restart at a learning-rate
             change, so a level the new rate legitimately brings is not compared with the
             old one. False keeps the samples from before the change: a loss or gradient
@@ -136,8 +141,10 @@ class Rule(BaseModel):
     resolve_after: PositiveInt = 1
     cooldown_seconds: NonNegativeFloat = 0.0
     warmup_steps: NonNegativeInt = 0
+    until_steps: NonNegativeInt = 0
     every_steps: PositiveInt = 1
     lr_grace_steps: NonNegativeInt = 0
+    schedule_floor: NonNegativeFloat = 0.0
     lr_resets_baseline: bool = True
     group_wait_seconds: NonNegativeFloat = 2.0
     params: SerializeAsAny[Params]

@@ -104,7 +104,8 @@ class RuleEngine:
             ctx: ``nonfinite_groups`` (``{source: [group, ...]}``, first ones first),
                 ``written`` (the gauges this frame wrote: other rules are skipped) and
                 ``lr_change_step`` (the last step at which the learning rate changed by
-                more than the engine's factor, or None), and optionally ``note``, a
+                more than the engine's factor, or None), ``lr_fraction`` (the lr over its
+                peak, see ``Context.lr_fraction``), and optionally ``note``, a
                 phrase for detectors that print one (``Context.note``).
             only: evaluate just these rules (e.g. the cross-rank ones, for a rank whose
                 frame for ``step`` was judged already).
@@ -114,6 +115,7 @@ class RuleEngine:
         """
         ctx = ctx or {}
         lr_change: int | None = ctx.get("lr_change_step")
+        lr_fraction: float | None = ctx.get("lr_fraction")
         nonfinite: Mapping[str, Sequence[str]] = ctx.get("nonfinite_groups") or {}
         note: str = ctx.get("note") or ""
         written: frozenset[str] | None = ctx.get("written")
@@ -139,6 +141,8 @@ class RuleEngine:
             for c in self._step_rules if only is None else [c for c in self._step_rules if c.name in only]:
                 if step < c.gate_until or written is not None and c.metrics.isdisjoint(written):
                     continue  # warming up, or no new sample of its metrics in this frame
+                if c.until and step > c.until and not life.is_open(c.name, job, run):
+                    continue  # an early-phase check, over (an open alert is judged until it resolves)
                 if c.every > 1 and (step + c.offset) % c.every:
                     # off its phase: run only to catch up (a sparse series, a frozen step)
                     seen = judged[c.idx]
@@ -146,6 +150,8 @@ class RuleEngine:
                         continue
                 if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                     continue
+                if c.floor and lr_fraction is not None and lr_fraction < c.floor:
+                    continue  # the schedule has taken the lr far below its peak: expected
                 sel = sels[c.idx]
                 # looked up again when the store has a new series (the rule's may be among
                 # them) and every refresh_steps
@@ -194,6 +200,7 @@ class RuleEngine:
                         cctx = self._context(
                             c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped, note
                         )
+                        cctx.lr_fraction = lr_fraction
                         if c.spec.quiet is not None:
                             if memo is None:
                                 memo = memos[(c.idx, series_labels)] = {}

@@ -44,6 +44,8 @@ class SpikeParams(Params):
         log: use a log scale when all samples are positive.
         min_spread: floor of the spread, relative (log scale) or as a fraction of
             ``|baseline|`` (linear), so a perfectly flat series has a finite z-score.
+        min_value: the latest must also be at least this (an absolute level that matters,
+            e.g. GVR 0.5: a rise from 0.01 to 0.05 is no noise worth a page).
     """
 
     window: int = Field(default=50, ge=3)
@@ -52,6 +54,7 @@ class SpikeParams(Params):
     z: float = Field(default=6.0, gt=0.0)
     log: bool = True
     min_spread: float = Field(default=0.05, gt=0.0)
+    min_value: float = -math.inf
 
     def samples(self) -> int:
         return self.window + 1
@@ -82,6 +85,8 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
     threshold = baseline + (params.factor - 1.0) * abs(baseline)
     if ctx.memo is not None:  # for quiet(): the sorted baseline and where it started
         ctx.memo["base"], ctx.memo["since"] = base, ctx.since_step
+    if last < params.min_value:
+        return Verdict(False, last, max(threshold, params.min_value), baseline=baseline)
     if last < threshold:  # the common case: no need for the spread (nor the detail)
         return Verdict(False, last, threshold, baseline=baseline)
     detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}" if baseline > 0 else ""

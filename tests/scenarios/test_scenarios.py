@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from sentinel.demo.scenarios import SCENARIOS, Scenario, ScenarioResult, run_scenario
-from sentinel.demo.tasks import MODELS, OPTIMIZERS
+from sentinel.demo.tasks import MODELS, MORE_OPTIMIZERS, OPTIMIZERS
 
 FAULTY = [sc for sc in SCENARIOS if sc.expect]
 CLEAN = [sc for sc in SCENARIOS if sc.clean]
@@ -58,4 +58,12 @@ def test_immediate_faults_have_tight_targets(kind: str, max_delay: int) -> None:
 
 
 def test_clean_runs_cover_every_model_and_optimizer() -> None:
-    assert {(sc.model, sc.optimizer) for sc in CLEAN} == {(m, o) for m in MODELS for o in OPTIMIZERS}
+    pairs = {(sc.model, sc.optimizer) for sc in CLEAN}
+    assert {(m, o) for m in MODELS for o in OPTIMIZERS} <= pairs
+    # the rest of the seeds' six (Adam, LAMB, Lion, Sophia) on the mlp
+    assert {("mlp", o) for o in MORE_OPTIMIZERS} <= pairs
+
+
+def test_the_first_steps_and_the_schedule_have_scenarios() -> None:
+    names = {sc.name for sc in SCENARIOS}
+    assert {"lr-high-start", "lr-low-start", "cosine-adamw", "cosine-sgd", "lr-low-cosine"} <= names

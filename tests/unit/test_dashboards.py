@@ -69,7 +69,7 @@ def _panel(doc: dict, title: str) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize(("stem", "title", "rules"), [
-    ("overview", "Update ratio |Δw|/|w|", {"UpdateRatioLow": 1e-4, "UpdateRatioHigh": 0.1}),
+    ("overview", "Update ratio (UAR and L2)", {"UpdateRatioLow": 1e-4, "UpdateRatioHigh": 0.1}),
     ("overview", "Gradient norm (pre- and post-clip)", {"GradientExplosion": 1000.0}),
     ("ranks-gpus", "GPU temperature", {"GPUOverheating": 85.0}),
     ("ranks-gpus", "Straggler: busy time / other ranks'", {"RankStraggler": 1.5}),

@@ -37,6 +37,9 @@ class FakeNvml:
             raise RuntimeError("NVML_ERROR_TIMEOUT")
         return self.events.pop()
 
+    def nvmlDeviceGetName(self, h: str) -> bytes:
+        return b"NVIDIA H100 80GB HBM3"
+
     def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
         return SimpleNamespace(gpu=97)
 
@@ -72,6 +75,8 @@ def test_poll_exports_labelled_gpu_series() -> None:
     assert store.counter("sentinel_gpu_xid_errors_total", hot) == 1
     assert store.last("sentinel_gpu_last_xid", hot)[2] == 79  # type: ignore[index]
     assert store.counter("sentinel_gpu_xid_errors_total", labels_of(gpu="0", UUID="GPU-h0", Hostname="node-a")) == 0
+    model = tuple(sorted(hot + (("model", "NVIDIA H100 80GB HBM3"),)))
+    assert store.last("sentinel_gpu_info", model)[2] == 1.0  # type: ignore[index]
     assert list(poller.rows()) == [("sentinel_gpu_monitoring_up", "gauge", (), 1.0)]
 
 

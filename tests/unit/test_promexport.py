@@ -26,7 +26,7 @@ def test_committed_rules_and_their_tests_match_a_fresh_export() -> None:
 def test_overrides_export_and_disabled_rules_do_not() -> None:
     pack = load_pack({"rules": {"UpdateRatioHigh": {"params": {"value": 0.3}}, "GPUOverheating": {"enabled": False}}})
     rules = {r["alert"]: r for r in yaml.safe_load(export_prometheus(pack))["groups"][0]["rules"]}
-    assert rules["UpdateRatioHigh"]["expr"] == "sentinel_update_ratio > 0.3"
+    assert rules["UpdateRatioHigh"]["expr"] == "(sentinel_update_mean_abs_ratio or sentinel_update_ratio) > 0.3"
     assert "GPUOverheating" not in rules
     assert {"TrainingNonFinite", "TrainingStalled", "OOMRisk", "UpdateRatioLow", "GPUXidError", "GPUEccErrors",
             "SentinelExporterDown", "SentinelDaemonDown", "SentinelAlertFiring"} <= set(rules)
@@ -38,7 +38,7 @@ def test_promtool_checks_and_tests_the_committed_rules() -> None:
     check = subprocess.run(["promtool", "check", "rules", "sentinel.rules.yml"], cwd=ALERTS, capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 11 rules found" in check.stdout
+    assert "SUCCESS: 12 rules found" in check.stdout
     test = subprocess.run(["promtool", "test", "rules", "sentinel.rules.test.yml"], cwd=ALERTS / "tests",
                           capture_output=True, text=True, timeout=60)
     assert test.returncode == 0, test.stdout + test.stderr

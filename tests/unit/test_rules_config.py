@@ -15,9 +15,14 @@ from sentinel.rules.threshold import ThresholdParams
 REPO = Path(__file__).resolve().parents[2]
 
 BUILTIN = [
-    "TrainingNonFinite", "LossSpike", "LossDivergence", "LossOscillation", "LossPlateau",
+    "TrainingNonFinite",
+    # the first steps of a run (issue 13)
+    "EarlyLossSwing", "EarlyUpdateTooLarge", "EarlyGradientGrowth", "EarlyLossRising", "EarlyLossStalled",
+    "LossSpike", "LossDivergence", "LossOscillation", "LossPlateau",
     "GradientSpike", "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
-    "UpdateRatioHigh", "UpdateRatioLow", "OptimizerStateSaturated", "OOMRisk",
+    "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
+    "MemoryCritical", "CudaOOM", "CudaAllocRetries",
+    "OptimizerEpsTooSmallFp16", "OptimizerBeta2TooLong", "OptimizerBeta1Low", "AdamWWithoutWeightDecay",
     "LossScaleCollapse", "TrainingStalled",
     # the daemon issue's: liveness, cross-rank and GPU health
     "TrainingCrashed", "RankDivergence", "RankStraggler", "GPUOverheating", "GPUXidError", "GPUEccErrors",
@@ -184,7 +189,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_unknown_rule_error_lists_the_builtins() -> None:
-    with pytest.raises(ConfigError, match="built-in rules are TrainingNonFinite, LossSpike"):
+    with pytest.raises(ConfigError, match="built-in rules are TrainingNonFinite, EarlyLossSwing"):
         load_pack({"rules": {"Unknown": {}}})
 
 

@@ -165,7 +165,9 @@ def test_gradient_spike_fires_then_resolves() -> None:
         if step == 400:
             v["sentinel_grad_norm"] = 50.0
 
-    sim = Sim(ranks=2)
+    # the spike raises GVR suddenly too, which GradientNoiseRising reports (seed 000 §4.4:
+    # save the batch); this test follows GradientSpike's life cycle alone
+    sim = Sim(ranks=2, user={"rules": {"GradientNoiseRising": {"enabled": False}}})
     out = sim.run(0, 420, fault=spike)
     assert [(t.alertname, t.state_to) for t in out] == [
         ("GradientSpike", "firing"),
@@ -251,7 +253,9 @@ def test_sparse_series_is_judged_off_its_rules_phase() -> None:
             v["sentinel_memory_used_bytes"] = 9.5e9
 
     out = Sim(ranks=1).run(0, 300, fault=sparse)
-    assert fired(out) == ["OOMRisk"] and 200 <= out[0].step <= 240
+    # 95 % of capacity: the warning (80 %) and MemoryCritical (90 %) both judge each sample
+    assert sorted(set(fired(out))) == ["MemoryCritical", "OOMRisk"]
+    assert all(200 <= t.step <= 240 for t in out if t.state_to == "firing")
 
 
 def test_new_samples_at_a_frozen_step_are_judged() -> None:
@@ -324,7 +328,8 @@ def test_lr_grace_steps_hold_rules_after_an_lr_change() -> None:
 
 
 def test_a_second_frame_for_the_same_step_is_not_judged_twice() -> None:
-    user = {"rules": {"GradientExplosion": {"for_steps": 2, "warmup_steps": 0}}}
+    # GradientSpike would see the jump too (its baseline is complete from step 20)
+    user = {"rules": {"GradientExplosion": {"for_steps": 2, "warmup_steps": 0}, "GradientSpike": {"enabled": False}}}
     sim = Sim(ranks=1, user=user)
     sim.run(0, 50)
     labels = labels_of(job="job", run="run", rank=0)

@@ -1,0 +1,73 @@
+"""The optimizers a rank steps: an info series and the numeric gauges the advice rules read.
+
+From a frame's ``optim`` (instrument/optinfo.py), per optimizer (labelled ``optimizer``,
+its class, and ``index``, its position):
+
+- ``sentinel_optimizer_info{optimizer, index, dtype} 1``;
+- ``sentinel_optimizer_hyperparameter{optimizer, index, name}``: lr, beta1, beta2, eps,
+  weight_decay, momentum as reported;
+- what the advice rules compare, written only where the advice applies:
+  ``sentinel_optimizer_beta2_memory_ratio`` (1/(1-β2) over the planned steps, when the
+  user gave them), ``sentinel_optimizer_fp16_eps`` (eps of an optimizer with fp16
+  parameters, hence fp16 state) and ``sentinel_optimizer_decoupled_weight_decay``
+  (weight decay of AdamW-style optimizers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+NAMES = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum")
+
+
+def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None]) -> None:
+    """Queue the gauges of one frame's ``optim`` list (ignored unless well formed)."""
+    if not isinstance(optim, list):
+        return
+    for i, o in enumerate(optim[:8]):
+        if not isinstance(o, dict) or not isinstance(o.get("class"), str):
+            continue
+        name, idx = o["class"][:64], str(i)
+        dtype = o.get("dtype") if isinstance(o.get("dtype"), str) else "none"
+        add("sentinel_optimizer_info", 1.0, optimizer=name, index=idx, dtype=str(dtype)[:16])
+        hp: dict[str, Any] = o["hp"] if isinstance(o.get("hp"), dict) else {}
+        nums = {k: float(v) for k, v in hp.items() if k in NAMES + ("decoupled",)
+                and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for k in NAMES:
+            if k in nums:
+                add("sentinel_optimizer_hyperparameter", nums[k], optimizer=name, index=idx, name=k)
+        b2 = nums.get("beta2")
+        if b2 is not None and b2 < 1.0 and isinstance(total_steps, int) and total_steps > 0:
+            add("sentinel_optimizer_beta2_memory_ratio", 1.0 / (1.0 - b2) / total_steps, optimizer=name, index=idx)
+        if "eps" in nums and dtype == "float16":
+            add("sentinel_optimizer_fp16_eps", nums["eps"], optimizer=name, index=idx)
+        if nums.get("decoupled") and "weight_decay" in nums:
+            add("sentinel_optimizer_decoupled_weight_decay", nums["weight_decay"], optimizer=name, index=idx)
+        if "beta1" in nums:
+            add("sentinel_optimizer_beta1", nums["beta1"], optimizer=name, index=idx)
+
+
+RATIO_FIGURES = ("adafactor_saturation", "lion_sign_agreement", "sophia_clip_fraction")
+
+
+def ingest_health(f: dict[str, Any], add: Callable[..., None]) -> list[float | None] | None:
+    """Queue the per-optimizer figures of a frame (instrument/optstate.py); return its
+    per-group LAMB trust ratios for the caller to write as a group row (or None)."""
+    health = f.get("opt_health")
+    if isinstance(health, dict):
+        for name, pair in health.items():
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], (int, float)) and pair[1] > 0):
+                continue
+            value = float(pair[0]) / float(pair[1])
+            if name in RATIO_FIGURES:
+                add("sentinel_optimizer_health_ratio", value, figure=name)
+            elif name == "sophia_hessian_mean":
+                add("sentinel_optimizer_hessian_mean", value)
+    tr = f.get("trust_ratio")
+    if not isinstance(tr, list):
+        return None
+    known = [float(v) for v in tr if isinstance(v, (int, float))]
+    if known:
+        add("sentinel_trust_ratio", sum(known) / len(known))
+    return [float(v) if isinstance(v, (int, float)) else None for v in tr]

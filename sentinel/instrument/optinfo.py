@@ -1,0 +1,70 @@
+"""Which optimizers a run steps, and with what hyperparameters, in a bounded form.
+
+Sent at the first step, after ``load_state_dict`` and every ``state_every`` steps, so the
+engine can give the seeds' optimizer-specific advice (seed 000 §3.2 betas, §3.4 eps in
+fp16, §5.2 weight decay). One small map per optimizer, whatever the number of groups:
+
+- ``class``: the optimizer's class name (64 characters at most);
+- ``dtype``: the lowest-precision floating dtype among its parameters (``float16``,
+  ``bfloat16``, ``float32``...), which decides whether its state is fp16;
+- ``hp``: numbers reduced over its param groups the way the advice reads them: ``beta1``
+  and ``momentum`` the smallest, ``beta2`` the largest, ``eps`` the smallest,
+  ``weight_decay`` and ``lr`` the largest; ``decoupled`` 1 when weight decay is applied
+  apart from the gradient (AdamW, Lion, ``decoupled_weight_decay=True``).
+
+Host-side reads of the param groups only: a tensor-valued hyperparameter on an accelerator
+is left out (reading it would sync).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+MAX_OPTIMIZERS = 8
+_SIZE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
+_DECOUPLED = ("AdamW", "Lion", "Lamb", "LAMB")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, torch.Tensor):
+        if v.device.type != "cpu" or v.numel() != 1:
+            return None
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def describe(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict[str, Any]]:
+    """The bounded description of each optimizer (see the module docstring)."""
+    out: list[dict[str, Any]] = []
+    for opt in optimizers[:MAX_OPTIMIZERS]:
+        hp: dict[str, list[float]] = {}
+        dtypes: set[torch.dtype] = set()
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if p.is_floating_point():
+                    dtypes.add(p.dtype)
+            betas = g.get("betas")
+            if isinstance(betas, (tuple, list)) and len(betas) >= 2:
+                for name, v in (("beta1", betas[0]), ("beta2", betas[1])):
+                    x = _num(v)
+                    if x is not None:
+                        hp.setdefault(name, []).append(x)
+            for name in ("lr", "eps", "weight_decay", "momentum"):
+                x = _num(g.get(name))
+                if x is not None:
+                    hp.setdefault(name, []).append(x)
+            if g.get("decoupled_weight_decay") is True:
+                hp.setdefault("decoupled", []).append(1.0)
+        name = type(opt).__name__[:64]
+        reduced = {k: (min(v) if k in ("beta1", "momentum", "eps") else max(v)) for k, v in hp.items()}
+        if name in _DECOUPLED:
+            reduced["decoupled"] = 1.0
+        low = min(dtypes, key=lambda d: _SIZE.get(d, 2)) if dtypes else None
+        out.append({"class": name, "dtype": str(low).removeprefix("torch.") if low else "none", "hp": reduced})
+    return out

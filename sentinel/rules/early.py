@@ -1,0 +1,151 @@
+"""``early``: the first steps of a run, judged from step 0 (seed 004 §4.2, §6.1).
+
+Every other detector waits for a baseline, so a learning rate far too high from the very
+first step, one that makes the loss swing and then settles instead of producing NaN, goes
+unseen. This one judges only the samples of steps ``1..until`` and needs no baseline:
+
+- ``jumps``: how often a sample rose ``factor`` times above the one before it, back to
+  at least ``rebound`` of the starting level (a loss swinging up and down; falling fast
+  is healthy and never counts);
+- ``above``: how many samples exceed ``value`` (updates larger than 10 % of the weights);
+- ``growth``: the value rose at every one of the last ``count`` samples, by ``factor``
+  overall (gradient norms growing step over step);
+- ``rise``: from ``at_step`` on, the level (median of the last ``chunk`` samples) has
+  risen to ``factor`` times the starting level (median of the first ``chunk``);
+- ``stall``: from ``at_step`` on, the loss has not fallen by ``min_drop``: the fall of the
+  least-squares trend of log(loss) since step 1, judged only when its standard error is
+  below ``min_drop`` (a noisy loss gives no verdict).
+
+``count`` and the levels make single noisy batches harmless: on the clean scenario runs
+the most upward jumps of 3× in 50 steps was one, and the most consecutive gradient-norm
+rises five. After ``until`` (the rule's ``until_steps``) the verdict is OK, so an alert
+resolves once the early phase is over.
+
+Cost: only during the first ``until`` steps; one pass over at most ``until`` samples.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+
+from pydantic import Field, PositiveInt
+
+from sentinel.store import Window
+from sentinel.rules.base import Context, Params, Verdict, median
+
+Check = Literal["jumps", "above", "growth", "rise", "stall"]
+
+
+class EarlyParams(Params):
+    """Parameters of :func:`detect`.
+
+    Attributes:
+        check: which early check (see the module docstring).
+        until: the last step judged; later samples are ignored and the verdict is OK.
+        factor: the jump, growth or rise factor.
+        value: for ``above``: the level samples must exceed.
+        count: for ``jumps``/``above``: how many count before it fires; for ``growth``:
+            consecutive rises.
+        at_step: for ``rise``/``stall``: judged once a sample at or after this step exists.
+        chunk: for ``rise``/``stall``: samples per level (median).
+        min_drop: for ``stall``: the level must be at least this fraction below the start.
+        rebound: for ``jumps``: a jump counts only when it reaches this fraction of the
+            starting level (median of the first 3 samples): a loss thrown back towards
+            where it began, not a noisy batch near its floor (a small-batch MSE there
+            jumps 3-10× between batches on a healthy run).
+    """
+
+    check: Check
+    until: PositiveInt = 100
+    factor: float = Field(default=3.0, gt=1.0)
+    value: float = 0.1
+    count: PositiveInt = 3
+    at_step: PositiveInt = 50
+    chunk: PositiveInt = 5
+    min_drop: float = Field(default=0.01, ge=0.0, lt=1.0)
+    rebound: float = Field(default=0.0, ge=0.0)
+
+    def samples(self) -> int:
+        return self.until + 1
+
+
+def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
+    """Judge the samples of steps ``1..until`` by ``params.check``.
+
+    Returns:
+        None while there is too little to judge; an OK verdict once ``ctx.step`` is past
+        ``until``. The value is the count (``jumps``, ``above``, ``growth``) or the level's
+        ratio to the start (``rise``, ``stall``).
+    """
+    p = params
+    if ctx.step > p.until:
+        return Verdict(False, 0.0, float(p.count), detail="past the early phase")
+    steps = window.steps.tolist()
+    vals = [v for s, v in zip(steps, window.values.tolist()) if s <= p.until]
+    if not vals:
+        return None
+    if p.check == "jumps":
+        floor = p.rebound * median(vals[:3]) if p.rebound > 0 else -math.inf
+        jumps = [(b / a, i) for i, (a, b) in enumerate(zip(vals, vals[1:]), 1)
+                 if a > 0 and math.isfinite(a) and math.isfinite(b) and b >= p.factor * a and b >= floor]
+        if not jumps:
+            return Verdict(False, 0.0, float(p.count))
+        top, at = max(jumps)
+        detail = (f"rose ≥{p.factor:g}× from one step to the next {len(jumps)} times since step 1 "
+                  f"(largest {top:.3g}× at step {steps[at]})")
+        return Verdict(len(jumps) >= p.count, float(len(jumps)), float(p.count), detail=detail)
+    if p.check == "above":
+        over = [v for v in vals if v > p.value]
+        detail = f"{len(over)} samples above {p.value:g} since step 1 (largest {max(vals):.3g})"
+        return Verdict(len(over) >= p.count, float(len(over)), float(p.count), detail=detail)
+    if p.check == "growth":
+        run = 0
+        for a, b in zip(vals[-p.count - 1 :], vals[-p.count :]):
+            run = run + 1 if math.isfinite(b) and b > a else 0
+        if len(vals) <= p.count or run < p.count:
+            return Verdict(False, float(run), float(p.count))
+        grown = vals[-1] / vals[-p.count - 1] if vals[-p.count - 1] > 0 else math.inf
+        detail = f"rose at each of the last {p.count} steps, {grown:.3g}× in all"
+        return Verdict(grown >= p.factor, float(run), float(p.count), detail=detail)
+    # rise / stall: from at_step on, the level against the start
+    if steps[-1] < p.at_step or len(vals) < 2 * p.chunk:
+        return None
+    pairs = [(s, v) for s, v in zip(steps, vals) if math.isfinite(v)]
+    if len(pairs) < 2 * p.chunk:
+        return None
+    fin = [v for _, v in pairs]
+    start, level = median(fin[: p.chunk]), median(fin[-p.chunk :])
+    if not start > 0:
+        return None
+    ratio = level / start
+    detail = f"level {level:.4g} at step {steps[-1]} vs {start:.4g} at the start ({ratio:.3g}×)"
+    if p.check == "rise":
+        return Verdict(ratio >= p.factor, ratio, p.factor, baseline=start, detail=detail)
+    return _stall(pairs, p, start, detail)
+
+
+def _stall(pairs: list[tuple[int, float]], p: EarlyParams, start: float, detail: str) -> Verdict | None:
+    """Not fallen by ``min_drop``: the fall is the least-squares trend of log(loss) across
+    the samples, and it is judged only when the trend is known to within ``min_drop``
+    (one standard error). Two medians of a few noisy batches cannot tell a 1 % fall from
+    none; a flat, noisy loss is left to LossPlateau."""
+    if any(v <= 0 for _, v in pairs):
+        return None
+    x = np.asarray([s for s, _ in pairs], dtype=np.float64)
+    y = np.log(np.asarray([v for _, v in pairs], dtype=np.float64))
+    xc = x - x.mean()
+    sxx = float(xc @ xc)
+    if sxx <= 0:
+        return None
+    slope = float(xc @ (y - y.mean())) / sxx
+    resid = y - y.mean() - slope * xc
+    span = float(x[-1] - x[0])
+    se = math.sqrt(float(resid @ resid) / max(1, len(x) - 2) / sxx) * span
+    fall = 1.0 - math.exp(slope * span)
+    if se > p.min_drop:
+        return None  # too noisy to say
+    return Verdict(fall < p.min_drop, fall, p.min_drop, baseline=start,
+                   detail=f"fell {fall:.2%} over the first {len(pairs)} steps (trend); {detail}")

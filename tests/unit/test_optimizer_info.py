@@ -1,0 +1,76 @@
+"""The optimizer is known: class and bounded hyperparameters, the info series, the advice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from sentinel import wire
+from sentinel.engine.engine import Engine
+from sentinel.instrument import optinfo
+from tests.helpers import MLP, make_monitor, train_steps
+
+
+def _params(dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:
+    return [nn.Parameter(torch.zeros(4, 4, dtype=dtype)), nn.Parameter(torch.zeros(4, dtype=dtype))]
+
+
+def test_describe_reduces_groups_the_way_the_advice_reads_them() -> None:
+    w, b = _params()
+    opt = torch.optim.AdamW([{"params": [w], "weight_decay": 0.05, "betas": (0.8, 0.99)},
+                             {"params": [b], "weight_decay": 0.0, "eps": 1e-6}], lr=1e-3)
+    [d] = optinfo.describe([opt])
+    assert d["class"] == "AdamW" and d["dtype"] == "float32"
+    assert d["hp"] == {"lr": 1e-3, "beta1": 0.8, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.05,
+                       "decoupled": 1.0}
+    [s] = optinfo.describe([torch.optim.SGD(_params(torch.float16), lr=0.1, momentum=0.9)])
+    assert s["dtype"] == "float16" and s["hp"]["momentum"] == 0.9 and "decoupled" not in s["hp"]
+
+
+def _fired(opt: torch.optim.Optimizer, total_steps: int | None = None) -> set[str]:
+    frame: dict[str, Any] = {"kind": "step", "job": "j", "run": "r", "rank": 0, "step": 1, "t": 1.0,
+                             "groups": ["w"], "grad_sumsq": [1.0], "optim": optinfo.describe([opt])}
+    if total_steps:
+        frame["total_steps"] = total_steps
+    eng = Engine()
+    assert eng.feed(wire.encode(frame))
+    return {t.alertname for t in eng.transitions if t.state_to == "firing" and t.severity == "info"}
+
+
+ADVICE = {"OptimizerEpsTooSmallFp16", "OptimizerBeta2TooLong", "OptimizerBeta1Low", "AdamWWithoutWeightDecay"}
+
+
+@pytest.mark.parametrize(
+    ("make", "total_steps", "advice"),
+    [
+        (lambda: torch.optim.AdamW(_params(), lr=1e-3), None, set()),  # the defaults: no advice
+        (lambda: torch.optim.AdamW(_params(), lr=1e-3, weight_decay=0.0), None, {"AdamWWithoutWeightDecay"}),
+        (lambda: torch.optim.Adam(_params(), lr=1e-3), None, set()),  # plain Adam: no decoupled decay expected
+        (lambda: torch.optim.Adam(_params(), betas=(0.3, 0.999)), None, {"OptimizerBeta1Low"}),
+        (lambda: torch.optim.Adam(_params(), lr=1e-3), 500, {"OptimizerBeta2TooLong"}),  # 1000 steps of memory
+        (lambda: torch.optim.Adam(_params(), betas=(0.9, 0.98)), 500, set()),  # the seed's 1 - 10/500
+        (lambda: torch.optim.Adam(_params(torch.float16), lr=1e-3), None, {"OptimizerEpsTooSmallFp16"}),
+        (lambda: torch.optim.Adam(_params(torch.float16), eps=1e-6), None, set()),
+        (lambda: torch.optim.Adam(_params(torch.bfloat16), lr=1e-3), None, set()),  # bf16 has fp32's range
+    ],
+)
+def test_advice(make: Any, total_steps: int | None, advice: set[str]) -> None:
+    assert _fired(make(), total_steps) & ADVICE == advice
+
+
+def test_sent_at_the_first_step_and_after_load_state_dict(mlp: MLP) -> None:
+    opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
+    mon, sender = make_monitor(mlp, opt, state_every=1000)
+    train_steps(mlp, opt, 3, mon)
+    opt.load_state_dict(opt.state_dict())
+    train_steps(mlp, opt, 2, mon)
+    mon.close()
+    assert [f["step"] for f in sender.steps() if "optim" in f] == [1, 4]
+    store = sender.engine.store
+    [info] = store.labelsets("sentinel_optimizer_info")
+    assert dict(info)["optimizer"] == "AdamW"
+    hps = {dict(ls)["name"] for ls in store.labelsets("sentinel_optimizer_hyperparameter")}
+    assert hps == {"lr", "beta1", "beta2", "eps", "weight_decay"}

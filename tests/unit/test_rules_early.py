@@ -1,0 +1,104 @@
+"""The early-training detector (rules/early.py) and the first steps in the rule engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sentinel.rules import RuleEngine, load_pack
+from sentinel.rules.base import Context
+from sentinel.rules.early import EarlyParams, detect
+from sentinel.store import Store, Window, labels_of
+
+
+def win(values: list[float], start: int = 1) -> Window:
+    v = np.asarray(values, dtype=np.float64)
+    steps = np.arange(start, start + len(v), dtype=np.int64)
+    return Window(steps, steps.astype(np.float64), v)
+
+
+def verdict(values: list[float], step: int | None = None, **params: Any) -> bool | None:
+    w = win(values)
+    v = detect(w, EarlyParams(**params), Context(step=int(w.steps[-1]) if step is None else step, now=0.0))
+    return None if v is None else v.firing
+
+
+FALLING = [2.0 * 0.95**i for i in range(60)]
+SWINGING = [2.0, 0.1, 1.5, 0.09, 1.2, 0.3, 1.4, 0.5, 0.6, 0.7]
+
+
+@pytest.mark.parametrize(
+    ("values", "params", "fires"),
+    [
+        (FALLING, {"check": "jumps"}, False),  # falling fast is healthy
+        (SWINGING, {"check": "jumps"}, True),  # 0.1 → 1.5, 0.09 → 1.2, 0.3 → 1.4
+        ([1.0, 0.2, 1.0, 0.9, 0.8], {"check": "jumps"}, False),  # one noisy batch
+        ([0.05, 0.2, 0.15, 0.3, 0.5], {"check": "above", "value": 0.1, "count": 3}, True),
+        ([0.05, 0.2, 0.05, 0.3, 0.05], {"check": "above", "value": 0.1, "count": 3}, False),
+        ([1.0 * 1.5**i for i in range(10)], {"check": "growth", "count": 8, "factor": 10.0}, True),
+        ([1.0, 2, 1, 2, 1, 2, 1, 2, 1, 2], {"check": "growth", "count": 8, "factor": 10.0}, False),
+        ([1.0 + 0.001 * i for i in range(10)], {"check": "growth", "count": 8, "factor": 10.0}, False),  # slow creep
+        ([1.0] * 10 + [1.5] * 45, {"check": "rise", "at_step": 50, "chunk": 10, "factor": 1.3}, True),
+        (FALLING, {"check": "rise", "at_step": 50, "chunk": 10, "factor": 1.3}, False),
+        ([1.386] * 55, {"check": "stall", "at_step": 50, "chunk": 10}, True),
+        ([1.386] * 10 + [1.35] * 45, {"check": "stall", "at_step": 50, "chunk": 10}, False),  # 2.6 % lower
+    ],
+)
+def test_early_checks(values: list[float], params: dict[str, Any], fires: bool) -> None:
+    assert verdict(values, **params) is fires
+
+
+def test_level_checks_wait_for_their_step() -> None:
+    assert verdict([1.386] * 30, check="stall", at_step=50, chunk=10) is None
+
+
+def test_after_the_early_phase_the_verdict_is_ok() -> None:
+    # an alert raised in the first steps resolves once they are over
+    assert verdict(SWINGING, step=101, check="jumps", until=100) is False
+
+
+def test_samples_after_until_are_not_judged() -> None:
+    late = [1.0] * 20 + [0.1, 1.0, 0.1, 1.0, 0.1, 1.0]  # swings at steps 21..26
+    assert verdict(late, step=20, check="jumps", until=20) is False
+
+
+def _engine() -> tuple[RuleEngine, Store]:
+    store = Store()
+    return RuleEngine(load_pack(), store, clock=lambda: 0.0), store
+
+
+def test_loss_swinging_from_step_one_is_reported_in_the_first_steps() -> None:
+    eng, store = _engine()
+    labels = labels_of(job="j", run="r", rank=0)
+    fired = []
+    for step, loss in enumerate(SWINGING, 1):
+        store.add("sentinel_loss", labels, step, float(step), loss)
+        fired += [t for t in eng.evaluate("j", "r", 0, step, float(step)) if t.state_to == "firing"]
+    assert [(t.alertname, t.severity) for t in fired] == [("EarlyLossSwing", "info")]
+    assert fired[0].step <= 7
+
+
+def test_early_rules_are_not_evaluated_after_their_phase() -> None:
+    eng, store = _engine()
+    labels = labels_of(job="j", run="r", rank=0)
+    for step in range(1, 160):
+        loss = 2.0 * 0.99**step if step <= 100 else SWINGING[step % len(SWINGING)]  # swings only late
+        store.add("sentinel_loss", labels, step, float(step), loss)
+        out = eng.evaluate("j", "r", 0, step, float(step))
+        assert not [t for t in out if t.alertname.startswith("Early") and t.state_to == "firing"], step
+
+
+def test_a_noisy_flat_loss_is_not_called_stalled() -> None:
+    # 8 % batch noise: two medians of 10 batches cannot tell a 1 % fall from none
+    rng = np.random.default_rng(0)
+    noisy = list(2.0 * np.exp(-np.arange(55) / 400) * (1 + 0.08 * rng.standard_normal(55)))
+    assert verdict(noisy, check="stall", at_step=50, chunk=10) is None
+
+
+def test_a_noisy_loss_near_its_floor_is_no_swing() -> None:
+    # a small-batch MSE that fell from ~7 to ~0.1 jumps 3-10× between batches, far below its start
+    floor = [3.4, 12.5, 6.9, 5.5, 3.9, 2.7, 0.9, 0.4, 0.3, 0.9, 0.2, 2.1, 0.2, 0.8, 0.1, 0.6, 0.04, 0.4, 0.06, 0.44]
+    assert verdict(floor, check="jumps", rebound=0.5) is False
+    assert verdict(SWINGING, check="jumps", rebound=0.5) is True  # 1.5 and 1.2 and 1.4 are near the start of 2
