@@ -103,8 +103,13 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
 
     try:
         assert ddp.stdout is not None
-        trained = [ddp.stdout.readline() for _ in range(2)]
-        assert all("trained" in line for line in trained), trained
+        trained = ""  # both ranks print "rank N trained"; their writes may share a line
+        while trained.count("trained") < 2:
+            line = ddp.stdout.readline()
+            if not line:
+                break
+            trained += line
+        assert trained.count("trained") == 2, trained
         with urllib.request.urlopen(ddp_url + "/metrics", timeout=10) as r:
             last = re.findall(r'^sentinel_step\{[^}]*job="train"[^}]*\} (\S+)$', r.read().decode(), re.M)
         assert len(last) == 2, last
