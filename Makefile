@@ -40,7 +40,10 @@ typecheck: setup
 	$(PY) -m mypy
 
 bench: setup
+	# the peers benchmarks/peers.py compares against (lightning, wandb), with torch held
+	$(PY) -m pip install --quiet -e ".[bench]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/peers.py
 	$(PY) benchmarks/detection.py
 	$(PY) benchmarks/daemon.py
 	$(PY) benchmarks/alert_latency.py
