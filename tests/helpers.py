@@ -140,6 +140,15 @@ class Receiver:
         self.server.server_close()
 
 
+def start_prometheus(folder: Any, config: str, port: int) -> subprocess.Popen[bytes]:
+    """A real Prometheus (Debian's) on ``127.0.0.1:port`` with ``config`` as its
+    ``prometheus.yml``, its data in ``folder``. Stop it with :func:`end_process`."""
+    (folder / "prometheus.yml").write_text(config)
+    return subprocess.Popen(["prometheus", f"--config.file={folder / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def end_process(proc: subprocess.Popen[str]) -> None:
     """Stop a process a test started, if it still runs: SIGTERM (which `sentinel run`
     forwards to its command), then SIGKILL after 20 s."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import end_process, wait_for
+from tests.helpers import end_process, start_prometheus, wait_for
 from tests.integration.test_run import LOG, SCRIPTS, _start
 
 pytestmark = [pytest.mark.integration,
@@ -88,13 +88,9 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     prom_port = _free_port()
     targets = [ddp_url.removeprefix("http://"), f"127.0.0.1:{demo_port}"]
     # honor_labels: job, run and rank are the training job's, as the dashboards expect
-    (tmp / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs: [{job_name: sentinel, honor_labels: true, "
-        f"static_configs: [{{targets: {json.dumps(targets)}}}]}}]\n")
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = start_prometheus(tmp, "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                            "scrape_configs: [{job_name: sentinel, honor_labels: true, "
+                            f"static_configs: [{{targets: {json.dumps(targets)}}}]}}]\n", prom_port)
     base = f"http://127.0.0.1:{prom_port}"
 
     def result(expr: str) -> list[Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
 import sys
 import urllib.parse
 import urllib.request
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import end_process, wait_for
+from tests.helpers import end_process, start_prometheus, wait_for
 from tests.integration.test_run import LOG, SCRIPTS, _start
 
 pytestmark = [pytest.mark.integration,
@@ -43,13 +42,9 @@ def test_prometheus_scrapes_every_rank(tmp_path: Path) -> None:
                        str(SCRIPTS / "ddp_train.py"), "20", str(release)])
     target = url.removeprefix("http://")
     prom_port = _free_port()
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs: [{{job_name: sentinel, static_configs: [{{targets: ['{target}']}}]}}]\n")
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = start_prometheus(tmp_path, "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                            f"scrape_configs: [{{job_name: sentinel, static_configs: [{{targets: ['{target}']}}]}}]\n",
+                            prom_port)
     base = f"http://127.0.0.1:{prom_port}"
     try:
         try:

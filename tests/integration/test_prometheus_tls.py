@@ -13,7 +13,7 @@ import bcrypt
 import pytest
 
 from tests.certs import make_certs
-from tests.helpers import end_process, wait_for
+from tests.helpers import end_process, start_prometheus, wait_for
 from tests.integration.test_prometheus import _free_port, _query
 
 pytestmark = [pytest.mark.integration,
@@ -42,15 +42,10 @@ def test_prometheus_scrapes_over_mutual_tls_with_basic_auth(tmp_path: Path) -> N
     assert daemon.stdout is not None
     line = daemon.stdout.readline()
     assert f"SENTINEL_URL=https://127.0.0.1:{port}" in line, (line, daemon.stderr.read() if daemon.poll() else "")
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n"
-        + _job("good", port, tmp_path, True, "scrape-me")
-        + _job("no_client_cert", port, tmp_path, False, "scrape-me")
-        + _job("bad_password", port, tmp_path, True, "guess"))
-    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = start_prometheus(tmp_path, "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n"
+                            + _job("good", port, tmp_path, True, "scrape-me")
+                            + _job("no_client_cert", port, tmp_path, False, "scrape-me")
+                            + _job("bad_password", port, tmp_path, True, "guess"), prom_port)
     base = f"http://127.0.0.1:{prom_port}"
     try:
         up = wait_for(lambda: (r := _query(base, "up")) and len(r) == 3 and r, timeout=90,
