@@ -205,7 +205,7 @@ def render(rows: list[list[str]], markdown: bool) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=20, help="steps per block (default 20)")
+    ap.add_argument("--steps", type=int, default=25, help="steps per block (default 25: 8 repeats time 200 watched steps, 4 update samples)")
     ap.add_argument("--repeats", type=int, default=8, help="alternations of the blocks (default 8)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per model and config (default 10)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: --steps 10 --repeats 2 --warmup 3")

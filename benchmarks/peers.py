@@ -24,8 +24,9 @@ of every baseline step of the run. Step time on shared cores swings between repe
 table also gives the time spent inside each monitor's own code per step: for sentinel its
 ``Monitor.probe_seconds``; for the others the calls timed here (for wandb, its tensor-stats
 hooks and ``run.log``). The mean includes sentinel's periodic samplers (every
-``update_every`` steps: weight snapshot, update ratio, parameter norms, gradient SNR); blocks
-are a multiple of ``update_every`` steps long so each sampler runs in proportion.
+``update_every`` steps: weight snapshot, update ratio, parameter norms; every
+``health_every``: gradient SNR); the timed sentinel steps (blocks × repeats) are a multiple
+of ``update_every`` so each sampler runs in proportion.
 
 The peers come from the ``bench`` extra (``pip install -e '.[bench]'``); a peer that is not
 installed is skipped with a note. Nothing here asserts on timings: it prints a table and
@@ -201,7 +202,7 @@ def run(b: Bench, peers: list[Peer], steps: int, repeats: int, warmup: int) -> P
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=20, help="steps per block (default 20)")
+    ap.add_argument("--steps", type=int, default=25, help="steps per block (default 25)")
     ap.add_argument("--repeats", type=int, default=4, help="rounds over the monitors (default 4)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps per copy (default 5)")
     ap.add_argument("--tokens", type=int, default=2048, help=f"tokens per step, a multiple of {SEQ} (default 2048)")
@@ -218,8 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = Bench(torch.device("cpu"))
     b.set_tokens(args.tokens)
     every = b.mon.options.update_every
-    if args.steps % every:
-        print(f"note: {args.steps} steps per block is not a multiple of update_every={every}: "
+    if (args.steps * args.repeats) % every:
+        print(f"note: {args.steps * args.repeats} timed steps are not a multiple of update_every={every}: "
               "the mean over-/under-counts sentinel's periodic samplers", file=sys.stderr)
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sentinel-peers-wandb-") as wandb_dir:

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from sentinel.instrument.groups import assign_groups
-from sentinel.instrument.stats import GroupedTensors, UpdateSnapshot, shard_plan
+from sentinel.instrument.magnitude import UpdateSnapshot
+from sentinel.instrument.stats import GroupedTensors, shard_plan
 
 
 def _signature(opt: torch.optim.Optimizer) -> tuple[int, ...]:

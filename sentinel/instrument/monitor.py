@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, environment, losses, magnitude, optinfo, optstate, probes, registry
+from sentinel.instrument import clip, environment, losses, optinfo, optstate, probes, registry
+from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -65,6 +66,7 @@ class Monitor(Reporter):
         """False for the inert monitor :func:`watch` returns when it cannot watch."""
         self._halt: str | None = None
         self.guard = Guard(o.max_errors)
+        self.cadence = Cadence(o.update_every, o.early_steps, o.health_every)
         self.rank, self.world = rank_world()
         self.steps = 0
         self.probe_seconds = 0.0
@@ -269,13 +271,13 @@ class Monitor(Reporter):
             if k in self._contributed:  # this optimizer steps again: a new report begins
                 self.guard.run("report", self._finalize)
             step = self.steps + 1
-            if not self._contributed and self.guard.run(
-                    "layout", self.layout.changed, self.optimizers, self._update_due(step)):
-                self.guard.run("layout", self._relayout)
+            if not self._contributed:  # the step's first optimizer
+                self.guard.run("cadence", self.cadence.begin, step, self.optimizers)
+                if self.guard.run("layout", self.layout.changed, self.optimizers, self.cadence.update_due(step)):
+                    self.guard.run("layout", self._relayout)
             out = self.guard.run("grad", self._closure_aware, k, step, args, kwargs)
-            if self._update_due(step):
+            if self.cadence.update_due(step):
                 self.guard.run("update", self.layout.snapshots[k].take)
-                self.guard.run("update_l1", self._param_l1, k)
             self.probe_seconds += time.perf_counter() - t0
             return out
         return pre
@@ -311,7 +313,7 @@ class Monitor(Reporter):
             step = self.steps + 1
             if self._closure_done.pop(k, True) is False:  # the optimizer never called the closure
                 self.guard.run("grad", self._grad_stats, k, step)
-            if self._update_due(step):
+            if self.cadence.update_due(step):
                 self.guard.run("update", self._update_stats, k)
                 self.guard.run("param", self._param_stats, k)
             self._contributed.add(k)
@@ -319,11 +321,6 @@ class Monitor(Reporter):
                 self.guard.run("report", self._finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
-
-    def _update_due(self, step: int) -> bool:
-        """Whether ``step`` samples the update ratio: every ``update_every`` steps, and every
-        step of the first ``early_steps`` (the early-training checks)."""
-        return step % self.options.update_every == 0 or step <= self.options.early_steps
 
     def _on_load(self, opt: torch.optim.Optimizer) -> None:
         self._state_due = True
@@ -336,23 +333,17 @@ class Monitor(Reporter):
             segs[name] = segs[name] + t if name in segs else t
 
     def _grad_stats(self, k: int, step: int) -> None:
-        sums, _ = self.layout.tensors[k].grad_sums(2.0)
+        sums, l1, count = self.layout.tensors[k].grad_sums(l1=self.cadence.health_due(step))
         self._add("grad_sumsq", sums)
-        if step % self.options.health_every == 0:
-            l1, count = self.layout.tensors[k].grad_sums(1.0)
+        if count:
             self._add("grad_l1", {d: t.sum().reshape(1) for d, t in l1.items()})
             self._grad_count += count
 
     def _update_stats(self, k: int) -> None:
         snap = self.layout.snapshots[k]
-        entries = magnitude.pending(snap)
-        self._add("delta_sumsq", snap.delta_sumsq())
+        for name, sums in snap.measure().items():  # ‖Δw‖ and the seed's UAR (magnitude.py)
+            self._add(name, sums)
         self._meta_groups |= snap.groups
-        if entries:  # the seed's UAR: the same deltas' L1 (magnitude.py)
-            self.guard.run("update_l1", self._add, "delta_l1", magnitude.delta_l1(self.layout.tensors[k], entries))
-
-    def _param_l1(self, k: int) -> None:
-        self._add("param_l1", magnitude.param_l1(self.layout.tensors[k], self.layout.snapshots[k].groups))
 
     def _note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
         for segs in self._segs.values():  # clipped twice before a step: the last one counts

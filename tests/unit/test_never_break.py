@@ -10,7 +10,7 @@ import torch
 
 from sentinel.instrument import monitor as monitor_mod
 from sentinel import wire
-from sentinel.instrument import probes, stats
+from sentinel.instrument import magnitude, probes, stats
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.readback import Readback
 from tests.helpers import MLP, make_monitor, train_steps
@@ -24,8 +24,8 @@ def _boom(*_: object, **__: object) -> None:
 PROBES = [
     (stats.GroupedTensors, "grad_sums"),
     (stats.GroupedTensors, "param_sumsq"),
-    (stats.UpdateSnapshot, "take"),
-    (stats.UpdateSnapshot, "delta_sumsq"),
+    (magnitude.UpdateSnapshot, "take"),
+    (magnitude.UpdateSnapshot, "measure"),
     (monitor_mod, "adam_saturation"),
     (probes, "state_bytes"),
     (probes, "learning_rates"),

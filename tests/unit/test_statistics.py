@@ -204,7 +204,8 @@ def test_snr_and_saturation_values(mlp: MLP) -> None:
     def capture(_: int) -> None:
         grads[:] = [torch.cat([p.grad.reshape(-1) for p in mlp.parameters()]).double()]
 
-    mon, sender = make_monitor(mlp, opt, health_every=2, state_every=2, saturation_threshold=1e-6)
+    # health_every=4: the SNR is read half-way between update samples, at steps 2, 6, ...
+    mon, sender = make_monitor(mlp, opt, health_every=4, state_every=2, saturation_threshold=1e-6)
     train_steps(mlp, opt, 2, mon, before_step=capture)
     mon.close()
     g = grads[0].abs()
