@@ -43,8 +43,10 @@ CATALOG: dict[str, Spec] = {
     "sentinel_update_mean_abs_ratio": Spec(
         G, "The seeds' update ratio UAR = mean|dw| / mean|w| over the sampled groups (0-1 scale)."),
     "sentinel_group_update_mean_abs_ratio": Spec(G, "UAR = mean|dw| / mean|w| of one group.", ("group",)),
-    "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key.", ("state",)),
-    "sentinel_param_bytes": Spec(G, "Bytes of the watched parameters."),
+    "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key, this rank's (its shards under FSDP2).", ("state",)),
+    "sentinel_model_optimizer_state_bytes": Spec(
+        G, "Sharded runs (FSDP2): the whole model's optimizer state, the ranks' shards added up.", ("state",)),
+    "sentinel_param_bytes": Spec(G, "Bytes of the watched parameters this rank holds (its shards under FSDP2)."),
     "sentinel_optimizer_state_param_ratio": Spec(G, "Optimizer state bytes divided by parameter bytes."),
     "sentinel_nonfinite_detected": Spec(G, "1 when the last report of this source held a NaN or Inf, else 0.",
                                ("source",)),
@@ -101,6 +103,9 @@ CATALOG: dict[str, Spec] = {
         G, "eps of an optimizer with fp16 parameters (so fp16 state).", ("optimizer", "index")),
     "sentinel_optimizer_decoupled_weight_decay": Spec(
         G, "Largest weight decay of an AdamW-style (decoupled) optimizer.", ("optimizer", "index")),
+    "sentinel_optimizer_sgd_clip_max_norm": Spec(
+        G, "An SGD-family optimizer: the max_norm its gradients were last clipped to (0: never).",
+        ("optimizer", "index")),
     "sentinel_optimizer_health_ratio": Spec(
         G, "A sampled health figure of the optimizer (0-1): adafactor_saturation (second moment above the "
            "threshold), lion_sign_agreement (gradient sign = momentum sign), sophia_clip_fraction "

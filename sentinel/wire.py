@@ -13,7 +13,7 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``groups``?        list of group names; the ``*_sumsq`` lists are aligned to it
 ``grad_sumsq``?    per-group sum of squares of gradients
 ``param_sumsq``?   per-group sum of squares of parameters
-``delta_sumsq``?   per-group sum of squares of the last update (NaN = not sampled)
+``delta_sumsq``?   per-group sum of squares of the last update (None = not sampled)
 ``delta_l1``?      per-group sum of ``|Δw|`` of the last update (None = not sampled)
 ``param_l1``?      per-group sum of ``|w|`` before it, same groups (the seed's UAR)
 ``shard``?         ``"replicated"`` or ``"sharded"``: how ranks' sums combine

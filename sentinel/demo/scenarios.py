@@ -381,7 +381,7 @@ SCENARIOS: tuple[Scenario, ...] = (
              steps=260, why="learning rate ×100 mid-run"),
     Scenario("lr-low", "mlp", "adamw", fault="lr-low", fault_step=100, lr_factor=1e-4,
              expect=("UpdateRatioLow",), max_delay=210, steps=330,
-             why="learning rate ×1e-4 mid-run: 100 steps of lr grace, then 3 low samples (every 50 steps)"),
+             why="learning rate ×1e-4 mid-run: 100 steps of lr grace, then 2 low samples (every 100 steps)"),
     Scenario("plateau", "mlp", "adamw", fault="plateau", fault_step=1,
              expect=("LossPlateau",), max_delay=800, steps=820,
              why="labels independent of the inputs from the start: the loss cannot improve"),

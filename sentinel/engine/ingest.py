@@ -238,7 +238,11 @@ class Ingestor:
         if "env" in f:
             self._environment(f["env"], base, step, float(f["t"]))
         if "optim" in f:
-            ingest_optimizers(f["optim"], f.get("total_steps"), add)
+            clip = f.get("clip_max")
+            if not isinstance(clip, (int, float)):  # not clipped at this step: the last time it was
+                last = store.last("sentinel_grad_clip_max_norm", base)
+                clip = last[2] if last is not None else None
+            ingest_optimizers(f["optim"], f.get("total_steps"), add, clip)
         trust = ingest_health(f, add)
         if trust is not None and len(trust) == len(groups):
             rows = [(ls, v) for ls, v in zip(self._group_labels(base, groups), trust) if v is not None]

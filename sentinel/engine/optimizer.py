@@ -10,7 +10,9 @@ its class, and ``index``, its position):
   ``sentinel_optimizer_beta2_memory_ratio`` (1/(1-β2) over the planned steps, when the
   user gave them), ``sentinel_optimizer_fp16_eps`` (eps of an optimizer with fp16
   parameters, hence fp16 state) and ``sentinel_optimizer_decoupled_weight_decay``
-  (weight decay of AdamW-style optimizers).
+  (weight decay of AdamW-style optimizers), ``sentinel_optimizer_sgd_clip_max_norm`` (the
+  ``max_norm`` an SGD-family optimizer's gradients were last clipped to, 0 when they
+  never were).
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ from typing import Any
 NAMES = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum")
 
 
-def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None]) -> None:
-    """Queue the gauges of one frame's ``optim`` list (ignored unless well formed)."""
+def _sgd_family(cls: str, nums: dict[str, float]) -> bool:
+    """Plain gradient descent, with or without momentum (no adaptive scaling of its own)."""
+    return cls in ("SGD", "SGDW") or ("momentum" in nums and "beta1" not in nums and "beta2" not in nums)
+
+
+def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], clip_max: float | None = None) -> None:
+    """Queue the gauges of one frame's ``optim`` list (ignored unless well formed).
+
+    ``clip_max`` is the ``max_norm`` the rank's gradients were last clipped to (None: never).
+    """
     if not isinstance(optim, list):
         return
     for i, o in enumerate(optim[:8]):
@@ -46,6 +56,8 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None]) ->
             add("sentinel_optimizer_decoupled_weight_decay", nums["weight_decay"], optimizer=name, index=idx)
         if "beta1" in nums:
             add("sentinel_optimizer_beta1", nums["beta1"], optimizer=name, index=idx)
+        if _sgd_family(name, nums):
+            add("sentinel_optimizer_sgd_clip_max_norm", clip_max or 0.0, optimizer=name, index=idx)
 
 
 RATIO_FIGURES = ("adafactor_saturation", "lion_sign_agreement", "sophia_clip_fraction")

@@ -24,6 +24,10 @@ Series, for a Prometheus/Grafana user:
   node sees only its own ranks, so it cannot assemble) the global norm is
   ``sqrt(sum by (job, run) (sentinel_local_grad_norm ^ 2))`` in PromQL.
 - Non-finite sums are flagged per rank at once (a NaN in a shard is a NaN in the model).
+- ``sentinel_optimizer_state_bytes`` and ``sentinel_param_bytes`` are each rank's own
+  shards (what that rank's memory holds; their ratio is the optimizer's, 2 for Adam);
+  ``sentinel_model_optimizer_state_bytes`` is the ranks' sum, the whole model's state,
+  written under every rank's labels like the norms.
 
 Memory is bounded: per run at most :data:`MAX_STEPS` steps wait for missing frames, and at
 most :data:`MAX_RUNS` runs are tracked. A step still incomplete when a later step
@@ -71,6 +75,7 @@ class _Part:
     dsq: list[Any] | None
     l1: float | None
     count: float | None
+    state: dict[str, float] | None = None  # optimizer-state bytes of this rank's shards
 
 
 def _norms(sumsq: np.ndarray) -> np.ndarray:
@@ -92,6 +97,25 @@ def _by_group(parts: list[_Part], field: str, order: list[str]) -> np.ndarray | 
         for g, v in zip(p.groups, vals):
             acc[g] += float(v)
     return np.fromiter(acc.values(), dtype=np.float64, count=len(acc))
+
+
+def _state(st: Any) -> dict[str, float] | None:
+    """A frame's ``state_bytes`` (sent at the first step and every ``state_every``), or None."""
+    if not isinstance(st, dict) or not all(_num(v) for v in st.values()):
+        return None
+    return {str(k): float(v) for k, v in st.items()}
+
+
+def _summed_state(parts: list[_Part]) -> dict[str, float] | None:
+    """The whole model's optimizer-state bytes by key: the ranks' shards added up, when
+    every rank sent them for this step (they do at the same steps)."""
+    if any(p.state is None for p in parts):
+        return None
+    out: dict[str, float] = {}
+    for p in parts:
+        for k, v in (p.state or {}).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
 
 
 def _delta_by_group(parts: list[_Part], order: list[str]) -> list[float | None] | None:
@@ -155,7 +179,8 @@ class ShardAssembler:
         part = _Part(base, float(f["t"]), list(groups), list(gsq), f.get("param_sumsq"),
                      f.get("delta_sumsq"),
                      float(f["grad_l1"]) if _num(f.get("grad_l1")) else None,
-                     float(f["grad_count"]) if _num(f.get("grad_count")) else None)
+                     float(f["grad_count"]) if _num(f.get("grad_count")) else None,
+                     _state(f.get("state_bytes")))
         self._collect((f["job"], f["run"]), f["step"], rank, world, part)
         return rest
 
@@ -230,8 +255,12 @@ class ShardAssembler:
         gvr = self._gvr.push((parts[0].base, "assembled"), norm)  # the same on every rank: taken once
         if gvr is not None:
             scalars.append(("sentinel_gradient_variance_ratio", gvr))
+        state = _summed_state(parts)
         for p in parts:  # every rank's series get the model's values, at that rank's time
             store.add_rows([(name, p.base, v) for name, v in scalars], step, p.t)
+            if state:
+                store.add_rows([("sentinel_model_optimizer_state_bytes", self._label(p.base, "state", k), v)
+                                for k, v in state.items()], step, p.t)
             labels = self._group_labels(p.base, order)
             store.add_row("sentinel_group_grad_norm", labels, gnorms, step, p.t)
             if psq is not None and pnorms is not None:

@@ -16,7 +16,7 @@ import torch
 
 from sentinel.instrument.groups import assign_groups
 from sentinel.instrument.magnitude import UpdateSnapshot
-from sentinel.instrument.stats import GroupedTensors, shard_plan
+from sentinel.instrument.stats import GroupedTensors, _local, shard_plan
 
 
 def _signature(opt: torch.optim.Optimizer) -> tuple[int, ...]:
@@ -60,7 +60,8 @@ class Layout:
         self.tensors = [GroupedTensors([p for _, p in pl], [gmap[n] for n, _ in pl], len(self.groups),
                                        self.sharded) for pl in per_opt]
         self.snapshots = [UpdateSnapshot(t, snapshot_bytes) for t in self.tensors]
-        self.param_bytes = sum(t.param_bytes for t in self.tensors)
+        # this rank's bytes (its shards under FSDP2), beside the state bytes it holds
+        self.param_bytes = sum(_local(p).numel() * p.element_size() for p in self.trainable)
         self.devices = sorted({d for t in self.tensors for d in t.devices}, key=str)
 
     @property

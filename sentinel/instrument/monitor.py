@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, environment, losses, optinfo, optstate, probes, registry
+from sentinel.instrument import clip, losses, probes, registry
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
@@ -21,7 +21,7 @@ from sentinel.instrument.readback import Readback
 from sentinel.instrument.reporting import Reporter, Segs
 from sentinel.instrument.scalars import NameBudget, Scalars, to_value
 from sentinel.instrument.sender import NullSender, Sender
-from sentinel.instrument.stats import adam_saturation
+from sentinel.instrument.staterecord import StateRecord
 from sentinel.instrument.timing import BusyClock, ddp_parts
 
 log = logging.getLogger("sentinel")
@@ -79,9 +79,7 @@ class Monitor(Reporter):
         self._readback = Readback(o.max_pending, on_drop=self._count_drop)
         self._report_drops = 0
         self._last_step_time: float | None = None
-        self._state_due = True
-        self._sat_cursor = 0
-        self._health_cursor = 0
+        self._record = StateRecord(self.guard, o)
         self._contributed: set[int] = set()
         self._segs: Segs = {}
         self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
@@ -255,7 +253,7 @@ class Monitor(Reporter):
                              o.update_snapshot_bytes)
         self.groups, self.sharded, self.devices = self.layout.groups, self.layout.sharded, self.layout.devices
         self.param_bytes = self.layout.param_bytes
-        self._state_due = True
+        self._record.due = True
         if self._opt_handles:  # parameters added to an optimizer are watched ones now
             for opt in self.optimizers:
                 registry.claim(self, opt, [p for g in opt.param_groups for p in g["params"]])
@@ -323,7 +321,7 @@ class Monitor(Reporter):
         return post
 
     def _on_load(self, opt: torch.optim.Optimizer) -> None:
-        self._state_due = True
+        self._record.due = True
 
     # -- probes ---------------------------------------------------------------------------
 
@@ -384,26 +382,7 @@ class Monitor(Reporter):
         if self._meta_groups:
             meta["delta_groups"] = sorted(self._meta_groups)
             self._meta_groups = set()
-        if self._state_due or self.steps % o.state_every == 0:
-            self._state_due = False
-            optim = self.guard.run("optimizer", optinfo.describe, self.optimizers)
-            if optim:
-                meta["optim"] = optim
-                if self.options.total_steps > 0:
-                    meta["total_steps"] = self.options.total_steps
-            env = self.guard.run("environment", environment.describe, self.devices)
-            if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
-                meta["env"] = env
-            st = self.guard.run("state", probes.state_bytes, self.optimizers)
-            if st is not None:
-                meta["state_bytes"] = st
-                meta["param_bytes"] = self.param_bytes
-            sat = self.guard.run("saturation", adam_saturation, optstate.adam_like(self.optimizers),
-                                 o.saturation_threshold, o.saturation_max_tensors, self._sat_cursor)
-            if sat is not None and sat[1]:
-                self._add("sat_above", sat[0])
-                meta["sat_total"], self._sat_cursor = sat[1], sat[2]
-            self.guard.run("opt_health", self._optimizer_health, meta)
+        self._record.add_to(meta, self._add, self.steps, self.optimizers, self.layout, self.devices)
         if self.steps % o.memory_every == 0 or self.steps == 1:
             mem = self.guard.run("memory", self._memory)
             if mem:
@@ -424,28 +403,6 @@ class Monitor(Reporter):
         # logged after the step's last backward() and before the step (log, then step)
         if self.auto or logged_last:
             self._submit_open()
-
-    def _optimizer_health(self, meta: dict[str, Any]) -> None:
-        """Each optimizer's own health figure and LAMB's trust ratios (optstate.py)."""
-        o = self.options
-        nums, totals, self._health_cursor = optstate.health(
-            self.optimizers, o.saturation_threshold, o.saturation_max_tensors, self._health_cursor)
-        for name, per in nums.items():
-            self._add(f"h:{name}", per)
-        if totals:
-            meta["health_total"] = totals
-        counts: list[int] = []
-        for k, opt in enumerate(self.optimizers):
-            if type(opt).__name__.lower() != "lamb":
-                continue
-            tensors = self.layout.tensors[k]
-            group_of = {id(p): g for b in tensors.buckets.values() for p, g in zip(b.params, b.groups)}
-            sums, cnt = optstate.trust_ratios(opt, group_of, len(self.groups))
-            if any(cnt):
-                self._add("trust_sum", sums)
-                counts = [a + b for a, b in zip(counts, cnt)] if counts else cnt
-        if counts:
-            meta["trust_count"] = counts
 
     def _log(self, scalars: dict[str, Any], step: int | None) -> None:
         values = Scalars()

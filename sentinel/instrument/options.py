@@ -24,11 +24,13 @@ class WatchOptions:
     listen: str = DEFAULT_LISTEN
     group_depth: int | str = "auto"
     max_groups: int = 64
-    update_every: int = 50
-    """Update ratio ‖Δw‖/‖w‖, ‖Δw‖, UAR and parameter norms, every N steps (seed 004 §2.3
-    records the update's size every 50 steps). A sample copies the sampled weights and
-    reads them three times: on the CPU reference model 7–10 ms, which every 50 steps keeps
-    Sentinel's mean cost per step below Lightning's per-step ``grad_norm``."""
+    update_every: int = 100
+    """Update ratio ‖Δw‖/‖w‖, ‖Δw‖, UAR and parameter norms, every N steps, and at every
+    step of the first ``early_steps`` and of the 10 after a learning-rate jump
+    (instrument/cadence.py). A sample copies the weights and reads them again after the
+    step: 8–16 ms on the CPU reference model, so every 100 steps keeps Sentinel's mean cost
+    per step below Lightning's per-step ``grad_norm`` (benchmarks/peers.py). Seed 004 §2.3
+    records the update every 50 steps in its optimizer test: pass 50 for that."""
     early_steps: int = 50
     """... and at every step of the first N steps, which the early-training rules judge
     (seed 004 §4.2: a 10-step divergence check before anything else); 0: never."""
@@ -36,7 +38,7 @@ class WatchOptions:
     """Bound on the snapshot buffer for the update ratio; groups rotate when exceeded."""
     state_every: int = 100
     """Optimizer-state bytes and Adam state saturation, every N steps."""
-    health_every: int = 50
+    health_every: int = 100
     """Gradient SNR (the gradients' L1 sums, read in the same pass as their norms), every N
     steps, half-way between two update samples so no step carries both."""
     memory_every: int = 10

@@ -61,7 +61,8 @@ def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> Non
             with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
                 text = r.read().decode()
             done = re.findall(rf'sentinel_step\{{job="train",rank="(\d)",run="[^"]+"\}} {STEPS}\.0', text)
-            return text if set(done) == {"0", "1"} and ref_file.exists() else None
+            written = ref_file.exists() and all(Path(f"{ref_file}.rank{r}").exists() for r in (0, 1))
+            return text if set(done) == {"0", "1"} and written else None
 
         series = _series(wait_for(both_done, timeout=120, what=f"both ranks at step {STEPS}"))
         ref = json.loads(ref_file.read_text())[-1]
@@ -82,6 +83,17 @@ def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> Non
         assert sum(v * v for v in local) == pytest.approx(ref["grad_norm"] ** 2, rel=1e-5)
         assert all(v < ref["grad_norm"] for v in local)
         assert not any(n == "sentinel_shard_steps_incomplete_total" and v for (n, _), v in series.items())
+        # optimizer state: each rank's own shards (not the global size on every rank), and
+        # the whole model's as the ranks' sum, on every rank's series
+        held = [json.loads(Path(f"{ref_file}.rank{r}").read_text()) for r in (0, 1)]
+        assert held[0]["state"] != held[1]["state"]  # 3 + 2 rows: the shards differ in size
+        for rank, mine in zip(("0", "1"), held):
+            for key, nbytes in mine["state"].items():
+                assert _get(series, "sentinel_optimizer_state_bytes", rank=rank, state=key) == nbytes
+                assert _get(series, "sentinel_model_optimizer_state_bytes", rank=rank, state=key) == sum(
+                    h["state"][key] for h in held)
+            assert _get(series, "sentinel_param_bytes", rank=rank) == mine["params"]
+            assert _get(series, "sentinel_optimizer_state_param_ratio", rank=rank) == pytest.approx(2.0)  # AdamW
         release.touch()
         assert proc.wait(120) == 0, "".join(log)
     finally:

@@ -10,7 +10,7 @@ import torch
 
 from sentinel.instrument import monitor as monitor_mod
 from sentinel import wire
-from sentinel.instrument import magnitude, probes, stats
+from sentinel.instrument import magnitude, probes, staterecord, stats
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.readback import Readback
 from tests.helpers import MLP, make_monitor, train_steps
@@ -26,7 +26,7 @@ PROBES = [
     (stats.GroupedTensors, "param_sumsq"),
     (magnitude.UpdateSnapshot, "take"),
     (magnitude.UpdateSnapshot, "measure"),
-    (monitor_mod, "adam_saturation"),
+    (staterecord, "adam_saturation"),
     (probes, "state_bytes"),
     (probes, "learning_rates"),
     (probes, "host_memory"),

@@ -74,3 +74,33 @@ def test_sent_at_the_first_step_and_after_load_state_dict(mlp: MLP) -> None:
     assert dict(info)["optimizer"] == "AdamW"
     hps = {dict(ls)["name"] for ls in store.labelsets("sentinel_optimizer_hyperparameter")}
     assert hps == {"lr", "beta1", "beta2", "eps", "weight_decay"}
+
+
+def _clip_advice(mlp: MLP, opt: torch.optim.Optimizer, clip: float | None) -> list[tuple[int, str]]:
+    """A real 120-step loop, optionally clipping every step; the clipping advice's firings."""
+    gen = torch.Generator().manual_seed(0)
+    mon, sender = make_monitor(mlp, opt)
+    for _ in range(120):
+        x = torch.randn(8, 16, generator=gen)
+        loss = nn.functional.mse_loss(mlp(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(mlp.parameters(), clip)
+        opt.step()
+        mon.log(loss=loss)
+    mon.close()
+    return [(t.step, t.severity) for t in sender.engine.transitions
+            if t.alertname == "SGDWithoutClipping" and t.state_to == "firing"]
+
+
+@pytest.mark.parametrize(("make", "clip", "fired"), [
+    (lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), None, [(100, "info")]),  # seed 004 §3.2
+    (lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9), 1.0, []),
+    (lambda ps: torch.optim.SGD(ps, lr=0.01), None, [(100, "info")]),  # without momentum too
+    (lambda ps: torch.optim.AdamW(ps, lr=1e-3), None, []),  # Adam-style: no advice either way
+    (lambda ps: torch.optim.AdamW(ps, lr=1e-3), 1.0, []),
+])
+def test_clipping_advice_per_optimizer(mlp: MLP, make: Any, clip: float | None, fired: list[tuple[int, str]]) -> None:
+    """From the optimizer's record at step 100 (state_every), after a run has shown whether it clips."""
+    assert _clip_advice(mlp, make(mlp.parameters()), clip) == fired

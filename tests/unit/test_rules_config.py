@@ -23,7 +23,7 @@ BUILTIN = [
     "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
     "MemoryCritical", "CudaOOM", "CudaAllocRetries",
     "OptimizerEpsTooSmallFp16", "OptimizerBeta2TooLong", "OptimizerBeta1Low", "AdamWWithoutWeightDecay",
-    "LossScaleCollapse", "TrainingStalled",
+    "SGDWithoutClipping", "LossScaleCollapse", "TrainingStalled",
     # the daemon issue's: liveness, cross-rank and GPU health
     "TrainingCrashed", "RankDivergence", "RankStraggler", "GPUOverheating", "GPUXidError", "GPUEccErrors",
 ]  # fmt: skip

@@ -71,6 +71,22 @@ for i in range(steps):
                       "grad_norm": math.sqrt(sum(grads.values())),
                       "group_grad_norm": {g: math.sqrt(v) for g, v in grads.items()},
                       "param_norm": math.sqrt(sum(params.values()))})
+
+
+def local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+# what this rank holds: its shards of the optimizer state and of the parameters
+held = {"state": {}, "params": sum(local_bytes(p) for p in model.parameters())}
+for st in opt.state.values():
+    for key, val in st.items():
+        if key != "step":
+            held["state"][key] = held["state"].get(key, 0) + local_bytes(val)
+with open(f"{ref_file}.rank{rank}.tmp", "w") as fh:
+    json.dump(held, fh)
+os.replace(f"{ref_file}.rank{rank}.tmp", f"{ref_file}.rank{rank}")
 if rank == 0:
     with open(ref_file + ".tmp", "w") as fh:
         json.dump(reference, fh)

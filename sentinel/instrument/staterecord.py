@@ -1,0 +1,83 @@
+"""What a report carries at the first step, after a ``load_state_dict`` and every
+``state_every`` steps: the optimizers' record (class and hyperparameters), the environment,
+the optimizer-state bytes, Adam's sampled state saturation and each optimizer's own health
+figure (optstate.py), LAMB's per-group trust ratios included.
+
+Host-side reads of metadata, and sampled counts left on the device for the report's
+readback; nothing is read back here. Each read runs under the monitor's guard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from sentinel.instrument import environment, optinfo, optstate, probes
+from sentinel.instrument.guard import Guard
+from sentinel.instrument.layout import Layout
+from sentinel.instrument.options import WatchOptions
+from sentinel.instrument.stats import adam_saturation
+
+Add = Callable[[str, dict[torch.device, torch.Tensor]], None]
+
+
+class StateRecord:
+    """The rotating cursors of the sampled figures, and when the record is due."""
+
+    def __init__(self, guard: Guard, options: WatchOptions) -> None:
+        self.guard = guard
+        self.options = options
+        self.due = True  # the first step; set again after load_state_dict and a new layout
+        self._sat_cursor = 0
+        self._health_cursor = 0
+
+    def add_to(self, meta: dict[str, Any], add: Add, step: int, optimizers: Sequence[torch.optim.Optimizer],
+               layout: Layout, devices: Sequence[torch.device]) -> None:
+        """Put the record into ``meta`` (and its device counts through ``add``) when due."""
+        o = self.options
+        if not (self.due or step % o.state_every == 0):
+            return
+        self.due = False
+        optim = self.guard.run("optimizer", optinfo.describe, optimizers)
+        if optim:
+            meta["optim"] = optim
+            if o.total_steps > 0:
+                meta["total_steps"] = o.total_steps
+        env = self.guard.run("environment", environment.describe, devices)
+        if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
+            meta["env"] = env
+        st = self.guard.run("state", probes.state_bytes, optimizers)
+        if st is not None:
+            meta["state_bytes"] = st
+            meta["param_bytes"] = layout.param_bytes
+        sat = self.guard.run("saturation", adam_saturation, optstate.adam_like(optimizers),
+                             o.saturation_threshold, o.saturation_max_tensors, self._sat_cursor)
+        if sat is not None and sat[1]:
+            add("sat_above", sat[0])
+            meta["sat_total"], self._sat_cursor = sat[1], sat[2]
+        self.guard.run("opt_health", self._optimizer_health, meta, add, optimizers, layout)
+
+    def _optimizer_health(self, meta: dict[str, Any], add: Add, optimizers: Sequence[torch.optim.Optimizer],
+                          layout: Layout) -> None:
+        """Each optimizer's own health figure and LAMB's trust ratios (optstate.py)."""
+        o = self.options
+        nums, totals, self._health_cursor = optstate.health(
+            optimizers, o.saturation_threshold, o.saturation_max_tensors, self._health_cursor)
+        for name, per in nums.items():
+            add(f"h:{name}", per)
+        if totals:
+            meta["health_total"] = totals
+        counts: list[int] = []
+        for k, opt in enumerate(optimizers):
+            if type(opt).__name__.lower() != "lamb":
+                continue
+            tensors = layout.tensors[k]
+            group_of = {id(p): g for b in tensors.buckets.values() for p, g in zip(b.params, b.groups)}
+            sums, cnt = optstate.trust_ratios(opt, group_of, len(layout.groups))
+            if any(cnt):
+                add("trust_sum", sums)
+                counts = [a + b for a, b in zip(counts, cnt)] if counts else cnt
+        if counts:
+            meta["trust_count"] = counts
