@@ -201,7 +201,7 @@ def test_capture_through_the_daemon_of_sentinel_run(tmp_path: Path) -> None:
     message names the evidence."""
     root = tmp_path / "captures"
     cfg = _config(tmp_path, actions={"stop_on": ["critical"], "capture_on": ["critical"],
-                                     "capture_dir": str(root), "capture_steps": 32})
+                                     "capture_dir": str(root), "capture_steps": 64})
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
                           "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "400", "nan"],
                          capture_output=True, text=True, timeout=120)
