@@ -126,3 +126,46 @@ def test_the_messages_name_the_evidence_and_the_batch() -> None:
     assert ann["evidence"] == "/c/j/r_1/x/evidence.json" and ann["batch"] == "/c/j/r_1/x/inputs.rank0.pt"
     plain = _firing(9).to_json()
     assert "evidence" not in body(plain) and "evidence" not in alertmanager_alert(plain, None)["annotations"]
+
+
+def test_the_hook_holds_the_last_steps_and_a_late_capture_gets_the_nearest(tmp_path: Path) -> None:
+    from sentinel.instrument.capture import InputCapture
+    from sentinel.instrument.guard import Guard
+    from tests.helpers import MLP
+
+    model, done = MLP(), [0]
+    cap = InputCapture(model, lambda: done[0], 0, Guard())
+    model(torch.ones(2, 16))
+    assert cap.handle is None and not cap.held  # not armed: nothing hooked
+    cap.arm({"kind": "arm", "rank": 0, "steps": 2})
+    fed = {}
+    for step in (1, 2, 3):
+        fed[step] = torch.full((2, 16), float(step))
+        model(fed[step])
+        with torch.no_grad():
+            model(torch.zeros(2, 16))  # an evaluation: not the batch that trained
+        done[0] = step
+    assert list(cap.held) == [2, 3] and [len(f) for f in cap.held.values()] == [1, 1]
+    cap.take({"kind": "capture", "ranks": [0], "step": 1, "folder": str(tmp_path), "max_bytes": 2**20})
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    cap.take({"kind": "capture", "ranks": [1], "step": 3, "folder": str(other), "max_bytes": 2**20})
+    cap.close()
+    assert cap.handle is None and not cap.held and not model._forward_pre_hooks_with_kwargs
+    d = json.loads((tmp_path / "inputs.rank0.json").read_text())
+    assert d["requested_step"] == 1 and d["step"] == 2 and d["exact"] is False and "nearest" in d["note"]
+    assert torch.equal(torch.load(tmp_path / "inputs.rank0.pt", weights_only=True)["args.0"], fed[2])
+    assert not any(other.iterdir())  # rank 1's capture is not this rank's to write
+
+
+def test_a_capture_with_nothing_held_says_so(tmp_path: Path) -> None:
+    from sentinel.instrument.capture import InputCapture
+    from sentinel.instrument.guard import Guard
+
+    cap = InputCapture(None, lambda: 0, 0, Guard())
+    cap.arm({"kind": "arm", "rank": 0, "steps": 4})
+    cap.take({"kind": "capture", "ranks": [0], "step": 7, "folder": str(tmp_path)})
+    cap.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inputs.rank0.json"]
+    d = json.loads((tmp_path / "inputs.rank0.json").read_text())
+    assert d["step"] is None and d["note"] == "no model is watched: no inputs to hold"
