@@ -12,6 +12,7 @@ import json
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,9 @@ def test_capture_on_critical_saves_the_evidence_and_the_batch_and_the_message_na
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", job="ci", run="cap-run", config=cfg, engine="thread")
     try:
         fed = _train_with_nan(model, mon, 12, nan_step=9)
+        with urllib.request.urlopen(mon.url + "/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        assert 'sentinel_captures_total{outcome="written"} 1.0' in metrics
     finally:
         mon.close()
     folder = _only_capture(root, "TrainingNonFinite", "ci", "cap-run")
