@@ -166,6 +166,9 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_notifications_total": Spec(
         C, "Alert notifications by route and outcome (sent, failed attempt, suppressed by cooldown, expired).",
         ("route", "outcome")),
+    "sentinel_captures_total": Spec(
+        C, "Evidence captures of alerts that actions.capture_on names, by outcome (written, failed).",
+        ("outcome",)),
     "sentinel_outbox_depth": Spec(G, "Notifications stored in the outbox and not yet delivered."),
     "sentinel_outbox_oldest_age_seconds": Spec(G, "Age of the oldest undelivered notification (0 when none)."),
     "sentinel_outbox_degraded_total": Spec(C, "Times the outbox file could not be used and delivery went on from memory."),

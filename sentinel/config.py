@@ -11,6 +11,21 @@ Example::
       min_severity: warning
     actions:
       stop_on: [critical]       # raise sentinel.TrainingHalted at the next step
+      capture_on: [critical, GradientNoiseRising]   # save the evidence (opt-in)
+      capture_dir: ""           # default $XDG_STATE_HOME/sentinel/captures (mode 0700)
+      capture_max_bytes: 4194304   # the inputs saved per rank and capture, at most
+      capture_keep: 20          # captures kept per run; the oldest are deleted
+      capture_steps: 4          # steps of inputs each rank holds references to
+
+``actions.capture_on`` takes severities or rule names, as ``stop_on`` does. When a
+matching alert fires, the engine writes ``evidence.json`` (the alert, the loss, grad-norm,
+loss-scale and learning-rate history, the per-group norms at its step) into a folder of
+its own under ``capture_dir/<job>/<run>/``, and each rank of the alert saves its watched
+model's inputs of the alert's first step there (``inputs.rank<N>.pt``, tensors only,
+``torch.load(path, weights_only=True)``; ``inputs.rank<N>.json`` says which step and what
+was bounded). The alert's messages (chat, Alertmanager, the stop action's) name the
+evidence and batch files. Without ``capture_on`` nothing is hooked and nothing is
+written (see :mod:`sentinel.daemon.evidence` and :mod:`sentinel.instrument.capture`).
 
 Errors are :class:`~sentinel.rules.config.ConfigError`, one ``dotted.key: message`` line each.
 """
@@ -152,6 +167,16 @@ class ActionsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     stop_on: list[str] = []
     """Alert names or severities whose firing stops training at the next step (opt-in)."""
+    capture_on: list[str] = []
+    """Alert names or severities whose firing saves the evidence and the batch (opt-in)."""
+    capture_dir: str = ""
+    """Where captures go; default ``$XDG_STATE_HOME/sentinel/captures`` (created 0700)."""
+    capture_max_bytes: int = Field(default=4 * 2**20, ge=1024, le=2**31)
+    """The inputs one rank saves per capture, at most: a larger batch keeps its first rows."""
+    capture_keep: int = Field(default=20, ge=1, le=10_000)
+    """Captures kept per run; past that the oldest folder is deleted."""
+    capture_steps: int = Field(default=4, ge=1, le=64)
+    """Steps whose inputs each rank holds references to (never copies), once capture is on."""
 
 
 class GpuConfig(BaseModel):
@@ -264,9 +289,10 @@ def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[Sent
         problems += [p for p in exc.problems if p not in problems]
     severities = {"info", "warning", "critical"}
     names = set(pack.names()) if pack is not None else set()
-    for i, target in enumerate(cfg.actions.stop_on if cfg is not None else []):
-        if target not in severities and pack is not None and target not in names:
-            problems.append(f"actions.stop_on.{i}: {target!r} is neither a severity nor a rule name")
+    for key in ("stop_on", "capture_on"):
+        for i, target in enumerate(getattr(cfg.actions, key) if cfg is not None else []):
+            if target not in severities and pack is not None and target not in names:
+                problems.append(f"actions.{key}.{i}: {target!r} is neither a severity nor a rule name")
     if cfg is not None and cfg.web.config_file:
         try:
             load_web_config(cfg.web.config_file)

@@ -59,14 +59,16 @@ class Daemon:
         """Alert and stop messages to the training processes of the run they are about,
         on the reply sockets their frames named (the engine's worker thread, under its
         lock). A stop goes to every rank: stopping one would leave the others hanging in
-        their next collective."""
+        their next collective. A message naming one ``rank`` (the capture action's ``arm``)
+        goes to that rank only."""
         engine = self.service.engine
         key = (msg.get("job"), msg.get("run"))
         if msg.get("kind") == "stop":
             engine.halted.add((str(key[0]), str(key[1])))
         data = msgpack.packb(msg, use_bin_type=True)
+        only = msg.get("rank")
         for rk, path in list(engine.replies.items()):
-            if rk[:2] != key:
+            if rk[:2] != key or (only is not None and rk[2] != only):
                 continue
             try:
                 self._out.sendto(data, path)

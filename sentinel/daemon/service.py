@@ -19,6 +19,7 @@ from typing import Any
 from sentinel.config import SentinelConfig
 from sentinel.engine.engine import Engine
 from sentinel.serve.exporter import StoreCollector, make_registry
+from sentinel.daemon.evidence import Capturer
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
 from sentinel.serve.snapshot import status_json
@@ -38,7 +39,9 @@ from sentinel.rules.lifecycle import Transition
 log = logging.getLogger("sentinel")
 
 Message = dict[str, Any]
-"""What the service tells the training process: ``{"kind": "alert", …}`` or ``{"kind": "stop", "reason": …}``."""
+"""What the service tells the training process: ``{"kind": "alert", …}``, ``{"kind": "stop",
+"reason": …}``, and with ``actions.capture_on`` ``{"kind": "arm", "rank": …}`` (to that rank
+only) and ``{"kind": "capture", "folder": …}`` (see :mod:`sentinel.daemon.evidence`)."""
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -94,7 +97,15 @@ class Service:
         self.on_message = on_message
         self.pack = pack
         self.courier = make_courier(config)
-        self.engine.listeners += [self._notify, self._actions]
+        a = config.actions
+        self.capturer = Capturer(a.capture_on, a.capture_dir, self.engine.store, a.capture_keep,
+                                 a.capture_max_bytes, a.capture_steps) if a.capture_on else None
+        """The opt-in capture action (None without ``actions.capture_on``)."""
+        self._captured: tuple[Transition, dict[str, Any] | None] | None = None
+        # the capture runs first: the notifications and the message name its files
+        self.engine.listeners += [self._capture, self._notify, self._actions]
+        if self.capturer is not None:
+            self.engine.frame_listeners.append(self._arm)
         self.history = make_history(config)
         """Where runs are recorded (None: history is off); the engine's thread only queues."""
         if self.history is not None:
@@ -223,7 +234,29 @@ class Service:
         g = self.config.grafana
         link = dashboard_link(g.url, t.to_json() | {"resolved_at": t.time if t.state_to == "resolved" else None},
                               uid=g.dashboard_uid) if g.url else ""
-        self.courier.submit(notice_of(t, tags=tags, metric=metric, recent=recent, grafana=link))
+        extra: dict[str, Any] = {}
+        cap = self._capture_of(t)
+        if cap is not None:
+            extra = {"evidence": cap["evidence"], "inputs": cap["inputs"]}
+        self.courier.submit(notice_of(t, tags=tags, metric=metric, recent=recent, grafana=link, **extra))
+
+    def _capture(self, t: Transition) -> None:
+        """Write the evidence of a firing that ``actions.capture_on`` names (the engine's
+        thread), before the other listeners store and send what names it."""
+        self._captured = None
+        if self.capturer is not None and self.capturer.wants(t):
+            self._captured = (t, self.capturer.capture(t))
+
+    def _capture_of(self, t: Transition) -> dict[str, Any] | None:
+        """The capture :meth:`_capture` made of this very transition, if any."""
+        c = self._captured
+        return c[1] if c is not None and c[0] is t else None
+
+    def _arm(self, frame: dict[str, Any]) -> None:
+        """Tell a rank, at its first frame, to hold its inputs for a capture."""
+        msg = self.capturer.arm_message(frame) if self.capturer is not None else None
+        if msg is not None and self.on_message is not None:
+            self.on_message(msg)
 
     def _recent(self, t: Transition, metric: str) -> list[float]:
         """The metric's last values on the alert's first rank (and group), for the sparkline."""
@@ -248,13 +281,18 @@ class Service:
         """Alert messages for the training process, and the opt-in stop action."""
         if self.on_message is None:
             return
-        self.on_message({"kind": "alert", **t.to_json()})
+        cap = self._capture_of(t)
+        alert = {"kind": "alert", **t.to_json()}
+        if cap is not None:
+            self.on_message(cap["message"])
+            alert["evidence"] = cap["evidence"]
+        self.on_message(alert)
         stop_on = self.config.actions.stop_on
         if t.state_to == "firing" and (t.severity in stop_on or t.alertname in stop_on):
             self.on_message({"kind": "stop", "job": t.job, "run": t.run, "reason": (
                 f"sentinel stopped training: {t.alertname} ({t.severity}) fired at step {t.step} "
                 f"of run {t.run}: {t.summary}. Save a checkpoint and exit; first checks: "
-                + "; ".join(t.checks[:3]))})
+                + "; ".join(t.checks[:3]) + (f". Evidence: {cap['evidence']}" if cap is not None else ""))})
 
     def _rows(self) -> Iterator[Row]:
         yield from self.engine.health_rows()
@@ -264,6 +302,9 @@ class Service:
         if rss is not None:
             yield ("sentinel_daemon_resident_memory_bytes", "gauge", (), float(rss))
         yield ("sentinel_daemon_frames_dropped_total", "counter", (), float(self.dropped))
+        if self.capturer is not None:
+            yield ("sentinel_captures_total", "counter", (("outcome", "written"),), float(self.capturer.written))
+            yield ("sentinel_captures_total", "counter", (("outcome", "failed"),), float(self.capturer.failed))
         for extra in self.extra_rows:
             yield from extra()
         yield from self.courier.rows()

@@ -3,7 +3,9 @@
 A *notice* is the transition's JSON (:meth:`Transition.to_json`) plus what the service
 knows at that moment: ``host``, ``pid``, ``recent`` (the metric's last values, for the
 sparkline), ``metric``, ``tags``, ``grafana`` (a dashboard link or ""), ``key`` (the
-idempotency key). Pure functions: rendering never fails on a missing field.
+idempotency key), and with ``actions.capture_on`` ``evidence`` (the evidence file's path)
+and ``inputs`` (the batch files the ranks write). Pure functions: rendering never fails
+on a missing field.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def body(n: Mapping[str, Any], markdown: bool = False) -> str:
     """The message body, markdown or plain text.
 
     Firing: summary; value against threshold; ranks and groups; a sparkline of recent
-    values; likely causes; numbered first checks; runbook; host and pid; Grafana link.
+    values; likely causes; numbered first checks; runbook; the captured evidence and batch
+    files; host and pid; Grafana link.
     Resolved: how long it fired, and where.
     """
     b = (lambda s: f"**{s}**") if markdown else (lambda s: s)
@@ -89,6 +92,12 @@ def body(n: Mapping[str, Any], markdown: bool = False) -> str:
             lines += ["", b("first checks") + ":"] + [f"{i}. {c}" for i, c in enumerate(checks, 1)]
         if n.get("runbook"):
             lines += ["", f"{b('runbook')}: {str(n['runbook']).strip()}"]
+        if n.get("evidence"):  # paths as code in markdown: an underscore is no emphasis
+            def path(s: object) -> str:
+                return f"`{s}`" if markdown else str(s)
+
+            lines += ["", f"{b('evidence')}: {path(n['evidence'])}"]
+            lines += [f"{b('batch')}: {path(p)}" for p in list(n.get("inputs") or [])[:8]]
     lines += ["", f"host {n.get('host', '?')}, pid {n.get('pid', '?')}"]
     if n.get("grafana"):
         lines.append(f"[Grafana dashboard]({n['grafana']})" if markdown else f"grafana: {n['grafana']}")

@@ -76,6 +76,9 @@ def alertmanager_alert(n: Mapping[str, Any], resolved_at: float | None) -> dict[
            "runbook": str(n.get("runbook") or "").strip()}
     if n.get("grafana"):
         ann["dashboard"] = str(n["grafana"])
+    if n.get("evidence"):  # actions.capture_on: where the evidence and the batch were saved
+        ann["evidence"] = str(n["evidence"])
+        ann["batch"] = ", ".join(str(p) for p in list(n.get("inputs") or [])[:8])
     alert: dict[str, Any] = {"labels": labels, "annotations": {k: v for k, v in ann.items() if v},
                              "startsAt": iso(float(n.get("started_at") or n.get("time") or 0.0))}
     if resolved_at is not None:

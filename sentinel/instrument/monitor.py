@@ -12,6 +12,7 @@ import torch
 
 from sentinel.instrument import clip, losses, probes, registry
 from sentinel.instrument.cadence import Cadence
+from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -96,6 +97,7 @@ class Monitor(Reporter):
         outer, inner, self.ddp = ddp_parts(model, self.world)
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
         self._names_by_id = {id(p): n for n, p in inner.named_parameters()} if inner is not None else {}
+        self.capture = InputCapture(outer, lambda: self.steps, self.rank, self.guard)  # hooks once armed
         self._relayout()
         if sender is None:
             sender, self.engine, self.url = connect(o)
@@ -193,6 +195,7 @@ class Monitor(Reporter):
         if self.engine is not None:
             self.guard.run("engine", self.engine.stop)
             self.guard.run("messages", self._messages)  # the last alerts reach on_alert too
+        self.guard.run("capture_close", self.capture.close)  # pending batch files are written
 
     def request_stop(self, reason: str) -> None:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""

@@ -1,5 +1,5 @@
 """How a monitor's reports leave it: read back from the device, framed, sent; and what
-the engine says back (alerts, the stop action)."""
+the engine says back (alerts, the stop and capture actions)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from sentinel import wire
 from sentinel.instrument import probes
+from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.frames import assemble
 from sentinel.instrument.guard import Guard
 from sentinel.instrument.options import WatchOptions
@@ -33,6 +34,7 @@ class Reporter:
     rank: int
     world: int
     on_alert: list[Any]
+    capture: InputCapture
     _open: tuple[dict[str, Any], Segs, Scalars] | None
     _readback: Readback
     _names: NameBudget
@@ -101,12 +103,17 @@ class Reporter:
         self._report_drops += 1
 
     def _messages(self) -> None:
-        """Act on what the engine said: alert callbacks and the stop action (training thread)."""
+        """Act on what the engine said: alert callbacks, the stop action, and the capture
+        action's ``arm`` and ``capture`` (training thread)."""
         if self.engine is None:
             return
         for msg in self.engine.poll():
             if msg.get("kind") == "stop":
                 self.request_stop(str(msg.get("reason", "sentinel stop action")))
+            elif msg.get("kind") == "arm":
+                self.guard.run("capture_message", self.capture.arm, msg)
+            elif msg.get("kind") == "capture":
+                self.guard.run("capture_message", self.capture.take, msg)
             elif msg.get("kind") == "alert":
                 alert = {k: v for k, v in msg.items() if k != "kind"}
                 for cb in self.on_alert:

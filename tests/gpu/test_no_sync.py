@@ -5,6 +5,9 @@ Runs only where a GPU is present (``@pytest.mark.gpu``); skipped cleanly otherwi
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -66,3 +69,25 @@ def test_cuda_memory_metrics_exported() -> None:
     assert 0 < alloc[2] <= peak[2] <= total[2] and alloc[2] <= reserved[2]
     assert store.counter("sentinel_cuda_ooms_total", labels) == 0
     assert "sentinel_cuda_alloc_retries_total" in store.names()
+
+
+def test_holding_the_batch_for_a_capture_never_syncs(tmp_path: Path) -> None:
+    """The capture action's forward pre-hook keeps references to CUDA inputs without a
+    sync; the copy to the host happens later, in the writer thread, outside the check."""
+    torch.manual_seed(0)
+    model = TinyGPT(dim=64, depth=2, seq=64).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    _train(None, model, opt, 2, sync_check=False)
+    mon, _ = make_monitor(model, opt)
+    mon.capture.arm({"kind": "arm", "rank": 0, "steps": 3})
+    _train(mon, model, opt, 6, sync_check=True)
+    assert mon.errors == 0, mon.guard.failures
+    assert list(mon.capture.held) == [4, 5, 6]
+    mon.capture.take({"kind": "capture", "ranks": [0], "step": 6, "folder": str(tmp_path), "max_bytes": 2**20})
+    mon.close()  # waits for the writer
+    gen = torch.Generator().manual_seed(0)
+    sixth = [synthetic_batch(gen, 8, 64, 256, "cuda") for _ in range(6)][5][0]
+    saved = torch.load(tmp_path / "inputs.rank0.pt", weights_only=True)
+    assert torch.equal(saved["args.0"], sixth.cpu())
+    described = json.loads((tmp_path / "inputs.rank0.json").read_text())
+    assert described["tensors"]["args.0"]["device"] == "cuda:0" and described["exact"] is True
