@@ -63,7 +63,15 @@ def make_history(config: SentinelConfig) -> Recorder | None:
     if not h.enabled:
         return None
     return Recorder(h.path or default_history_path(), h.max_points, h.keep_days * 86_400.0, h.max_bytes,
-                    h.queue_size, h.flush_seconds)
+                    h.queue_size, h.flush_seconds, h.retry_seconds)
+
+
+def attach_history(engine: Engine, history: Recorder) -> None:
+    """Feed the recorder from the engine: every admitted frame, every alert transition, and
+    the assembled steps of sharded runs (whose norms it records instead of rank 0's shards)."""
+    engine.frame_listeners.append(history.offer_frame)
+    engine.assembled_listeners.append(history.offer_assembled)
+    engine.listeners.append(history.offer_transition)
 
 
 def make_courier(config: SentinelConfig) -> Courier:
@@ -98,8 +106,7 @@ class Service:
         self.history = make_history(config)
         """Where runs are recorded (None: history is off); the engine's thread only queues."""
         if self.history is not None:
-            self.engine.frame_listeners.append(self.history.offer_frame)
-            self.engine.listeners.append(self.history.offer_transition)
+            attach_history(self.engine, self.history)
         self.collector = StoreCollector(self.engine.store, extra=self._rows)
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
