@@ -63,6 +63,7 @@ class Recorder:
         self.path = str(path)
         self.max_points, self.keep_seconds, self.max_bytes = max_points, keep_seconds, max_bytes
         self.queue_size, self.flush_seconds, self.clock = queue_size, flush_seconds, clock
+        self.retry_seconds = retry_seconds
         self.host = socket.gethostname()
         self.degraded = 0
         self.dropped = 0  # refused or pushed out of the queue (the engine's thread only)

@@ -122,6 +122,19 @@ def test_a_locked_file_is_retried_keeping_the_batch_and_the_newest_frames(tmp_pa
     assert run is not None and run.steps == 211 and run.mean_grad_norm == pytest.approx(math.sqrt(64))
 
 
+def test_history_retry_seconds_and_queue_size_come_from_the_config(tmp_path: Path) -> None:
+    from sentinel.config import load_config
+    from sentinel.daemon.service import make_history
+    from sentinel.rules.config import ConfigError
+
+    cfg, _ = load_config({"history": {"path": str(tmp_path / "h.sqlite"), "retry_seconds": 7, "queue_size": 64}})
+    rec = make_history(cfg)
+    assert rec is not None and (rec.retry_seconds, rec.queue_size) == (7, 64)
+    rec.close()
+    with pytest.raises(ConfigError, match="history.retry_seconds"):
+        load_config({"history": {"retry_seconds": -1}})
+
+
 def test_a_million_steps_at_64_groups_stay_under_the_bound(tmp_path: Path) -> None:
     """1M steps through the recorder, at every step for the first 32,768 (where the stride
     is below 16) and every 16th step after (the steps the stride keeps from there on, and
