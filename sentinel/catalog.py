@@ -146,10 +146,13 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_run_info": Spec(G, "1 per run, labelled with its tags (sentinel.watch(tags=...), sentinel run --tag; "
                                  "at most 16)."),
     "sentinel_history_up": Spec(G, "1 while run history is written to its SQLite file, 0 with no history."),
-    "sentinel_history_degraded_total": Spec(C, "Times the history file could not be used (corrupt, locked, full) "
-                                               "and history was switched off."),
-    "sentinel_history_dropped_total": Spec(C, "Frames and transitions not written to history (queue full, or "
-                                              "no history)."),
+    "sentinel_history_degraded_total": Spec(C, "Times the history file could not be used (corrupt, full, "
+                                               "unreadable, or locked past history.retry_seconds) and history "
+                                               "was switched off."),
+    "sentinel_history_dropped_total": Spec(C, "Frames and transitions not written to history (the oldest, pushed "
+                                              "out of a full queue, or no history)."),
+    "sentinel_history_retries_total": Spec(C, "Attempts at a history batch that found the file locked by another "
+                                              "process (the batch is kept and tried again)."),
     "sentinel_history_queue_depth": Spec(G, "Frames and transitions waiting for the history writer."),
     "sentinel_daemon_frames_refused_total": Spec(
         C, "Frames refused whole, by reason: uid (another user's), size, decode, schema, range, or the "

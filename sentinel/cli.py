@@ -159,19 +159,12 @@ def _history_or_exit(db: str | None, config: str | None) -> object:
 
 
 def _since(value: str | None) -> float | None:
-    """``--since``: seconds (``90s``), minutes, hours or days (``2d``) ago, or an ISO date."""
-    import time
-    from datetime import datetime
+    from sentinel.history.query import parse_since
 
-    if not value:
-        return None
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        if value[-1] in units and value[:-1].replace(".", "", 1).isdigit():
-            return time.time() - float(value[:-1]) * units[value[-1]]
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        typer.echo(f"--since: expected e.g. 90s, 30m, 12h, 7d or 2026-11-30; got {value!r}", err=True)
+        return parse_since(value) if value else None
+    except ValueError as exc:
+        typer.echo(f"--since: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -184,7 +177,7 @@ def runs_cmd(
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
 ) -> None:
-    """List the recorded runs."""
+    """List the recorded runs, newest first; a name used again shows as RUN@N (N: its attempt, from 1)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -194,12 +187,12 @@ def runs_cmd(
     conn = _history_or_exit(db, config)
     found = list_runs(conn, job, _tags_or_exit(tag, "--tag"), _since(since), limit)  # type: ignore[arg-type]
     table = Table(title=f"{len(found)} run(s)")
-    for col in ("run", "job", "optimizer", "steps", "final loss", "alerts", "state", "started", "duration"):
-        table.add_column(col, justify="right" if col in ("steps", "final loss") else "left")
+    for col in ("id", "run", "job", "optimizer", "steps", "final loss", "alerts", "state", "started", "duration"):
+        table.add_column(col, justify="right" if col in ("id", "steps", "final loss") else "left")
     for r in found:
         alerts = ", ".join(f"{n} {sev}" for sev, n in sorted(r.alerts.items())) or "—"
-        table.add_row(r.run, r.job, r.optimizer_name or "—", str(r.steps), fmt(r.final_loss), alerts, r.state,
-                      fmt_time(r.started), fmt_duration(r.duration))
+        table.add_row(f"#{r.id}", r.label, r.job, r.optimizer_name or "—", str(r.steps), fmt(r.final_loss), alerts,
+                      r.state, fmt_time(r.started), fmt_duration(r.duration))
     Console(width=200).print(table)
 
 
@@ -215,7 +208,7 @@ def _run_or_exit(conn: object, name: str) -> object:
 
 @app.command()
 def report(
-    run: str = typer.Argument(..., help="RUN, JOB/RUN, or #ID as `sentinel runs` shows it."),
+    run: str = typer.Argument(..., help="RUN or JOB/RUN (the latest), RUN@N (the N-th, from 1), or #ID."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="File (html) or folder (png) to write."),
     format: str = typer.Option("html", "--format", help="html (one self-contained page), png (the plots), text."),
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
@@ -243,7 +236,7 @@ def report(
             raise typer.Exit(2) from None
         typer.echo("\n".join(str(p) for p in paths))
         return
-    path = Path(output or f"sentinel-report-{info.run}.html")  # type: ignore[attr-defined]
+    path = Path(output or f"sentinel-report-{info.label}.html")  # type: ignore[attr-defined]
     path.write_text(rep.html_report(conn, info), encoding="utf-8")  # type: ignore[arg-type]
     typer.echo(summary)
     typer.echo(f"report: {path}")
@@ -251,7 +244,7 @@ def report(
 
 @app.command()
 def compare(
-    runs: list[str] = typer.Argument(..., help="Runs to compare (RUN, JOB/RUN or #ID)."),
+    runs: list[str] = typer.Argument(..., help="Runs: RUN or JOB/RUN (the latest), RUN@N (the N-th), #ID."),
     target_loss: Optional[float] = typer.Option(None, "--target-loss", help="Defines 'steps to target'."),
     by: Optional[str] = typer.Option(None, "--by", help="Aggregate the runs sharing this tag's value."),
     csv_path: Optional[str] = typer.Option(None, "--csv", help="Also write the table as CSV here."),

@@ -129,9 +129,12 @@ class HistoryConfig(BaseModel):
     max_bytes: int = Field(default=2**30, ge=2**20)
     """Past this size in use, the oldest runs are deleted (the newest one is always kept)."""
     queue_size: int = Field(default=65_536, ge=16)
-    """Frames waiting for the writer thread at most; more are dropped and counted."""
+    """Frames waiting for the writer thread at most; past it the oldest are dropped and counted."""
     flush_seconds: float = Field(default=0.5, gt=0, le=60)
     """The writer commits a batch at least this often (what a killed engine can lose)."""
+    retry_seconds: float = Field(default=300.0, ge=0)
+    """A file locked by another process is retried (the batch kept) for this long in a row,
+    then history is switched off."""
 
 
 class AlertmanagerConfig(BaseModel):

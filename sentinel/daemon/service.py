@@ -66,7 +66,15 @@ def make_history(config: SentinelConfig) -> Recorder | None:
     if not h.enabled:
         return None
     return Recorder(h.path or default_history_path(), h.max_points, h.keep_days * 86_400.0, h.max_bytes,
-                    h.queue_size, h.flush_seconds)
+                    h.queue_size, h.flush_seconds, h.retry_seconds)
+
+
+def attach_history(engine: Engine, history: Recorder) -> None:
+    """Feed the recorder from the engine: every admitted frame, every alert transition, and
+    the assembled steps of sharded runs (whose norms it records instead of rank 0's shards)."""
+    engine.frame_listeners.append(history.offer_frame)
+    engine.assembled_listeners.append(history.offer_assembled)
+    engine.listeners.append(history.offer_transition)
 
 
 def make_courier(config: SentinelConfig) -> Courier:
@@ -87,10 +95,14 @@ class Service:
         listen: ``HOST:PORT`` for HTTP; a busy port falls back to a free one.
         on_message: receives alert and stop messages for the training process.
         queue_size: frames waiting for ingest at most; past that they are dropped, counted.
+        batch_seconds: once a frame arrives, let more gather this long and ingest them
+            together (0: each at once). Thread mode sets it: an engine thread that woke for
+            every frame would take the GIL from the training thread at every step.
     """
 
     def __init__(self, config: SentinelConfig, pack: RulePack, listen: str,
-                 on_message: Callable[[Message], None] | None = None, queue_size: int = 8192) -> None:
+                 on_message: Callable[[Message], None] | None = None, queue_size: int = 8192,
+                 batch_seconds: float = 0.0) -> None:
         self.config = config
         self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
                              idle_ttl=config.retention.idle_seconds, limits=config.limits.limits())
@@ -109,8 +121,7 @@ class Service:
         self.history = make_history(config)
         """Where runs are recorded (None: history is off); the engine's thread only queues."""
         if self.history is not None:
-            self.engine.frame_listeners.append(self.history.offer_frame)
-            self.engine.listeners.append(self.history.offer_transition)
+            attach_history(self.engine, self.history)
         self.collector = StoreCollector(self.engine.store, extra=self._rows)
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
@@ -141,8 +152,10 @@ class Service:
         # a SimpleQueue (C, lock-free for one producer) bounded here: queue.Queue's
         # conditions cost several µs a frame at 10,000 frames/s
         self.queue_size = queue_size
+        self.batch_seconds = batch_seconds
         self._queue: queue.SimpleQueue[list[tuple[bytes, int | None]] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # a flush is waiting: ingest the gathered frames now
         self._thread = threading.Thread(target=self._loop, name="sentinel-engine", daemon=True)
         self._thread.start()
 
@@ -169,6 +182,7 @@ class Service:
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every frame submitted so far has been ingested; False on timeout."""
         deadline = time.monotonic() + timeout
+        self._hurry.set()
         while self.processed < self.received:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 return False
@@ -179,6 +193,7 @@ class Service:
         """Ingest what is queued, deliver queued notifications, stop serving."""
         self.flush()
         self._stop.set()
+        self._hurry.set()
         self._queue.put(None)  # wake the worker now rather than at its timeout
         self._thread.join(2.0)
         self.gpu.stop()
@@ -212,6 +227,8 @@ class Service:
                 if self._stop.is_set():
                     return
                 continue
+            if self.batch_seconds > 0:
+                batch = self._gather(batch)
             self._taken += len(batch)
             for data, pid in batch:
                 try:
@@ -220,6 +237,21 @@ class Service:
                     log.warning("sentinel engine: error ingesting a frame", exc_info=True)
                 finally:
                     self.processed += 1
+
+    def _gather(self, first: list[tuple[bytes, int | None]]) -> list[tuple[bytes, int | None]]:
+        """The frames that arrive within ``batch_seconds`` of ``first`` (less when flushing)."""
+        self._hurry.wait(self.batch_seconds)
+        self._hurry.clear()
+        out = list(first)
+        while True:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            if more is None:  # stop()'s wake-up: leave it for the loop, which then returns
+                self._queue.put(None)
+                return out
+            out.extend(more)
 
     def _notify(self, t: Transition) -> None:
         """Store the notifications of a transition in the outbox (the engine's thread)."""

@@ -75,6 +75,9 @@ class Engine:
         self.listeners: list[Listener] = []
         self.frame_listeners: list[Callable[[dict[str, Any]], object]] = []
         """Given every frame admitted and ingested (decoded; e.g. the history recorder's queue)."""
+        self.assembled_listeners: list[Callable[[dict[str, Any]], object]] = []
+        """Given each step of a sharded run once every rank's frame is in: the whole model's
+        sums (see :meth:`sentinel.engine.shards.ShardAssembler.route`), after the frame listeners."""
         self.transitions: deque[Transition] = deque(maxlen=history)
         self.frames_received = 0
         self.frames_malformed = 0
@@ -129,20 +132,25 @@ class Engine:
                 self._reject("error", exc)
                 return False
             try:
-                self.ingest(frame)
+                ctx = self.ingest(frame)
             except Exception as exc:  # a bug: the checks above let through what ingest cannot take
                 self._reject("error", exc)
                 return False
             if pid is not None and frame["kind"] != "bye":
                 self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
-            for listener in self.frame_listeners:
-                try:
-                    listener(frame)
-                except Exception:
-                    self.listener_errors += 1
-                    if self.listener_errors == 1:
-                        log.warning("sentinel engine: frame listener failed", exc_info=True)
+            self._hand(self.frame_listeners, frame)
+            for values in ctx.get("assembled", ()):
+                self._hand(self.assembled_listeners, values)
             return True
+
+    def _hand(self, listeners: list[Callable[[dict[str, Any]], object]], item: dict[str, Any]) -> None:
+        for listener in listeners:
+            try:
+                listener(item)
+            except Exception:
+                self.listener_errors += 1
+                if self.listener_errors == 1:
+                    log.warning("sentinel engine: frame listener failed", exc_info=True)
 
     def _reject(self, reason: str, exc: Exception) -> None:
         self.frames_malformed += 1

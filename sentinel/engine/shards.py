@@ -29,6 +29,11 @@ Series, for a Prometheus/Grafana user:
   ``sentinel_model_optimizer_state_bytes`` is the ranks' sum, the whole model's state,
   written under every rank's labels like the norms.
 
+Each assembled step is also handed to the engine's ``assembled_listeners`` (the run
+history records the model's norms from it, not from rank 0's shard sums), as the rules'
+context's ``assembled`` list: the whole model's per-group sums, shaped like rank 0's step
+frame (see :meth:`ShardAssembler.route`).
+
 Memory is bounded: per run at most :data:`MAX_STEPS` steps wait for missing frames, and at
 most :data:`MAX_RUNS` runs are tracked. A step still incomplete when a later step
 completes, or pushed out by the bound, is dropped; each rank whose frame it held counts it
@@ -163,7 +168,11 @@ class ShardAssembler:
 
         Returns:
             ``f`` itself when it is not sharded; else a copy without the additive fields,
-            for the rest of the ingest, which must not take them for the model's.
+            for the rest of the ingest, which must not take them for the model's. When this
+            frame completes its step, ``ctx["assembled"]`` gets the step's whole-model sums:
+            ``{"job", "run", "rank": 0, "world", "step", "t"`` (rank 0's), ``"groups",
+            "grad_sumsq", "param_sumsq"?, "delta_sumsq"?}`` (None in ``delta_sumsq``: a
+            group some rank did not sample).
         """
         if f.get("shard") != "sharded":
             return f
@@ -181,7 +190,9 @@ class ShardAssembler:
                      float(f["grad_l1"]) if _num(f.get("grad_l1")) else None,
                      float(f["grad_count"]) if _num(f.get("grad_count")) else None,
                      _state(f.get("state_bytes")))
-        self._collect((f["job"], f["run"]), f["step"], rank, world, part)
+        done = self._collect((f["job"], f["run"]), f["step"], rank, world, part)
+        if done is not None:
+            ctx.setdefault("assembled", []).append(done)
         return rest
 
     # -- per rank, at once ------------------------------------------------------------
@@ -202,7 +213,8 @@ class ShardAssembler:
 
     # -- assembly ---------------------------------------------------------------------
 
-    def _collect(self, run: tuple[str, str], step: int, rank: int, world: int, part: _Part) -> None:
+    def _collect(self, run: tuple[str, str], step: int, rank: int, world: int,
+                 part: _Part) -> dict[str, Any] | None:
         steps = self._runs.get(run)
         if steps is None:
             steps = self._runs[run] = OrderedDict()
@@ -218,18 +230,18 @@ class ShardAssembler:
             del steps[step]
             for old_step in [s for s in steps if s < step]:  # a later step is complete: those never will be
                 self._drop(steps.pop(old_step))
-            self._assemble(step, [parts[r] for r in sorted(parts)])
-            return
+            return self._assemble(run, step, [parts[r] for r in sorted(parts)])
         while len(steps) > MAX_STEPS:
             _, old_parts = steps.popitem(last=False)
             self._drop(old_parts)
+        return None
 
     def _drop(self, parts: dict[int, _Part]) -> None:
         self.incomplete += 1
         for p in parts.values():
             self.store.inc("sentinel_shard_steps_incomplete_total", p.base)
 
-    def _assemble(self, step: int, parts: list[_Part]) -> None:
+    def _assemble(self, run: tuple[str, str], step: int, parts: list[_Part]) -> dict[str, Any]:
         self.assembled += 1
         store = self.store
         order = parts[0].groups
@@ -269,6 +281,13 @@ class ShardAssembler:
                     ratio = write_update_ratios(store, p.base, labels, psq.tolist(), dsq, step, p.t)
                     if ratio is not None:
                         store.add("sentinel_update_ratio", p.base, step, p.t, ratio)
+        out: dict[str, Any] = {"kind": "step", "job": run[0], "run": run[1], "rank": 0, "world": len(parts),
+                               "step": step, "t": parts[0].t, "groups": list(order), "grad_sumsq": gsq.tolist()}
+        if psq is not None:
+            out["param_sumsq"] = psq.tolist()
+            if dsq is not None:
+                out["delta_sumsq"] = dsq
+        return out
 
     def _label(self, base: Labels, key: str, value: str) -> Labels:
         ck = (base, key + "\0" + value)

@@ -73,7 +73,7 @@ def group_key(run: RunInfo, by: str | None) -> str:
         return f"{by}={run.tags.get(by, '')}"
     rest = {k: v for k, v in sorted(run.tags.items()) if k != "seed"}
     if not rest and "seed" not in run.tags:
-        return f"{run.job}/{run.run}"  # untagged runs stand alone
+        return f"{run.job}/{run.label}"  # untagged runs stand alone
     return ",".join(f"{k}={v}" for k, v in rest.items()) + f"|{run.optimizer_name}|{run.job}"
 
 
@@ -142,7 +142,7 @@ def to_csv(table: list[Row], target: float | None) -> str:
                     repr(statistics.stdev(r.final_loss)) if len(r.final_loss) > 1 else "",
                     m(hit) if target is not None else "", len(hit) if target is not None else "", m(r.grad_norm),
                     m(r.update), m(r.peak_memory), r.diverged, r.warnings, r.criticals,
-                    " ".join(x.run for x in r.runs)])
+                    " ".join(x.label for x in r.runs)])
     return buf.getvalue()
 
 
@@ -154,7 +154,7 @@ def to_html(db: sqlite3.Connection, table: list[Row], target: float | None) -> s
     for r in table:
         for run in r.runs:
             s = query.series(db, run)
-            lines.append((f"{r.optimizer} {r.lr} {run.tags.get('seed', run.run)}", s.steps, s.columns["loss"]))
+            lines.append((f"{r.optimizer} {r.lr} {run.tags.get('seed', run.label)}", s.steps, s.columns["loss"]))
     chart = line_chart("Loss, every run", lines, log=True)
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>sentinel compare</title>"
             "<style>body{font-family:system-ui,sans-serif;margin:24px}table{border-collapse:collapse}"

@@ -3,11 +3,14 @@
 Tables:
 
 - ``schema_version``: one row, the version the file is at (:data:`SCHEMA_VERSION`);
-- ``runs``: one row per (job, run): identity, command, host, times, exit status, state,
+- ``runs``: one row per run: identity (job, run name and ``attempt``, the how-manieth run
+  recorded under that job and name, from 1), command, host, times, exit status, state,
   optimizer and tags (JSON), and running aggregates that thinning never touches (steps,
   first/final/min loss, grad-norm and ‖Δw‖ sums, peak memory, non-finite flag);
-- ``samples``: rank 0's values, one row per kept step (the ``groups`` blob holds the
-  per-group grad norms, parameter norms and update ratios as float32, 3 × groups);
+- ``samples``: the model's values, one row per kept step (rank 0's frame; for a sharded run
+  the norms are the whole model's, assembled from every rank's sums by the engine; the
+  ``groups`` blob holds the per-group grad norms, parameter norms and update ratios as
+  float32, 3 × groups);
 - ``loss_records``: every step at which the loss reached a new minimum (exact "steps to
   target" for any target, whatever thinning did to ``samples``);
 - ``alerts``: every alert transition.
@@ -22,7 +25,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE runs (
@@ -83,10 +86,57 @@ CREATE TABLE alerts (
 CREATE INDEX alerts_run ON alerts (run_id);
 """
 
+_RUN_COLUMNS = ("id, job, run, host, command, ranks, world, started, ended, last_seen, exit_status, state, "
+                "optimizer, tags, groups, steps, first_loss, final_loss, min_loss, nonfinite, grad_norm_sum, "
+                "grad_norm_n, delta_sum, delta_n, peak_memory, stride, samples, env")
+
+# v3: a run name used again under a job is a new run (a new row), numbered by ``attempt``;
+# SQLite cannot drop the old UNIQUE (job, run), so the table is rebuilt (ids kept: the
+# samples, loss records and alerts still point at their runs)
+_V3 = f"""
+CREATE TABLE runs_v3 (
+    id INTEGER PRIMARY KEY,
+    job TEXT NOT NULL,
+    run TEXT NOT NULL,
+    host TEXT,
+    command TEXT,
+    ranks INTEGER NOT NULL DEFAULT 0,
+    world INTEGER,
+    started REAL,
+    ended REAL,
+    last_seen REAL,
+    exit_status INTEGER,
+    state TEXT NOT NULL DEFAULT 'running',
+    optimizer TEXT,
+    tags TEXT,
+    groups TEXT,
+    steps INTEGER NOT NULL DEFAULT 0,
+    first_loss REAL,
+    final_loss REAL,
+    min_loss REAL,
+    nonfinite INTEGER NOT NULL DEFAULT 0,
+    grad_norm_sum REAL NOT NULL DEFAULT 0,
+    grad_norm_n INTEGER NOT NULL DEFAULT 0,
+    delta_sum REAL NOT NULL DEFAULT 0,
+    delta_n INTEGER NOT NULL DEFAULT 0,
+    peak_memory REAL,
+    stride INTEGER NOT NULL DEFAULT 1,
+    samples INTEGER NOT NULL DEFAULT 0,
+    env TEXT,
+    attempt INTEGER NOT NULL DEFAULT 1
+);
+INSERT INTO runs_v3 ({_RUN_COLUMNS}, attempt) SELECT {_RUN_COLUMNS}, 1 FROM runs;
+DROP TABLE runs;
+ALTER TABLE runs_v3 RENAME TO runs;
+CREATE INDEX runs_started ON runs (started);
+CREATE UNIQUE INDEX runs_attempt ON runs (job, run, attempt);
+"""
+
 MIGRATIONS: dict[int, str] = {
     1: _V1,
     # v2: the environment record (a frame's ``env`` map), shown by the report
     2: "ALTER TABLE runs ADD COLUMN env TEXT;",
+    3: _V3,
 }
 """``version → script`` that brings a file from ``version - 1`` to ``version``."""
 
@@ -144,23 +194,33 @@ def connect(path: str | Path, *, readonly: bool = False, timeout: float = 2.0) -
     """Open (and for writing, create and migrate) the history file.
 
     Args:
-        readonly: open for the CLI's queries: nothing is created or migrated.
+        readonly: open for the CLI's queries: nothing is created; a file of an older schema
+            is migrated first (opened for writing once), then opened read-only.
         timeout: how long a statement waits for a lock before ``database is locked``.
 
     Raises:
-        OSError, sqlite3.Error: it cannot be opened, is not a database, or is too new.
+        OSError, sqlite3.Error: it cannot be opened, is not a database, is too new, or is
+            older and cannot be migrated here (e.g. a read-only copy).
     """
     p = Path(path)
     if readonly:
         if not p.exists():
             raise FileNotFoundError(f"no history file at {p}")
-        db = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout,
-                             check_same_thread=False, isolation_level=None)
+        db = _open_ro(p, timeout)
         v = version_of(db)
+        if 0 < v < SCHEMA_VERSION:
+            db.close()
+            try:
+                connect(p, timeout=timeout).close()
+            except (OSError, sqlite3.Error) as exc:
+                raise sqlite3.DatabaseError(f"history schema {v} is older and cannot be migrated here "
+                                            f"({type(exc).__name__}: {exc})") from None
+            db = _open_ro(p, timeout)
+            v = version_of(db)
         if v != SCHEMA_VERSION:
             db.close()
             raise NewerSchema(f"history schema {v}; this sentinel reads {SCHEMA_VERSION}") if v > SCHEMA_VERSION \
-                else sqlite3.DatabaseError(f"history schema {v} is older: run a sentinel daemon once to migrate it")
+                else sqlite3.DatabaseError(f"history schema {v}: not a sentinel history file")
         return db
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fresh = not p.exists()
@@ -177,6 +237,11 @@ def connect(path: str | Path, *, readonly: bool = False, timeout: float = 2.0) -
         db.close()
         raise
     return db
+
+
+def _open_ro(p: Path, timeout: float) -> sqlite3.Connection:
+    return sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout, check_same_thread=False,
+                           isolation_level=None)
 
 
 def used_bytes(db: sqlite3.Connection) -> int:

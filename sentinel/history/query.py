@@ -38,8 +38,17 @@ class RunInfo:
     mean_delta_norm: float | None
     peak_memory: float | None
     stride: int
+    attempt: int = 1
+    """The how-manieth run recorded under this job and name (from 1)."""
+    attempts: int = 1
+    """Runs recorded under this job and name in the file."""
     alerts: dict[str, int] = field(default_factory=dict)
     """Firing transitions by severity."""
+
+    @property
+    def label(self) -> str:
+        """The run's name, with ``@attempt`` when the name was used more than once."""
+        return self.run if self.attempts <= 1 else f"{self.run}@{self.attempt}"
 
     @property
     def optimizer_name(self) -> str:
@@ -53,16 +62,18 @@ class RunInfo:
 
 _RUN_COLS = ("id, job, run, host, command, ranks, started, ended, last_seen, exit_status, state, optimizer, tags, "
              "groups, env, steps, first_loss, final_loss, min_loss, nonfinite, grad_norm_sum, grad_norm_n, "
-             "delta_sum, delta_n, peak_memory, stride")
+             "delta_sum, delta_n, peak_memory, stride, attempt, "
+             "(SELECT MAX(o.attempt) FROM runs o WHERE o.job = runs.job AND o.run = runs.run)")
 
 
 def _info(row: tuple[Any, ...]) -> RunInfo:
     (rid, job, run, host, cmd, ranks, started, ended, seen, status, state, opt, tags, groups, env, steps,
-     first, final, best, nonfinite, gsum, gn, dsum, dn, peak, stride) = row
+     first, final, best, nonfinite, gsum, gn, dsum, dn, peak, stride, attempt, attempts) = row
     return RunInfo(rid, job, run, host, cmd, ranks, started, ended, seen, status, state,
                    json.loads(opt) if opt else None, json.loads(tags) if tags else {},
                    json.loads(groups) if groups else [], json.loads(env) if env else None, steps, first, final,
-                   best, bool(nonfinite), gsum / gn if gn else None, dsum / dn if dn else None, peak, stride)
+                   best, bool(nonfinite), gsum / gn if gn else None, dsum / dn if dn else None, peak, stride,
+                   attempt, attempts or attempt)
 
 
 def _alert_counts(db: sqlite3.Connection, runs: list[RunInfo]) -> None:
@@ -71,6 +82,25 @@ def _alert_counts(db: sqlite3.Connection, runs: list[RunInfo]) -> None:
                                   "GROUP BY run_id, severity"):
         if rid in by_id:
             by_id[rid].alerts[sev] = n
+
+
+def parse_since(value: str) -> float:
+    """``--since``: seconds (``90s``), minutes, hours or days (``2d``) ago, or an ISO date,
+    as a Unix time.
+
+    Raises:
+        ValueError: none of those.
+    """
+    import time
+    from datetime import datetime
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if value[-1:] in units and value[:-1].replace(".", "", 1).isdigit():
+            return time.time() - float(value[:-1]) * units[value[-1]]
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise ValueError(f"expected e.g. 90s, 30m, 12h, 7d or 2026-11-30; got {value!r}") from None
 
 
 def list_runs(db: sqlite3.Connection, job: str | None = None, tags: dict[str, str] | None = None,
@@ -93,20 +123,40 @@ def list_runs(db: sqlite3.Connection, job: str | None = None, tags: dict[str, st
 
 
 def find_run(db: sqlite3.Connection, name: str) -> RunInfo | None:
-    """A run by name (``RUN`` or ``JOB/RUN``; the newest if several jobs share the name) or id (``#N``)."""
+    """A run by name, the latest run of that name by default.
+
+    ``name`` is ``RUN`` or ``JOB/RUN`` (the latest run of the name; of the latest job if
+    several jobs use it), ``RUN@N`` or ``JOB/RUN@N`` (the N-th run recorded under the name,
+    from 1: ``@1`` is the first), or ``#ID`` (the id ``sentinel runs`` shows).
+    """
+    latest = "ORDER BY COALESCE(started, 0) DESC, id DESC LIMIT 1"
+    row = None
     if name.startswith("#") and name[1:].isdigit():
         row = db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (int(name[1:]),)).fetchone()
     else:
-        row = db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run = ? ORDER BY started DESC LIMIT 1",
-                         (name,)).fetchone()
-        if row is None and "/" in name:
-            job, _, run = name.partition("/")
-            row = db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE job = ? AND run = ?", (job, run)).fetchone()
+        wanted: list[tuple[str, int | None]] = [(name, None)]  # a name with an "@" of its own first
+        base, at, n = name.rpartition("@")
+        if at and base and n.isdigit():
+            wanted.append((base, int(n)))
+        for which, attempt in wanted:
+            row = _by_name(db, which, attempt, latest)
+            if row is not None:
+                break
     if row is None:
         return None
     info = _info(row)
     _alert_counts(db, [info])
     return info
+
+
+def _by_name(db: sqlite3.Connection, name: str, attempt: int | None, latest: str) -> tuple[Any, ...] | None:
+    which, args = ("", ()) if attempt is None else (" AND attempt = ?", (attempt,))
+    row = db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run = ?{which} {latest}", (name, *args)).fetchone()
+    if row is None and "/" in name:
+        job, _, run = name.partition("/")
+        row = db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE job = ? AND run = ?{which} {latest}",
+                         (job, run, *args)).fetchone()
+    return row  # type: ignore[no-any-return]
 
 
 @dataclass

@@ -82,7 +82,7 @@ def summary_rows(run: RunInfo) -> list[tuple[str, str]]:
     opt = run.optimizer_name or "—"
     hyper = ", ".join(f"{k}={v}" for o in (run.optimizer or []) for k, v in o.items() if k != "class")
     return [
-        ("run", f"{run.job}/{run.run}"), ("state", run.state + (f" (exit {run.exit_status})"
+        ("run", f"{run.job}/{run.label}"), ("state", run.state + (f" (exit {run.exit_status})"
                                                                 if run.exit_status else "")),
         ("optimizer", opt + (f" ({hyper})" if hyper else "")),
         ("tags", ", ".join(f"{k}={v}" for k, v in run.tags.items()) or "—"),
@@ -120,7 +120,7 @@ def html_report(db: sqlite3.Connection, run: RunInfo) -> str:
         else "<p>No alert fired.</p>"
     env = (f"<pre>{escape(json.dumps(run.env, indent=2, sort_keys=True))}</pre>" if run.env
            else "<p class=\"empty\">No environment record in this run's frames.</p>")
-    title = f"sentinel report: {run.job}/{run.run}"
+    title = f"sentinel report: {run.job}/{run.label}"
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1><table>{facts}</table>"
             f"<h2>Over steps</h2><div class=\"plots\">{figs}</div><h2>Alerts</h2>{alert_table}"
@@ -167,13 +167,13 @@ def png_report(db: sqlite3.Connection, run: RunInfo, folder: Path) -> list[Path]
             ax.axvline(x, color=colour, linestyle="--", linewidth=0.8)
         if log:
             ax.set_yscale("log")
-        ax.set_title(f"{run.run}: {title}")
+        ax.set_title(f"{run.label}: {title}")
         ax.set_xlabel("step")
         if any(legend for legend, _ in curves):
             ax.legend(fontsize=8)
         fig.tight_layout()
         name = "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in title.lower()).strip("_")
-        path = folder / f"{run.run}-{name}.png"
+        path = folder / f"{run.label}-{name}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -49,8 +49,9 @@ def _roots(xs: Any, n: int) -> list[float]:
 def sample(frame: dict[str, Any]) -> dict[str, float | None]:
     """The ``samples`` columns a frame sets (absent ones are left out, not None).
 
-    Norms are taken from the frame's sums of squares (rank 0's own: for a sharded run
-    they cover rank 0's shards only). The grad norm is the one the optimizer stepped
+    Norms are taken from the frame's sums of squares: rank 0's, which are the model's for
+    a replicated (DDP) run; for a sharded run the recorder passes the engine's assembled
+    sums instead (see :func:`local_only`). The grad norm is the one the optimizer stepped
     with (after any clipping); ``clip_norm`` is the norm before clipping.
     """
     out: dict[str, float | None] = {}
@@ -96,10 +97,23 @@ def sample(frame: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+SHARD_SUMS = ("grad_sumsq", "param_sumsq", "delta_sumsq", "grad_l1", "grad_count")
+"""The fields of a sharded rank's frame that cover its own shards only."""
+
+
+def local_only(frame: dict[str, Any]) -> dict[str, Any]:
+    """A sharded rank's frame without its shard sums: the rest (loss, lr, memory, …) is the
+    rank's own and recorded as sent; the model's norms come from the engine's assembly."""
+    return {k: v for k, v in frame.items() if k not in SHARD_SUMS}
+
+
 def group_blob(frame: dict[str, Any]) -> bytes | None:
-    """Per-group grad norms, parameter norms and update ratios as float32 (NaN: not sent)."""
+    """Per-group grad norms, parameter norms and update ratios as float32 (NaN: not sent);
+    None when the frame carries no per-group sums."""
     groups = frame.get("groups")
     if frame["kind"] != "step" or not isinstance(groups, list) or not groups:
+        return None
+    if "grad_sumsq" not in frame and "param_sumsq" not in frame:
         return None
     n = len(groups)
     nan = float("nan")

@@ -1,5 +1,6 @@
 """An FSDP2 run's global norms, assembled by the daemon from the ranks' shards, equal the
-unsharded reference: ``sentinel run -- torchrun --nproc-per-node 2`` with gloo on the CPU."""
+unsharded reference: ``sentinel run -- torchrun --nproc-per-node 2`` with gloo on the CPU,
+both in /metrics and in the run history."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.history import db as hdb
+from sentinel.history.query import find_run
+from sentinel.history.query import series as history_series
 from tests.helpers import end_process, wait_for
 
 pytestmark = pytest.mark.integration
@@ -40,7 +44,7 @@ def _get(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
 def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> None:
     ref_file, release = tmp_path / "reference.json", tmp_path / "release"
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    env = {**os.environ, "SENTINEL_UPDATE_EVERY": "1"}  # param norms in every frame
+    env = {**os.environ, "SENTINEL_UPDATE_EVERY": "1", "SENTINEL_RUN": "fsdp-history"}  # param norms every frame
     proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
                              torchrun, "--standalone", "--nproc-per-node", "2",
                              str(SCRIPTS / "fsdp_train.py"), str(STEPS), str(ref_file), str(release)],
@@ -98,3 +102,17 @@ def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> Non
         assert proc.wait(120) == 0, "".join(log)
     finally:
         end_process(proc)
+    # the run history holds the whole model's norms at every step, not rank 0's shards
+    reference = json.loads(ref_file.read_text())
+    db = hdb.connect(hdb.default_path(), readonly=True)
+    run = find_run(db, "fsdp-history")
+    assert run is not None and run.steps == STEPS and run.ranks == 2 and run.state == "finished"
+    kept = history_series(db, run)
+    assert kept.steps == [r["step"] for r in reference]
+    assert kept.columns["grad_norm"] == pytest.approx([r["grad_norm"] for r in reference], rel=1e-5)
+    assert kept.columns["param_norm"] == pytest.approx([r["param_norm"] for r in reference], rel=1e-5)
+    groups = list(reference[-1]["group_grad_norm"])
+    assert sorted(run.groups) == sorted(groups)
+    last = dict(zip(run.groups, kept.group_grad[-1]))
+    assert last == pytest.approx(reference[-1]["group_grad_norm"], rel=1e-5)
+    assert run.mean_grad_norm == pytest.approx(sum(r["grad_norm"] for r in reference) / STEPS, rel=1e-5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -218,6 +219,88 @@ def test_a_daemon_killed_mid_run_loses_at_most_its_last_batch(tmp_path: Path, mo
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(10)
+
+
+def test_a_reused_run_name_is_a_new_run_listed_reported_and_compared_apart(tmp_path: Path) -> None:
+    first = train("h-again", 1e-2, 1, 30, [])
+    second = train("h-again", 3e-3, 2, 20, [])  # the same job and name: a second run, not more of the first
+    db = str(hdb.default_path())
+    listing = cli("runs", "--db", db)
+    assert listing.returncode == 0, listing.stderr
+    lines = [ln for ln in listing.stdout.splitlines() if "h-again" in ln]
+    assert len(lines) == 2 and "h-again@2" in lines[0] and "h-again@1" in lines[1]  # newest first
+    assert " 20 " in lines[0] and f"{second[-1]:.4g}" in lines[0]
+    assert " 30 " in lines[1] and f"{first[-1]:.4g}" in lines[1]
+    latest = cli("report", "h-again", "--format", "text", "--db", db).stdout  # the latest by default
+    assert "train/h-again@2" in latest and re.search(r"^steps\s+20$", latest, re.M) and "lr=0.003" in latest
+    older = cli("report", "h-again@1", "--format", "text", "--db", db).stdout
+    assert "train/h-again@1" in older and re.search(r"^steps\s+30$", older, re.M) and "lr=0.01" in older
+    run_id = re.search(r"#(\d+)", lines[1])
+    assert run_id is not None
+    assert cli("report", f"#{run_id.group(1)}", "--format", "text", "--db", db).stdout == older
+    csv_path = tmp_path / "again.csv"
+    res = cli("compare", "h-again@1", "h-again", "--csv", str(csv_path), "--db", db)
+    assert res.returncode == 0, res.stderr
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["run_names"] for r in rows] == ["h-again@1", "h-again@2"]
+    assert [float(r["final_loss_mean"]) for r in rows] == pytest.approx([first[-1], second[-1]], rel=1e-6)
+
+
+def test_a_locked_history_file_is_waited_out_and_the_run_recorded_whole(tmp_path: Path) -> None:
+    """Another process holds the history file's write lock during part of a real run: training
+    goes on, the writer retries (counted in /metrics), and once the lock goes every step is there."""
+    import urllib.request
+
+    history = tmp_path / "h.sqlite"
+    config = tmp_path / "sentinel.yaml"
+    config.write_text(f"history: {{path: {history}, flush_seconds: 0.05}}\n")
+
+    def committed() -> int:
+        ro = sqlite3.connect(f"{history.as_uri()}?mode=ro", uri=True)
+        try:
+            return int(ro.execute("SELECT COALESCE(MAX(step), 0) FROM samples").fetchone()[0])
+        finally:
+            ro.close()
+
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with sentinel.watch(model, opt, run="h-locked", engine="thread", listen="127.0.0.1:0",
+                        config=str(config)) as mon:
+        rec = mon.engine.service.history
+
+        def steps(n: int) -> None:
+            for _ in range(n):
+                x = torch.randn(8, 16)
+                loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                mon.log(loss=loss)
+
+        steps(10)
+        wait_for(lambda: committed() >= 9, what="the first steps committed")  # a report leaves a step later
+        holder = sqlite3.connect(history, isolation_level=None, timeout=10)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            before = committed()
+            steps(10)  # training goes on: the engine only queues, the writer waits
+            wait_for(lambda: rec.retries >= 1, what="the writer to find the file locked")
+            steps(10)
+            assert committed() == before  # nothing could be written meanwhile
+            with urllib.request.urlopen(f"{mon.url}/metrics", timeout=5) as r:
+                metrics = r.read().decode()
+            retried = re.search(r"^sentinel_history_retries_total (\S+)$", metrics, re.M)
+            assert retried is not None and float(retried.group(1)) >= 1
+            assert re.search(r"^sentinel_history_up 1\.0$", metrics, re.M)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        steps(10)
+    assert rec.degraded == 0 and rec.dropped == 0
+    db = hdb.connect(history, readonly=True)
+    assert [r[0] for r in db.execute("SELECT step FROM samples ORDER BY step")] == list(range(1, 41))
+    assert db.execute("SELECT steps, state FROM runs WHERE run = 'h-locked'").fetchone() == (40, "finished")
 
 
 def test_tags_are_exported_as_one_info_series(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from sentinel.history import db as hdb
 from sentinel.history.query import find_run, series, steps_to_target
 from sentinel.history.recorder import Recorder
 from sentinel.instrument.options import check_tags, from_kwargs
+from tests.helpers import wait_for
 
 GROUPS = [f"layers.{i}" for i in range(64)]
 
@@ -48,7 +49,7 @@ def test_a_v1_file_is_migrated_in_place_and_keeps_its_runs(tmp_path: Path) -> No
                 (time.time(),))
     old.close()
     db = hdb.connect(path)
-    assert hdb.version_of(db) == hdb.SCHEMA_VERSION == 2
+    assert hdb.version_of(db) == hdb.SCHEMA_VERSION == 3
     assert db.execute("SELECT run, steps, final_loss, env FROM runs").fetchall() == [("old", 7, 0.5, None)]
     db.close()
     record(path, [step_frame(1, 2.0, run="new") | {"env": {"torch": "2.13.0"}}])
@@ -58,7 +59,7 @@ def test_a_v1_file_is_migrated_in_place_and_keeps_its_runs(tmp_path: Path) -> No
     assert info is not None and info.env == {"torch": "2.13.0"}
 
 
-@pytest.mark.parametrize("damage", ["garbage", "newer", "locked"])
+@pytest.mark.parametrize("damage", ["garbage", "newer", "locked"])  # locked: past retry_seconds
 def test_a_bad_file_is_no_history_with_a_counter_not_a_crash(tmp_path: Path, damage: str,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "h.sqlite"
@@ -73,18 +74,65 @@ def test_a_bad_file_is_no_history_with_a_counter_not_a_crash(tmp_path: Path, dam
         hdb.connect(path).close()
         holder = sqlite3.connect(path, isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")
-    rec = Recorder(path, flush_seconds=0.05)
+    rec = Recorder(path, flush_seconds=0.05, retry_seconds=0.2)
     for s in range(1, 50):
         rec.offer_frame(step_frame(s, 1.0))
-    rec.flush(10)
+    rec.flush(20)
     rec.close()
     assert rec.degraded == 1 and not rec.up
+    assert (rec.retries >= 1) is (damage == "locked")  # only a lock is worth waiting for
     assert rec.dropped + rec._lost >= 1  # nothing written, all of it counted
     assert sum("no run history is recorded" in r.getMessage() for r in caplog.records) == 1
     rows = dict((name, v) for name, _, _, v in rec.rows())
     assert rows["sentinel_history_up"] == 0.0 and rows["sentinel_history_degraded_total"] == 1.0
     if holder is not None:
         holder.execute("ROLLBACK")
+
+
+def test_a_locked_file_is_retried_keeping_the_batch_and_the_newest_frames(tmp_path: Path) -> None:
+    """Another connection holds the write lock for a while: the writer keeps the batch it
+    took and retries; the queue keeps its newest 64 items (the oldest dropped, counted);
+    when the lock goes, all of that is written and history goes on."""
+    path = tmp_path / "h.sqlite"
+    rec = Recorder(path, flush_seconds=0.05, queue_size=64)
+    for s in range(1, 11):
+        rec.offer_frame(step_frame(s, 1.0))
+    assert rec.flush(10)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        rec.offer_frame(step_frame(11, 1.0))
+        wait_for(lambda: rec.retries >= 1, what="the writer to find the file locked")  # it holds step 11
+        for s in range(12, 212):  # 200 more while locked: the queue keeps the newest 64
+            assert rec.offer_frame(step_frame(s, 1.0))
+        assert rec.up and rec.degraded == 0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert rec.flush(30)
+    rows = {name: v for name, _, _, v in rec.rows()}
+    rec.close()
+    ro = hdb.connect(path, readonly=True)
+    kept = [r[0] for r in ro.execute("SELECT step FROM samples ORDER BY step")]
+    assert kept == list(range(1, 12)) + list(range(148, 212))
+    assert rec.dropped == 136 and rec.degraded == 0
+    assert rows["sentinel_history_retries_total"] >= 1 and rows["sentinel_history_dropped_total"] == 136
+    assert rows["sentinel_history_up"] == 1.0 and rows["sentinel_history_queue_depth"] == 0
+    run = find_run(ro, "r")
+    assert run is not None and run.steps == 211 and run.mean_grad_norm == pytest.approx(math.sqrt(64))
+
+
+def test_history_retry_seconds_and_queue_size_come_from_the_config(tmp_path: Path) -> None:
+    from sentinel.config import load_config
+    from sentinel.daemon.service import make_history
+    from sentinel.rules.config import ConfigError
+
+    cfg, _ = load_config({"history": {"path": str(tmp_path / "h.sqlite"), "retry_seconds": 7, "queue_size": 64}})
+    rec = make_history(cfg)
+    assert rec is not None and (rec.retry_seconds, rec.queue_size) == (7, 64)
+    rec.close()
+    with pytest.raises(ConfigError, match="history.retry_seconds"):
+        load_config({"history": {"retry_seconds": -1}})
 
 
 def test_a_million_steps_at_64_groups_stay_under_the_bound(tmp_path: Path) -> None:

@@ -1,0 +1,93 @@
+"""Which row of ``runs`` a frame belongs to: a run name used again is a new run.
+
+A job's run name is a label the user picks, so it is used again: a script re-run with the
+same ``run=``, ``sentinel run`` started twice, a notebook cell watched twice. Each of those
+is a new row, numbered by ``attempt`` (1, 2, …) under its job and name. A frame (a step or
+a log) of job J and run R goes to the latest row of (J, R) unless that run is over for the
+frame's rank (:func:`starts_new`):
+
+- the run finished (every rank said goodbye), or its command's exit status is recorded
+  (``sentinel run``);
+- this rank said goodbye in it (cleanly or on an exception);
+- this rank starts over: a step frame for step 1 from a rank that already reported a step.
+
+``sentinel run`` also starts a new row when it starts a command, unless the latest row of
+that name has seen no frame and no end yet. A rank that crashed while the others go on
+(one rank's exception, or ``TrainingCrashed``) does not end the run for the others.
+
+A row loaded from the file (an engine started again, or after a failed batch) that is not
+``running`` counts every rank as gone: whatever reports next is a new run.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class RunRow:
+    """The writer's view of one row of ``runs`` (the aggregates it keeps exact)."""
+
+    id: int
+    attempt: int
+    stride: int
+    samples: int
+    records: int
+    best: float | None
+    state: str = "running"
+    exit_status: int | None = None
+    ranks: set[int] = field(default_factory=set)
+    byes: set[int] = field(default_factory=set)
+    last: dict[int, int] = field(default_factory=dict)
+    """The last step each rank reported in this row."""
+    groups: list[str] | None = None
+    first_loss: float | None = None
+    sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # grad sum, n, delta sum, n
+    peak: float | None = None
+    agg: dict[str, Any] = field(default_factory=dict)
+    """Run columns to write at the batch's end."""
+
+    @property
+    def fresh(self) -> bool:
+        """No frame and no end recorded yet."""
+        return not self.ranks and self.exit_status is None and self.state == "running"
+
+
+def starts_new(r: RunRow, kind: str, rank: int, step: int) -> bool:
+    """Whether a frame of ``kind`` from ``rank`` at ``step`` begins a new run rather than
+    continuing ``r`` (see the module's docstring)."""
+    if kind == "bye":
+        return False
+    if r.state == "finished" or r.exit_status is not None or rank in r.byes:
+        return True
+    return kind == "step" and step == 1 and r.last.get(rank, 0) >= 1
+
+
+_COLS = ("id, attempt, stride, samples, min_loss, ranks, groups, first_loss, grad_norm_sum, grad_norm_n, "
+         "delta_sum, delta_n, peak_memory, state, exit_status, steps")
+
+
+def load_latest(db: sqlite3.Connection, job: str, run: str) -> RunRow | None:
+    """The latest row of (job, run) in the file, or None."""
+    row = db.execute(f"SELECT {_COLS} FROM runs WHERE job = ? AND run = ? ORDER BY attempt DESC LIMIT 1",
+                     (job, run)).fetchone()
+    if row is None:
+        return None
+    records = db.execute("SELECT COUNT(*) FROM loss_records WHERE run_id = ?", (row[0],)).fetchone()[0]
+    ranks = set(range(row[5] or 0))
+    state, steps = row[13], row[15]
+    return RunRow(row[0], row[1], row[2], row[3], records, row[4], state=state, exit_status=row[14],
+                  ranks=ranks, byes=set(ranks) if state != "running" else set(),
+                  last={0: steps} if steps else {}, groups=json.loads(row[6]) if row[6] else None,
+                  first_loss=row[7], sums=[float(x) for x in row[8:12]], peak=row[12])
+
+
+def insert(db: sqlite3.Connection, job: str, run: str, host: str, t: float, attempt: int) -> RunRow:
+    """A new row for (job, run) numbered ``attempt``."""
+    cur = db.execute("INSERT INTO runs (job, run, host, started, last_seen, attempt) VALUES (?, ?, ?, ?, ?, ?)",
+                     (job, run, host, t, t, attempt))
+    assert cur.lastrowid is not None
+    return RunRow(cur.lastrowid, attempt, 1, 0, 0, None)

@@ -1,0 +1,226 @@
+"""What one batch of the history writer does to the file: frames, assembled sharded
+steps, alert transitions, and ``sentinel run``'s start and end, each applied to its run's
+row (:mod:`sentinel.history.attempts` picks the row) inside the writer's transaction.
+
+The writer (:class:`sentinel.history.recorder.Recorder`) owns the thread, the queue and
+the retries; this module owns the SQL and the in-memory view of the runs being written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from typing import Any
+
+from sentinel.history import attempts
+from sentinel.history.attempts import RunRow, starts_new
+from sentinel.history.values import COLUMNS, group_blob, local_only, optimizer_of, sample, tags_of, transition_row
+from sentinel.rules.alert import Transition
+
+_UPSERT = (f"INSERT INTO samples (run_id, step, t, {', '.join(COLUMNS)}, groups) "
+           f"VALUES (?, ?, ?, {', '.join('?' * len(COLUMNS))}, ?) ON CONFLICT (run_id, step) DO UPDATE SET "
+           + ", ".join(f"{c} = COALESCE(excluded.{c}, {c})" for c in ("t", *COLUMNS, "groups")))
+
+
+class BatchWriter:
+    """Applies batches of queued items to the history file.
+
+    Args:
+        max_points: sample rows kept per run at most (see :mod:`sentinel.history.recorder`).
+        host: this machine's name, recorded with each new run.
+    """
+
+    def __init__(self, max_points: int, host: str) -> None:
+        self.max_points, self.host = max_points, host
+        self._runs: dict[tuple[str, str], RunRow] = {}
+
+    def write(self, db: sqlite3.Connection, batch: list[tuple[str, Any]]) -> None:
+        """Apply ``batch`` (``(kind, item)`` pairs) inside the caller's transaction.
+
+        Raises:
+            sqlite3.Error: a statement failed; the in-memory view is then dropped (it may be
+                ahead of the file, which the caller rolls back) and reloaded when next needed.
+        """
+        try:
+            touched: set[RunRow] = set()
+            for kind, item in batch:
+                if kind == "frame":
+                    touched.add(self._frame(db, item))
+                elif kind == "assembled":
+                    touched.add(self._assembled(db, item))
+                elif kind == "alert":
+                    touched.add(self._alert(db, item))
+                elif kind == "start":
+                    touched.add(self._start(db, *item))
+                elif kind == "end":
+                    touched.add(self._end(db, *item))
+            for r in touched:
+                if r.agg:
+                    cols = ", ".join(f"{k} = ?" for k in r.agg)
+                    db.execute(f"UPDATE runs SET {cols} WHERE id = ?", (*r.agg.values(), r.id))
+                    r.agg = {}
+        except BaseException:
+            self.forget()
+            raise
+
+    def forget(self) -> None:
+        """Drop the in-memory view of the runs (after a rolled-back batch); rows are reloaded."""
+        self._runs.clear()
+
+    def _run(self, db: sqlite3.Connection, job: str, run: str, t: float) -> RunRow:
+        """The latest row of (job, run), created if there is none."""
+        r = self._runs.get((job, run))
+        if r is None:
+            r = attempts.load_latest(db, job, run) or attempts.insert(db, job, run, self.host, t, 1)
+            if len(self._runs) > 1000:
+                self._runs.clear()
+            self._runs[(job, run)] = r
+        return r
+
+    def _new_run(self, db: sqlite3.Connection, job: str, run: str, t: float, prev: RunRow) -> RunRow:
+        r = self._runs[(job, run)] = attempts.insert(db, job, run, self.host, t, prev.attempt + 1)
+        return r
+
+    def _frame(self, db: sqlite3.Connection, f: dict[str, Any]) -> RunRow:
+        t = float(f["t"])
+        rank, step, kind = f["rank"], f["step"], f["kind"]
+        r = self._run(db, f["job"], f["run"], t)
+        if starts_new(r, kind, rank, step):
+            r = self._new_run(db, f["job"], f["run"], t, r)
+        agg = r.agg
+        agg["last_seen"] = t
+        if rank not in r.ranks:
+            r.ranks.add(rank)
+            agg["ranks"] = len(r.ranks)
+            if isinstance(f.get("world"), int):
+                agg["world"] = f["world"]
+        if kind == "bye":
+            r.byes.add(rank)
+            agg["ended"] = t
+            if isinstance(f.get("exc"), str):
+                r.state = agg["state"] = "crashed"
+                agg["exit_status"] = 1
+            elif r.byes >= r.ranks and r.state == "running":
+                r.state = agg["state"] = "finished"
+            return r
+        if kind == "step":
+            r.last[rank] = step
+        for key, conv, col in (("tags", tags_of, "tags"), ("optimizer", optimizer_of, "optimizer")):
+            if key in f:
+                value = conv(f[key])
+                if value is not None:
+                    agg[col] = json.dumps(value)
+        if isinstance(f.get("cmd"), str):
+            db.execute("UPDATE runs SET command = ? WHERE id = ? AND command IS NULL", (f["cmd"][:1000], r.id))
+        if isinstance(f.get("env"), dict):
+            agg["env"] = json.dumps(f["env"], default=str)[:20_000]
+        if rank != 0:
+            return r
+        if f.get("shard") == "sharded":  # rank 0's shards only: the model's norms come assembled
+            f = local_only(f)
+        vals = sample(f)
+        if kind == "step":
+            agg["steps"] = step
+            groups = f.get("groups")
+            if isinstance(groups, list) and groups != r.groups:
+                r.groups = list(groups)
+                agg["groups"] = json.dumps(r.groups)
+        self._aggregate(db, r, step, vals)
+        if not vals:
+            return r
+        self._put(db, r, step, t, vals, group_blob(f), count=kind == "step")
+        return r
+
+    def _assembled(self, db: sqlite3.Connection, a: dict[str, Any]) -> RunRow:
+        """The whole model's norms of a sharded step, merged into rank 0's row of that step."""
+        r = self._run(db, a["job"], a["run"], float(a["t"]))
+        if starts_new(r, "step", 0, a["step"]) and a["step"] != r.last.get(0):
+            # rank 0's frame of this step is not in yet (its own ingest completed the step),
+            # and the row is over: this step opens the new run rank 0's frame will join
+            r = self._new_run(db, a["job"], a["run"], float(a["t"]), r)
+        vals = sample({**a, "kind": "step"})
+        self._aggregate(db, r, a["step"], vals)
+        if vals:
+            self._put(db, r, a["step"], float(a["t"]), vals, group_blob({**a, "kind": "step"}), count=False)
+        return r
+
+    def _put(self, db: sqlite3.Connection, r: RunRow, step: int, t: float, vals: dict[str, float | None],
+             blob: bytes | None, count: bool) -> None:
+        """Write (or complete) the step's row when the stride keeps it."""
+        if step > 1 and step % r.stride:
+            return  # off the stride: only the aggregates count it
+        db.execute(_UPSERT, (r.id, step, t, *(vals.get(c) for c in COLUMNS), blob))
+        if count:
+            r.samples += 1
+            if r.samples > self.max_points:
+                self._thin(db, r)
+            r.agg["samples"], r.agg["stride"] = r.samples, r.stride
+
+    def _aggregate(self, db: sqlite3.Connection, r: RunRow, step: int, vals: dict[str, float | None]) -> None:
+        """The run's exact aggregates, kept in memory and written once per batch."""
+        agg = r.agg
+        loss = vals.get("loss")
+        if loss is not None:
+            agg["final_loss"] = loss
+            if not math.isfinite(loss):
+                agg["nonfinite"] = 1
+            else:
+                if r.first_loss is None:
+                    r.first_loss = agg["first_loss"] = loss
+                # every new minimum for the first max_points; then only those 0.1% below the
+                # last (steps to a target stay within 0.1% of its loss), 4 × max_points at most
+                if (r.best is None or loss < (r.best if r.records < self.max_points else r.best * 0.999)) \
+                        and r.records < 4 * self.max_points:
+                    r.best = agg["min_loss"] = loss
+                    r.records += 1
+                    db.execute("INSERT OR REPLACE INTO loss_records VALUES (?, ?, ?)", (r.id, step, loss))
+        g = vals.get("grad_norm")
+        if g is not None:
+            if math.isfinite(g):
+                r.sums[0] += g
+                r.sums[1] += 1
+                agg["grad_norm_sum"], agg["grad_norm_n"] = r.sums[0], int(r.sums[1])
+            else:
+                agg["nonfinite"] = 1
+        d = vals.get("delta_norm")
+        if d is not None and math.isfinite(d):
+            r.sums[2] += d
+            r.sums[3] += 1
+            agg["delta_sum"], agg["delta_n"] = r.sums[2], int(r.sums[3])
+        peak = vals.get("mem_peak")
+        if peak is not None and (r.peak is None or peak > r.peak):
+            r.peak = agg["peak_memory"] = peak
+
+    def _thin(self, db: sqlite3.Connection, r: RunRow) -> None:
+        """Double the run's stride and delete its rows off the new stride (the first kept)."""
+        r.stride *= 2
+        db.execute("DELETE FROM samples WHERE run_id = ? AND step > 1 AND step % ? != 0", (r.id, r.stride))
+        r.samples = db.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (r.id,)).fetchone()[0]
+
+    def _alert(self, db: sqlite3.Connection, t: Transition) -> RunRow:
+        r = self._run(db, t.job, t.run, t.time)
+        db.execute("INSERT INTO alerts (run_id, alertname, severity, state_from, state_to, step, time, value, "
+                   f"threshold, summary, causes, checks, ranks, groups) VALUES ({', '.join('?' * 14)})",
+                   (r.id, *transition_row(t)))
+        if t.alertname == "TrainingCrashed" and t.state_to == "firing":
+            r.state = r.agg["state"] = "crashed"
+        return r
+
+    def _start(self, db: sqlite3.Connection, job: str, run: str, command: str, tags: dict[str, str],
+               t: float) -> RunRow:
+        r = self._run(db, job, run, t)
+        if not r.fresh:  # the name was used before: this command is a new run
+            r = self._new_run(db, job, run, t, r)
+        db.execute("UPDATE runs SET command = ?, started = MIN(COALESCE(started, ?), ?) WHERE id = ?",
+                   (command[:1000], t, t, r.id))
+        if tags:
+            db.execute("UPDATE runs SET tags = COALESCE(tags, ?) WHERE id = ?", (json.dumps(tags_of(tags)), r.id))
+        return r
+
+    def _end(self, db: sqlite3.Connection, job: str, run: str, status: int, t: float) -> RunRow:
+        r = self._run(db, job, run, t)
+        r.exit_status = r.agg["exit_status"] = status
+        r.agg["ended"] = t
+        r.state = r.agg["state"] = "finished" if status == 0 else "crashed"
+        return r

@@ -1,0 +1,137 @@
+"""A run name used again is a new run: a new row of ``runs`` (``attempt`` 2, 3, …), its own
+steps, aggregates and series; ``RUN`` names the latest, ``RUN@N`` and ``#ID`` an older one."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.history import db as hdb
+from sentinel.history.attempts import RunRow, starts_new
+from sentinel.history.query import find_run, list_runs, series
+from sentinel.history.recorder import Recorder
+
+
+def row(**kw: Any) -> RunRow:
+    return RunRow(**{"id": 1, "attempt": 1, "stride": 1, "samples": 0, "records": 0, "best": None, **kw})
+
+
+@pytest.mark.parametrize(("r", "kind", "rank", "step", "new"), [
+    (row(ranks={0}, last={0: 5}), "step", 0, 6, False),  # going on
+    (row(ranks={0}, last={0: 5}), "log", 0, 5, False),
+    (row(ranks={0}, last={0: 5}), "step", 0, 1, True),  # started over (killed, then run again)
+    (row(ranks={0, 1}, last={0: 1}), "step", 1, 1, False),  # rank 1's first step
+    (row(ranks={0}, byes={0}, state="finished"), "step", 0, 1, True),
+    (row(ranks={0}, byes={0}, state="finished"), "log", 0, 0, True),  # a log before the first step
+    (row(ranks={0}, byes={0}, state="finished"), "bye", 0, 3, False),  # a goodbye never opens a run
+    (row(ranks={0}, exit_status=0, state="finished"), "step", 0, 9, True),  # sentinel run's command ended
+    (row(ranks={0, 1}, byes={1}, state="crashed", last={0: 4}), "step", 0, 5, False),  # rank 1 crashed, 0 goes on
+    (row(ranks={0, 1}, byes={1}, state="crashed"), "step", 1, 1, True),  # the crashed rank again
+    (row(ranks={0}, last={0: 5}, state="crashed"), "step", 0, 6, False),  # TrainingCrashed, still reporting
+])
+def test_which_frames_start_a_new_run(r: RunRow, kind: str, rank: int, step: int, new: bool) -> None:
+    assert starts_new(r, kind, rank, step) is new
+
+
+def frame(kind: str, step: int, rank: int = 0, world: int = 1, run: str = "r", **extra: Any) -> dict[str, Any]:
+    f: dict[str, Any] = {"kind": kind, "job": "j", "run": run, "rank": rank, "world": world, "step": step,
+                         "t": time.time()}
+    if kind == "step":
+        f |= {"groups": ["a"], "grad_sumsq": [float(step)], "scalars": {"loss": 100.0 / step}}
+    return f | extra
+
+
+def steps(first: int, last: int, **kw: Any) -> list[tuple[str, Any]]:
+    return [("frame", frame("step", s, **kw)) for s in range(first, last + 1)]
+
+
+BYE = ("frame", frame("bye", 0))
+S = [("start", ("j", "r", "python train.py"))]  # sentinel run starts its command
+END = [("end", ("j", "r", 0))]  # and records its exit status
+
+SCENARIOS: dict[str, tuple[list[tuple[str, Any]], list[tuple[int, str]]]] = {
+    # name: (items, [(steps, state) per attempt])
+    "run again after it finished": (steps(1, 3) + [BYE] + steps(1, 2), [(3, "finished"), (2, "running")]),
+    "killed without a goodbye, run again": (steps(1, 3) + steps(1, 2), [(3, "running"), (2, "running")]),
+    "resumed while running (later steps)": (steps(1, 3) + steps(4, 5), [(5, "running")]),
+    "one rank crashed, the other goes on": (
+        steps(1, 1) + steps(1, 1, rank=1, world=2) + [("frame", frame("bye", 1, rank=1, exc="RuntimeError"))]
+        + steps(2, 3), [(3, "crashed")]),
+    "sentinel run twice": (S + steps(1, 2) + [BYE] + END + S + steps(1, 4), [(2, "finished"), (4, "running")]),
+    "a command ended with no frame, then the name again": (S + END + S + steps(1, 1), [(0, "finished"),
+                                                                                       (1, "running")]),
+}
+
+
+def record(path: Path, items: list[tuple[str, Any]]) -> Recorder:
+    rec = Recorder(path, flush_seconds=0.05)
+    for kind, item in items:
+        if kind == "frame":
+            assert rec.offer_frame(item)
+        elif kind == "start":
+            rec.run_started(*item)
+        else:
+            rec.run_ended(*item)
+    assert rec.flush(30)
+    rec.close()
+    assert rec.degraded == 0
+    return rec
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_a_reused_run_name_gets_a_row_per_run(tmp_path: Path, name: str) -> None:
+    items, expected = SCENARIOS[name]
+    path = tmp_path / "h.sqlite"
+    record(path, items)
+    db = hdb.connect(path, readonly=True)
+    got = db.execute("SELECT attempt, steps, state FROM runs WHERE run = 'r' ORDER BY attempt").fetchall()
+    assert got == [(i + 1, n, state) for i, (n, state) in enumerate(expected)]
+    for attempt, (n, _) in enumerate(expected, 1):
+        info = find_run(db, f"r@{attempt}")
+        assert info is not None and info.attempt == attempt
+        assert series(db, info).steps == list(range(1, n + 1))  # its own steps only, never the other run's
+        assert info.final_loss == (pytest.approx(100.0 / n) if n else None)
+    latest = find_run(db, "r")
+    assert latest is not None and latest.attempt == len(expected)
+
+
+def test_a_new_engine_on_the_same_file_starts_a_new_row_after_a_finished_run(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    record(path, steps(1, 3) + [BYE])
+    record(path, steps(1, 2))  # a second process: its recorder reads the file, not its memory
+    db = hdb.connect(path, readonly=True)
+    runs = list_runs(db)
+    assert [(r.label, r.steps, r.attempts) for r in runs] == [("r@2", 2, 2), ("r@1", 3, 2)]
+    first = find_run(db, f"#{runs[1].id}")
+    assert first is not None and first.attempt == 1 and first.steps == 3
+    assert find_run(db, "j/r@1") == first and find_run(db, "r@3") is None
+
+
+def test_a_v2_file_is_migrated_to_one_row_per_attempt_keeping_its_runs(tmp_path: Path) -> None:
+    """A file written by the previous sentinel (schema 2, one row per name): opened, migrated
+    in place (ids, series and alerts kept), and a name used again there gets attempt 2."""
+    path = tmp_path / "h.sqlite"
+    old = sqlite3.connect(path, isolation_level=None)
+    hdb.migrate(old, target=2)
+    old.execute("INSERT INTO runs (id, job, run, started, steps, final_loss, state, env) "
+                "VALUES (7, 'j', 'r', ?, 3, 0.5, 'finished', '{}')", (time.time() - 60,))
+    old.executemany("INSERT INTO samples (run_id, step, loss) VALUES (7, ?, ?)", [(s, 1.0 / s) for s in (1, 2, 3)])
+    old.execute("INSERT INTO alerts (run_id, alertname, severity, state_to) VALUES (7, 'X', 'warning', 'firing')")
+    with pytest.raises(sqlite3.IntegrityError):  # the old schema: one row per (job, run)
+        old.execute("INSERT INTO runs (job, run) VALUES ('j', 'r')")
+    old.close()
+    ro = hdb.connect(path, readonly=True)  # the CLI opens it: migrated first, then read
+    assert hdb.version_of(ro) == hdb.SCHEMA_VERSION == 3
+    info = find_run(ro, "r")
+    assert info is not None and (info.id, info.attempt, info.steps, info.final_loss) == (7, 1, 3, 0.5)
+    assert series(ro, info).steps == [1, 2, 3] and info.alerts == {"warning": 1}
+    ro.close()
+    record(path, steps(1, 2))
+    ro = hdb.connect(path, readonly=True)
+    assert [(r.id == 7, r.attempt, r.steps) for r in list_runs(ro)] == [(False, 2, 2), (True, 1, 3)]
+    old_run = find_run(ro, "r@1")
+    assert old_run is not None and series(ro, old_run).steps == [1, 2, 3]
