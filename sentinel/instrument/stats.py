@@ -232,8 +232,8 @@ class GroupedTensors:
 
         The L1 sums come from the same read of the gradients: on the CPU the gradients go
         in pieces that stay in the cache between the two kernels, so memory is read once
-        (a second full read cost 2.3 ms per step on the 6M-parameter reference model; the
-        pieces, 0.6 ms); elsewhere one fused kernel per norm.
+        (on the 6M-parameter reference model the L1 sums added 2.4 ms to the step as a
+        second full read, 1.6 ms in pieces); elsewhere one fused kernel per norm.
 
         Returns:
             Per device, one float32 vector of length ``n_groups`` of the squared sums and
