@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,6 +58,15 @@ def make_monitor(model: nn.Module | None, opts: list[torch.optim.Optimizer] | to
     optimizers = opts if isinstance(opts, list) else [opts]
     options.setdefault("engine", "off")
     return Monitor(model, optimizers, from_kwargs(options), sender=sender), sender
+
+
+def write_config(tmp_path: Path, **doc: Any) -> str:
+    """A sentinel config file with ``doc`` as its YAML (``notify=...``, ``actions=...``)."""
+    import yaml
+
+    path = tmp_path / "sentinel.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -40,15 +40,17 @@ class Cadence:
         self.early_steps = early_steps
         self.health_every = health_every
         self._until = 0  # the update is sampled at every step up to this one (an lr jump)
-        self._lrs: list[float] = []
+        self.lrs: list[float] = []
+        """Every param group's learning rate as this step began: the rate the step applies,
+        which its report carries."""
 
     def begin(self, step: int, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Called once per step, before its first optimizer steps."""
         lrs = probes.learning_rates(optimizers)
-        if len(lrs) == len(self._lrs) and any(
-                a > 0 and b > 0 and (b > LR_JUMP * a or a > LR_JUMP * b) for a, b in zip(self._lrs, lrs)):
+        if len(lrs) == len(self.lrs) and any(
+                a > 0 and b > 0 and (b > LR_JUMP * a or a > LR_JUMP * b) for a, b in zip(self.lrs, lrs)):
             self._until = step + LR_JUMP_STEPS - 1
-        self._lrs = lrs
+        self.lrs = lrs
 
     def update_due(self, step: int) -> bool:
         return step % self.update_every == 0 or step <= self.early_steps or step <= self._until

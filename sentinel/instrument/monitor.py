@@ -362,7 +362,7 @@ class Monitor(Reporter):
         self.steps += 1
         o, now = self.options, time.time()
         meta: dict[str, Any] = {"kind": "step", "step": self.steps, "t": now,
-                                "groups": self.groups, "lr": probes.learning_rates(self.optimizers)}
+                                "groups": self.groups, "lr": self.cadence.lrs}  # read as the step began
         if o.tags and (self.steps == 1 or self.steps % o.tags_every == 0):
             meta["tags"] = o.tags
         if self.steps == 1:  # the history's record of what ran (engine side)

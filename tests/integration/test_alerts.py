@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 import sentinel
-from tests.helpers import MLP, Receiver, train_steps, wait_for
+from tests.helpers import MLP, Receiver, train_steps, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -27,25 +26,12 @@ def _poison_at(model: MLP, step: int) -> Any:
     return before
 
 
-@pytest.fixture
-def receiver() -> Any:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-def _config(tmp_path: Path, **doc: Any) -> str:
-    path = tmp_path / "sentinel.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
-
-
 @pytest.mark.parametrize("engine", ["process", "thread"])
 def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiver, engine: str) -> None:
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    cfg = _config(tmp_path, notify={"urls": [receiver.url], "min_severity": "warning"})
+    cfg = write_config(tmp_path, notify={"urls": [receiver.url], "min_severity": "warning"})
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", run="nan-run", job="ci", config=cfg, engine=engine)
     try:
         train_steps(model, opt, 12, mon, before_step=_poison_at(model, 8))
@@ -82,7 +68,7 @@ def test_unreachable_webhook_is_counted_and_training_goes_on(tmp_path: Path) -> 
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    cfg = _config(tmp_path, notify={"urls": ["json://127.0.0.1:9/"]})  # discard port: refused
+    cfg = write_config(tmp_path, notify={"urls": ["json://127.0.0.1:9/"]})  # discard port: refused
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", config=cfg, engine="thread")
     train_steps(model, opt, 10, mon, before_step=_poison_at(model, 5))
     service = mon.engine.service  # type: ignore[union-attr]
@@ -100,7 +86,7 @@ def test_on_alert_callback_and_stop_action(tmp_path: Path) -> None:
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen: list[dict[str, Any]] = []
-    cfg = _config(tmp_path, actions={"stop_on": ["critical"]})
+    cfg = write_config(tmp_path, actions={"stop_on": ["critical"]})
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", config=cfg, on_alert=seen.append)
     gen = torch.Generator().manual_seed(0)
     halted_at = None
@@ -131,7 +117,7 @@ def test_on_alert_callback_and_stop_action(tmp_path: Path) -> None:
 
 
 def test_bad_config_fails_loudly_at_construction(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, rules={"GradientSpike": {"params": {"factor": "big"}}, "NoSuchRule": {}})
+    cfg = write_config(tmp_path, rules={"GradientSpike": {"params": {"factor": "big"}}, "NoSuchRule": {}})
     from sentinel.rules.config import ConfigError
 
     with pytest.raises(ConfigError) as err:
@@ -142,13 +128,13 @@ def test_bad_config_fails_loudly_at_construction(tmp_path: Path) -> None:
 
 
 def test_cli_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, notify={"urls": "not-a-list"}, rules={"LossSpike": {"for_steps": -1}})
+    cfg = write_config(tmp_path, notify={"urls": "not-a-list"}, rules={"LossSpike": {"for_steps": -1}})
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "check-config", cfg],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "notify.urls: " in out.stderr and "rules.LossSpike.for_steps: " in out.stderr
-    ok = _config(tmp_path, rules={"LossSpike": {"enabled": False}})
+    ok = write_config(tmp_path, rules={"LossSpike": {"enabled": False}})
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "check-config", ok],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("ok: ") and "LossSpike" not in out.stdout

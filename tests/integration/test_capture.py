@@ -18,27 +18,13 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 import sentinel
 from sentinel.demo.tasks import DEFAULT_LR, Task, make_optimizer
-from tests.helpers import MLP, Receiver, wait_for
+from tests.helpers import MLP, Receiver, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
-
-
-@pytest.fixture
-def receiver() -> Any:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-def _config(tmp_path: Path, **doc: Any) -> str:
-    path = tmp_path / "sentinel.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
 
 
 def _train_with_nan(model: MLP, mon: sentinel.Monitor, steps: int, nan_step: int, rows: int = 8) -> dict[int, torch.Tensor]:
@@ -78,7 +64,7 @@ def test_capture_on_critical_saves_the_evidence_and_the_batch_and_the_message_na
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     root = tmp_path / "captures"
-    cfg = _config(tmp_path, notify={"urls": [receiver.url]},
+    cfg = write_config(tmp_path, notify={"urls": [receiver.url]},
                   actions={"capture_on": ["critical"], "capture_dir": str(root)})
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", job="ci", run="cap-run", config=cfg, engine="thread")
     try:
@@ -119,7 +105,7 @@ def test_a_batch_over_capture_max_bytes_keeps_its_first_rows(tmp_path: Path) -> 
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     root = tmp_path / "captures"
-    cfg = _config(tmp_path, actions={"capture_on": ["TrainingNonFinite"], "capture_dir": str(root),
+    cfg = write_config(tmp_path, actions={"capture_on": ["TrainingNonFinite"], "capture_dir": str(root),
                                      "capture_max_bytes": 1024})
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", job="ci", run="big", config=cfg, engine="thread")
     try:
@@ -143,7 +129,7 @@ def test_gradient_noise_rising_captures_the_corrupt_batch(tmp_path: Path) -> Non
     opt = make_optimizer("adamw", task.model.parameters(), DEFAULT_LR[("mlp", "adamw")])
     scaler = torch.amp.GradScaler("cpu")
     root = tmp_path / "captures"
-    cfg = _config(tmp_path, actions={"capture_on": ["GradientNoiseRising"], "capture_dir": str(root)})
+    cfg = write_config(tmp_path, actions={"capture_on": ["GradientNoiseRising"], "capture_dir": str(root)})
     mon = sentinel.watch(task.model, opt, scaler=scaler, listen="127.0.0.1:0", job="ci", run="gvr", config=cfg,
                          engine="thread")
     corrupt: torch.Tensor | None = None
@@ -180,7 +166,7 @@ def test_without_capture_on_nothing_is_hooked_and_nothing_written(
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    cfg = _config(tmp_path, notify={"urls": [receiver.url]}, outbox={"path": str(tmp_path / "outbox.sqlite")},
+    cfg = write_config(tmp_path, notify={"urls": [receiver.url]}, outbox={"path": str(tmp_path / "outbox.sqlite")},
                   history={"enabled": False})
     seen: list[dict[str, Any]] = []
     mon = sentinel.watch(model, opt, listen="127.0.0.1:0", job="ci", run="plain", config=cfg, engine="thread",
@@ -204,7 +190,7 @@ def test_capture_through_the_daemon_of_sentinel_run(tmp_path: Path) -> None:
     socket, the NaN inputs of the fault's first step are saved, and the stop action's
     message names the evidence."""
     root = tmp_path / "captures"
-    cfg = _config(tmp_path, actions={"stop_on": ["critical"], "capture_on": ["critical"],
+    cfg = write_config(tmp_path, actions={"stop_on": ["critical"], "capture_on": ["critical"],
                                      "capture_dir": str(root), "capture_steps": 64})
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
                           "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "400", "nan"],

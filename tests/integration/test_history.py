@@ -22,7 +22,7 @@ from torch import nn
 
 import sentinel
 from sentinel.history import db as hdb
-from tests.helpers import MLP, wait_for
+from tests.helpers import MLP, train_steps, wait_for
 from tests.integration.test_prometheus import _free_port
 
 pytestmark = pytest.mark.integration
@@ -187,14 +187,8 @@ def test_a_daemon_killed_mid_run_loses_at_most_its_last_batch(tmp_path: Path, mo
 
         def steps(n: int) -> None:
             nonlocal step
-            for _ in range(n):
-                x = torch.randn(8, 16)
-                loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                mon.log(loss=loss)
-                step += 1
+            train_steps(model, opt, n, mon, seed=step)
+            step += n
 
         steps(20)
         wait_for(lambda: last_step() >= 19, what="steps committed")  # a report is read back a step later
@@ -270,13 +264,7 @@ def test_a_locked_history_file_is_waited_out_and_the_run_recorded_whole(tmp_path
         rec = mon.engine.service.history
 
         def steps(n: int) -> None:
-            for _ in range(n):
-                x = torch.randn(8, 16)
-                loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                mon.log(loss=loss)
+            train_steps(model, opt, n, mon)
 
         steps(10)
         wait_for(lambda: committed() >= 9, what="the first steps committed")  # a report leaves a step later
@@ -310,13 +298,7 @@ def test_tags_are_exported_as_one_info_series(tmp_path: Path) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with sentinel.watch(model, opt, run="h-info", engine="thread", listen="127.0.0.1:0",
                         tags={"optimizer": "lion", "lr": "3e-4", "seed": "1"}) as mon:
-        for _ in range(3):
-            x = torch.randn(8, 16)
-            loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            mon.log(loss=loss)
+        train_steps(model, opt, 3, mon)
 
         def info() -> list[str]:
             with urllib.request.urlopen(f"{mon.url}/metrics", timeout=5) as r:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sentinel.instrument.cadence import LR_JUMP_STEPS
@@ -21,20 +22,23 @@ def test_defaults_sample_the_first_steps_then_every_100_and_the_snr_in_between(m
     assert [f["step"] for f in sender.steps() if "grad_l1" in f] == [50, 150, 250]
 
 
-def test_an_lr_raised_by_hand_is_sampled_at_once(mlp: MLP) -> None:
-    """lr x10 at step 70: the next LR_JUMP_STEPS steps carry the update's size, so
-    UpdateRatioHigh judges the new rate's updates then, not 30 steps later at step 100."""  # update_every=50
+@pytest.mark.parametrize(("factor", "window"), [(10.0, True), (0.1, True), (2.5, True), (1.8, False)])
+def test_an_lr_moved_by_hand_more_than_2x_is_sampled_at_once(mlp: MLP, factor: float, window: bool) -> None:
+    """lr x10 (or /10, or x2.5) at step 70: the next LR_JUMP_STEPS steps carry the update's
+    size, so UpdateRatioHigh judges the new rate's updates then, not 30 steps later at step
+    100 (update_every=50 here). A move under 2x keeps the regular cadence."""
     opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
     mon, sender = make_monitor(mlp, opt, early_steps=0, update_every=50)
 
-    def raise_lr(i: int) -> None:
+    def move_lr(i: int) -> None:
         if i == 69:  # before step 70
             for g in opt.param_groups:
-                g["lr"] *= 10
+                g["lr"] *= factor
 
-    train_steps(mlp, opt, 110, mon, before_step=raise_lr)
+    train_steps(mlp, opt, 110, mon, before_step=move_lr)
     mon.close()
-    assert _sampled(sender) == [50, *range(70, 70 + LR_JUMP_STEPS), 100]
+    assert _sampled(sender) == ([50, *range(70, 70 + LR_JUMP_STEPS), 100] if window else [50, 100])
+    assert sender.steps()[69]["lr"] == [pytest.approx(1e-3 * factor)]  # the step's report: the rate it applied
 
 
 def test_a_smooth_schedule_keeps_the_regular_cadence(mlp: MLP) -> None:

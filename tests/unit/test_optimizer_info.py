@@ -78,17 +78,13 @@ def test_sent_at_the_first_step_and_after_load_state_dict(mlp: MLP) -> None:
 
 def _clip_advice(mlp: MLP, opt: torch.optim.Optimizer, clip: float | None) -> list[tuple[int, str]]:
     """A real 120-step loop, optionally clipping every step; the clipping advice's firings."""
-    gen = torch.Generator().manual_seed(0)
     mon, sender = make_monitor(mlp, opt)
-    for _ in range(120):
-        x = torch.randn(8, 16, generator=gen)
-        loss = nn.functional.mse_loss(mlp(x), x.sum(1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
+
+    def clip_grads(_: int) -> None:
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(mlp.parameters(), clip)
-        opt.step()
-        mon.log(loss=loss)
+
+    train_steps(mlp, opt, 120, mon, before_step=clip_grads)
     mon.close()
     return [(t.step, t.severity) for t in sender.engine.transitions
             if t.alertname == "SGDWithoutClipping" and t.state_to == "firing"]

@@ -141,11 +141,7 @@ def test_lamb_trust_ratio_per_group_in_the_frame_and_the_engine() -> None:
     model = nn.Sequential(nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 1))
     opt = po.Lamb(model.parameters(), lr=1e-3)
     mon, sender = make_monitor(model, opt, state_every=1)
-    for _ in range(3):
-        loss = model(torch.randn(16, 8)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _train(opt, model)
     mon.close()
     frame = sender.steps()[-1]
     ref: dict[str, list[float]] = {}
@@ -161,11 +157,7 @@ def test_lamb_trust_ratio_per_group_in_the_frame_and_the_engine() -> None:
     # and the frames of a Lion run carry its figure to the exporter
     lion = po.Lion(model.parameters(), lr=1e-4)
     mon, sender = make_monitor(model, lion, state_every=1)
-    for _ in range(3):
-        loss = model(torch.randn(16, 8)).pow(2).mean()
-        lion.zero_grad()
-        loss.backward()
-        lion.step()
+    _train(lion, model)
     mon.close()
     labels = tuple(sorted((("job", "train"), ("rank", "0"), ("run", mon.options.run),
                            ("figure", "lion_sign_agreement"))))
