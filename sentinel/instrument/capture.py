@@ -30,7 +30,7 @@ engine's folder:
   shape, dtype and device, what was truncated, or why nothing was held.
 
 Nothing here raises into training: the hook runs under the monitor's
-:class:`~sentinel.instrument.guard.Guard`, and the writer thread logs its failure once.
+:class:`~sentinel.instrument.boundary.Boundary`, and the writer thread logs its failure once.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument.guard import Guard
+from sentinel.instrument.boundary import Boundary
 
 log = logging.getLogger("sentinel")
 
@@ -138,12 +138,12 @@ class InputCapture:
         model: the module whose forward receives the batch (None: nothing to hold).
         steps_done: the monitor's completed optimizer steps (a forward belongs to the next).
         rank: this process's rank (the files' names; a capture for other ranks is ignored).
-        guard: the monitor's guard, around the hook.
+        boundary: the monitor's boundary, around the hook.
     """
 
     def __init__(self, model: torch.nn.Module | None, steps_done: Callable[[], int], rank: int,
-                 guard: Guard) -> None:
-        self.model, self.steps_done, self.rank, self.guard = model, steps_done, rank, guard
+                 boundary: Boundary) -> None:
+        self.model, self.steps_done, self.rank, self.boundary = model, steps_done, rank, boundary
         self.keep = 0
         """Steps held (0: not armed, nothing hooked)."""
         self.handle: Any = None
@@ -163,7 +163,7 @@ class InputCapture:
 
     def _pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():  # not a no_grad/inference_mode evaluation
-            self.guard.run("capture", self._hold, args, kwargs)
+            self.boundary.run("capture", self._hold, args, kwargs)
 
     def _hold(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         step = self.steps_done() + 1

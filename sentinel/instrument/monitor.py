@@ -13,7 +13,7 @@ import torch
 from sentinel.instrument import clip, losses, probes, registry
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
-from sentinel.instrument.guard import Guard
+from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
@@ -66,7 +66,7 @@ class Monitor(Reporter):
         self.active = True
         """False for the inert monitor :func:`watch` returns when it cannot watch."""
         self._halt: str | None = None
-        self.guard = Guard(o.max_errors)
+        self.boundary = Boundary(o.max_errors)
         self.cadence = Cadence(o.update_every, o.early_steps, o.health_every)
         self.rank, self.world = rank_world()
         self.steps = 0
@@ -80,7 +80,7 @@ class Monitor(Reporter):
         self._readback = Readback(o.max_pending, on_drop=self._count_drop)
         self._report_drops = 0
         self._last_step_time: float | None = None
-        self._record = StateRecord(self.guard, o)
+        self._record = StateRecord(self.boundary, o)
         self._contributed: set[int] = set()
         self._segs: Segs = {}
         self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
@@ -97,7 +97,7 @@ class Monitor(Reporter):
         outer, inner, self.ddp = ddp_parts(model, self.world)
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
         self._names_by_id = {id(p): n for n, p in inner.named_parameters()} if inner is not None else {}
-        self.capture = InputCapture(outer, lambda: self.steps, self.rank, self.guard)  # hooks once armed
+        self.capture = InputCapture(outer, lambda: self.steps, self.rank, self.boundary)  # hooks once armed
         self._relayout()
         if sender is None:
             sender, self.engine, self.url = connect(o)
@@ -120,7 +120,7 @@ class Monitor(Reporter):
         mon = cls(None, [], options, NullSender())
         mon.close()  # detaches what construction attached (the clip listener)
         mon.active = False
-        mon.guard.errors = 1
+        mon.boundary.errors = 1
         mon.reason = reason
         return mon
 
@@ -157,7 +157,7 @@ class Monitor(Reporter):
         t0 = time.perf_counter()
         if loss is not None:
             scalars["loss"] = loss
-        self.guard.run("log", self._log, scalars, step)
+        self.boundary.run("log", self._log, scalars, step)
         self.probe_seconds += time.perf_counter() - t0
 
     def sync_step(self, step: int) -> None:
@@ -184,18 +184,18 @@ class Monitor(Reporter):
         registry.release(self)
         if self._losses is not None:
             self._losses.close()
-        self.guard.run("report", self._submit_open)
-        self.guard.run("emit", self._emit_ready, True)
+        self.boundary.run("report", self._submit_open)
+        self.boundary.run("emit", self._emit_ready, True)
         bye: dict[str, Any] = {"kind": "bye", "step": self.steps, "t": time.time()}
         if error is not None and not isinstance(error, TrainingHalted) and not (
                 isinstance(error, SystemExit) and error.code in (0, None)):
             bye["exc"] = type(error).__name__
-        self.guard.run("emit", self._send, bye)
-        self.guard.run("emit", self.sender.close)  # delivers any backlog while the engine still listens
+        self.boundary.run("emit", self._send, bye)
+        self.boundary.run("emit", self.sender.close)  # delivers any backlog while the engine still listens
         if self.engine is not None:
-            self.guard.run("engine", self.engine.stop)
-            self.guard.run("messages", self._messages)  # the last alerts reach on_alert too
-        self.guard.run("capture_close", self.capture.close)  # pending batch files are written
+            self.boundary.run("engine", self.engine.stop)
+            self.boundary.run("messages", self._messages)  # the last alerts reach on_alert too
+        self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
 
     def request_stop(self, reason: str) -> None:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""
@@ -207,7 +207,7 @@ class Monitor(Reporter):
         (called by :mod:`sentinel.instrument.clip`). The tensor is read back with the
         coming step's report, never here. Never raises."""
         if self.active:
-            self.guard.run("clip", self._note_clip, total_norm, max_norm)
+            self.boundary.run("clip", self._note_clip, total_norm, max_norm)
 
     def adopt(self, opt: torch.optim.Optimizer) -> None:
         """Follow ``opt``, a new optimizer over parameters this monitor watches (one
@@ -239,7 +239,7 @@ class Monitor(Reporter):
     @property
     def errors(self) -> int:
         """Exceptions caught inside probes so far."""
-        return self.guard.errors
+        return self.boundary.errors
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -264,21 +264,21 @@ class Monitor(Reporter):
     def _make_pre(self, k: int) -> Callable[..., Any]:
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
             t0 = time.perf_counter()
-            self.guard.run("messages", self._messages)
+            self.boundary.run("messages", self._messages)
             if self._halt is not None:  # opt-in stop action: deliberately raised into the loop
                 raise TrainingHalted(self._halt)
             if self._open is not None:  # no log() since the last step: send it without a loss
-                self.guard.run("report", self._submit_open)
+                self.boundary.run("report", self._submit_open)
             if k in self._contributed:  # this optimizer steps again: a new report begins
-                self.guard.run("report", self._finalize)
+                self.boundary.run("report", self._finalize)
             step = self.steps + 1
             if not self._contributed:  # the step's first optimizer
-                self.guard.run("cadence", self.cadence.begin, step, self.optimizers)
-                if self.guard.run("layout", self.layout.changed, self.optimizers, self.cadence.update_due(step)):
-                    self.guard.run("layout", self._relayout)
-            out = self.guard.run("grad", self._closure_aware, k, step, args, kwargs)
+                self.boundary.run("cadence", self.cadence.begin, step, self.optimizers)
+                if self.boundary.run("layout", self.layout.changed, self.optimizers, self.cadence.update_due(step)):
+                    self.boundary.run("layout", self._relayout)
+            out = self.boundary.run("grad", self._closure_aware, k, step, args, kwargs)
             if self.cadence.update_due(step):
-                self.guard.run("update", self.layout.snapshots[k].take)
+                self.boundary.run("update", self.layout.snapshots[k].take)
             self.probe_seconds += time.perf_counter() - t0
             return out
         return pre
@@ -299,7 +299,7 @@ class Monitor(Reporter):
             if not self._closure_done.get(k, True):
                 self._closure_done[k] = True
                 with torch.no_grad():
-                    self.guard.run("grad", self._grad_stats, k, step)
+                    self.boundary.run("grad", self._grad_stats, k, step)
                 if self._losses is not None:
                     self._losses.freeze()  # LBFGS re-evaluates: the first loss is the step's
             return out
@@ -313,13 +313,13 @@ class Monitor(Reporter):
             t0 = time.perf_counter()
             step = self.steps + 1
             if self._closure_done.pop(k, True) is False:  # the optimizer never called the closure
-                self.guard.run("grad", self._grad_stats, k, step)
+                self.boundary.run("grad", self._grad_stats, k, step)
             if self.cadence.update_due(step):
-                self.guard.run("update", self._update_stats, k)
-                self.guard.run("param", self._param_stats, k)
+                self.boundary.run("update", self._update_stats, k)
+                self.boundary.run("param", self._param_stats, k)
             self._contributed.add(k)
             if len(self._contributed) == len(self.optimizers):
-                self.guard.run("report", self._finalize)
+                self.boundary.run("report", self._finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
 
@@ -387,7 +387,7 @@ class Monitor(Reporter):
             self._meta_groups = set()
         self._record.add_to(meta, self._add, self.steps, self.optimizers, self.layout, self.devices)
         if self.steps % o.memory_every == 0 or self.steps == 1:
-            mem = self.guard.run("memory", self._memory)
+            mem = self.boundary.run("memory", self._memory)
             if mem:
                 meta["mem"] = mem
         if self._open is not None:

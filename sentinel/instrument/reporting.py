@@ -11,7 +11,7 @@ from sentinel import wire
 from sentinel.instrument import probes
 from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.frames import assemble
-from sentinel.instrument.guard import Guard
+from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.options import WatchOptions
 from sentinel.instrument.readback import Readback
 from sentinel.instrument.scalars import NameBudget, Scalars
@@ -24,7 +24,7 @@ class Reporter:
     """The sending half of :class:`~sentinel.instrument.monitor.Monitor` (a mixin)."""
 
     options: WatchOptions
-    guard: Guard
+    boundary: Boundary
     sender: Sender
     engine: Any
     scaler: Any
@@ -83,11 +83,11 @@ class Reporter:
 
     def _emit_ready(self, wait: bool) -> None:
         for meta, values in self._readback.poll(wait):
-            self.guard.run("emit", self._emit, meta, values)
+            self.boundary.run("emit", self._emit, meta, values)
 
     def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:
         frame = assemble(meta, values, len(self.groups), self.sharded)
-        frame["errors"] = self.guard.errors
+        frame["errors"] = self.boundary.errors
         frame["dropped"] = self.frames_dropped
         self._send(frame)
 
@@ -111,10 +111,10 @@ class Reporter:
             if msg.get("kind") == "stop":
                 self.request_stop(str(msg.get("reason", "sentinel stop action")))
             elif msg.get("kind") == "arm":
-                self.guard.run("capture_message", self.capture.arm, msg)
+                self.boundary.run("capture_message", self.capture.arm, msg)
             elif msg.get("kind") == "capture":
-                self.guard.run("capture_message", self.capture.take, msg)
+                self.boundary.run("capture_message", self.capture.take, msg)
             elif msg.get("kind") == "alert":
                 alert = {k: v for k, v in msg.items() if k != "kind"}
                 for cb in self.on_alert:
-                    self.guard.run("on_alert", cb, alert)
+                    self.boundary.run("on_alert", cb, alert)

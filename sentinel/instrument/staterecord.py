@@ -4,7 +4,7 @@ the optimizer-state bytes, Adam's sampled state saturation and each optimizer's 
 figure (optstate.py), LAMB's per-group trust ratios included.
 
 Host-side reads of metadata, and sampled counts left on the device for the report's
-readback; nothing is read back here. Each read runs under the monitor's guard.
+readback; nothing is read back here. Each read runs under the monitor's boundary.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from sentinel.instrument import environment, optinfo, optstate, probes
-from sentinel.instrument.guard import Guard
+from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.options import WatchOptions
 from sentinel.instrument.stats import adam_saturation
@@ -26,8 +26,8 @@ Add = Callable[[str, dict[torch.device, torch.Tensor]], None]
 class StateRecord:
     """The rotating cursors of the sampled figures, and when the record is due."""
 
-    def __init__(self, guard: Guard, options: WatchOptions) -> None:
-        self.guard = guard
+    def __init__(self, boundary: Boundary, options: WatchOptions) -> None:
+        self.boundary = boundary
         self.options = options
         self.due = True  # the first step; set again after load_state_dict and a new layout
         self._sat_cursor = 0
@@ -40,24 +40,24 @@ class StateRecord:
         if not (self.due or step % o.state_every == 0):
             return
         self.due = False
-        optim = self.guard.run("optimizer", optinfo.describe, optimizers)
+        optim = self.boundary.run("optimizer", optinfo.describe, optimizers)
         if optim:
             meta["optim"] = optim
             if o.total_steps > 0:
                 meta["total_steps"] = o.total_steps
-        env = self.guard.run("environment", environment.describe, devices)
+        env = self.boundary.run("environment", environment.describe, devices)
         if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
             meta["env"] = env
-        st = self.guard.run("state", probes.state_bytes, optimizers)
+        st = self.boundary.run("state", probes.state_bytes, optimizers)
         if st is not None:
             meta["state_bytes"] = st
             meta["param_bytes"] = layout.param_bytes
-        sat = self.guard.run("saturation", adam_saturation, optstate.adam_like(optimizers),
+        sat = self.boundary.run("saturation", adam_saturation, optstate.adam_like(optimizers),
                              o.saturation_threshold, o.saturation_max_tensors, self._sat_cursor)
         if sat is not None and sat[1]:
             add("sat_above", sat[0])
             meta["sat_total"], self._sat_cursor = sat[1], sat[2]
-        self.guard.run("opt_health", self._optimizer_health, meta, add, optimizers, layout)
+        self.boundary.run("opt_health", self._optimizer_health, meta, add, optimizers, layout)
 
     def _optimizer_health(self, meta: dict[str, Any], add: Add, optimizers: Sequence[torch.optim.Optimizer],
                           layout: Layout) -> None:

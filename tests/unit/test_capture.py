@@ -130,11 +130,11 @@ def test_the_messages_name_the_evidence_and_the_batch() -> None:
 
 def test_the_hook_holds_the_last_steps_and_a_late_capture_gets_the_nearest(tmp_path: Path) -> None:
     from sentinel.instrument.capture import InputCapture
-    from sentinel.instrument.guard import Guard
+    from sentinel.instrument.boundary import Boundary
     from tests.helpers import MLP
 
     model, done = MLP(), [0]
-    cap = InputCapture(model, lambda: done[0], 0, Guard())
+    cap = InputCapture(model, lambda: done[0], 0, Boundary())
     model(torch.ones(2, 16))
     assert cap.handle is None and not cap.held  # not armed: nothing hooked
     cap.arm({"kind": "arm", "rank": 0, "steps": 2})
@@ -160,9 +160,9 @@ def test_the_hook_holds_the_last_steps_and_a_late_capture_gets_the_nearest(tmp_p
 
 def test_a_capture_with_nothing_held_says_so(tmp_path: Path) -> None:
     from sentinel.instrument.capture import InputCapture
-    from sentinel.instrument.guard import Guard
+    from sentinel.instrument.boundary import Boundary
 
-    cap = InputCapture(None, lambda: 0, 0, Guard())
+    cap = InputCapture(None, lambda: 0, 0, Boundary())
     cap.arm({"kind": "arm", "rank": 0, "steps": 4})
     cap.take({"kind": "capture", "ranks": [0], "step": 7, "folder": str(tmp_path)})
     cap.close()

@@ -62,7 +62,7 @@ def test_failing_probe_leaves_training_bit_identical(monkeypatch: pytest.MonkeyP
     weights, mon = _trained(True, monkeypatch, target)
     assert all(torch.equal(a, b) for a, b in zip(reference, weights))
     assert mon.errors >= 1  # type: ignore[attr-defined]
-    assert mon.guard.disabled  # type: ignore[attr-defined]  # switched off after repeated failures
+    assert mon.boundary.disabled  # type: ignore[attr-defined]  # switched off after repeated failures
 
 
 def test_monitored_run_is_bit_identical_without_failures() -> None:
@@ -102,7 +102,7 @@ def test_errors_reach_the_exported_counter(monkeypatch: pytest.MonkeyPatch) -> N
     mon.close()
     labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
     assert sender.engine.store.counter("sentinel_instrument_errors_total", labels) == 3
-    assert "memory" in mon.guard.disabled
+    assert "memory" in mon.boundary.disabled
 
 
 def test_dead_engine_costs_only_counted_drops(tmp_path: object) -> None:

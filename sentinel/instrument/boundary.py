@@ -11,7 +11,7 @@ log = logging.getLogger("sentinel")
 T = TypeVar("T")
 
 
-class Guard:
+class Boundary:
     """Runs probes so that an exception never reaches the training loop.
 
     Each failure is counted; the first failure of a probe is logged with its traceback;
