@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument import hidden
 from sentinel.instrument.boundary import Boundary
 
 log = logging.getLogger("sentinel")
@@ -157,7 +158,7 @@ class InputCapture:
         self.keep = max(1, min(64, int(msg.get("steps", 4))))
         if self.handle is None and self.model is not None:
             pre = torch.compiler.disable(self._pre)
-            self.handle = self.model.register_forward_pre_hook(pre, with_kwargs=True)
+            self.handle = hidden.register(self.model, "pre", pre, with_kwargs=True)
         while len(self.held) > self.keep:
             self.held.popitem(last=False)
 

@@ -28,6 +28,7 @@ log = logging.getLogger("sentinel")
 _sums: weakref.WeakSet[LossSum] = weakref.WeakSet()
 _installed = False
 _scaler: Any = None  # the GradScaler that scaled the last loss, if any
+_scaled: weakref.ref[torch.Tensor] | None = None  # the loss it scaled (no attribute on the user's tensor)
 _failures = 0
 backward_calls = 0
 """``Tensor.backward()`` calls so far, in this process (once :func:`install` ran)."""
@@ -76,7 +77,7 @@ def _seen(loss: torch.Tensor) -> None:
         if loss.numel() != 1 or not loss.requires_grad:
             return
         value = loss.detach().reshape(()).float()
-        if getattr(loss, "_sentinel_scaled", False):
+        if _scaled is not None and _scaled() is loss:
             scale = getattr(_scaler, "_scale", None)
             if isinstance(scale, torch.Tensor):
                 value = value / scale.reshape(()).to(value.device)  # on the device: no sync
@@ -108,12 +109,12 @@ def install() -> None:
     original_scale = scaler_cls.scale
 
     def scale(self: Any, outputs: Any) -> Any:
-        global _scaler
+        global _scaler, _scaled
         out = original_scale(self, outputs)
         try:
             if isinstance(out, torch.Tensor) and out.numel() == 1:
                 _scaler = self
-                out._sentinel_scaled = True  # type: ignore[attr-defined]
+                _scaled = weakref.ref(out)
         except Exception:
             pass
         return out

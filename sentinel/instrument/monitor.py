@@ -33,6 +33,17 @@ def _hook(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compiler.disable(torch.no_grad()(fn))
 
 
+class _Unhook:
+    """Stops handing an optimizer's steps to its monitor."""
+
+    def __init__(self, monitor: Monitor, opt: torch.optim.Optimizer) -> None:
+        self.monitor, self.key = monitor, id(opt)
+
+    def remove(self) -> None:
+        for table in (self.monitor._pres, self.monitor._posts, self.monitor._states):
+            table.pop(self.key, None)
+
+
 class TrainingHalted(RuntimeError):
     """Raised at the next optimizer step (before any weight changes) after an alert that the
     config's ``actions.stop_on`` names has fired, so the script can checkpoint and exit."""
@@ -77,6 +88,9 @@ class Monitor(Reporter):
         self.closed = False
         self._handles: list[Any] = []
         self._opt_handles: list[list[Any]] = []
+        self._pres: dict[int, Callable[..., Any]] = {}
+        self._posts: dict[int, Callable[..., Any]] = {}
+        self._states: dict[int, Any] = {}  # each optimizer's state dict, to see a load_state_dict
         self._readback = Readback(o.max_pending, on_drop=self._count_drop)
         self._report_drops = 0
         self._last_step_time: float | None = None
@@ -244,11 +258,29 @@ class Monitor(Reporter):
     # -- hooks ----------------------------------------------------------------------------
 
     def _hook_optimizer(self, k: int, opt: torch.optim.Optimizer) -> list[Any]:
-        handles = [opt.register_step_pre_hook(_hook(self._make_pre(k))),
-                   opt.register_step_post_hook(_hook(self._make_post(k))),
-                   opt.register_load_state_dict_post_hook(self._on_load)]
+        # the registry's global step hooks hand this optimizer's steps to step_pre/step_post:
+        # nothing is registered on the optimizer, so nothing of ours is pickled with it
+        self._pres[id(opt)] = _hook(self._make_pre(k))
+        self._posts[id(opt)] = _hook(self._make_post(k))
+        self._states[id(opt)] = opt.state
         registry.claim(self, opt, [p for g in opt.param_groups for p in g["params"]])
-        return handles
+        return [_Unhook(self, opt)]
+
+    def step_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        """The registry's global step pre-hook, for an optimizer this monitor watches."""
+        fn = self._pres.get(id(opt))
+        if fn is None:
+            return None
+        if opt.state is not self._states.get(id(opt)):  # load_state_dict gives it new state
+            self._states[id(opt)] = opt.state
+            self._record.due = True
+        return fn(opt, args, kwargs)
+
+    def step_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The registry's global step post-hook, for an optimizer this monitor watches."""
+        fn = self._posts.get(id(opt))
+        if fn is not None:
+            fn(opt, args, kwargs)
 
     def _relayout(self) -> None:
         o = self.options
@@ -322,9 +354,6 @@ class Monitor(Reporter):
                 self.boundary.run("report", self._finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
-
-    def _on_load(self, opt: torch.optim.Optimizer) -> None:
-        self._record.due = True
 
     # -- probes ---------------------------------------------------------------------------
 

@@ -3,13 +3,15 @@
 - :func:`unwrap` finds the real ``torch.optim.Optimizer`` inside a framework's wrapper.
 - :func:`claim` and :func:`release` keep the map from optimizers (and their parameters)
   to the live monitors.
-- One global optimizer step pre-hook (torch's ``register_optimizer_step_pre_hook``,
-  registered with the first monitor) looks at every optimizer that steps. One that no
-  monitor hooks but that steps a watched model's parameters is an optimizer re-created
-  mid-run (an LR finder, a restart): the monitor follows it and its step count goes on.
-  Zero-code mode (:mod:`sentinel.instrument.auto`) hands in what to do with any other
-  unwatched optimizer: attach a new monitor. The hook costs one dictionary lookup per
-  step.
+- One global optimizer step pre-hook and one post-hook (torch's
+  ``register_optimizer_step_pre_hook``/``..._post_hook``, registered with the first
+  monitor) see every optimizer that steps and hand it to the monitor that watches it.
+  Nothing is registered on the optimizer itself, so nothing of Sentinel's is in the
+  optimizer a script pickles or ``torch.save``s. An optimizer that no monitor hooks but
+  that steps a watched model's parameters is an optimizer re-created mid-run (an LR
+  finder, a restart): the monitor follows it and its step count goes on. Zero-code mode
+  (:mod:`sentinel.instrument.auto`) hands in what to do with any other unwatched
+  optimizer: attach a new monitor. The hooks cost one dictionary lookup per step.
 """
 
 from __future__ import annotations
@@ -99,9 +101,10 @@ def set_fallback(fn: Callable[[torch.optim.Optimizer], None] | None) -> None:
 def _hook() -> None:
     global _hooked
     if not _hooked:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         register_optimizer_step_pre_hook(_on_step)
+        register_optimizer_step_post_hook(_on_post)
         _hooked = True
 
 
@@ -109,16 +112,32 @@ def _first_param(opt: torch.optim.Optimizer) -> torch.Tensor | None:
     return next((p for g in opt.param_groups for p in g["params"]), None)
 
 
-def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+    mon = _by_opt.get(opt)
+    if mon is None and opt not in _by_opt:
+        _unwatched(opt)
+        mon = _by_opt.get(opt)
+    if mon is not None:
+        return mon.step_pre(opt, args, kwargs)  # never raises (the monitor's boundary)
+    return None
+
+
+def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    mon = _by_opt.get(opt)
+    if mon is not None:
+        mon.step_post(opt, args, kwargs)
+
+
+def _unwatched(opt: torch.optim.Optimizer) -> None:
     global _failures
-    if opt in _by_opt or _failures >= 3:
+    if _failures >= 3:
         return
     try:
         first = _first_param(opt)
         ref = _owner.get(id(first)) if first is not None else None
         mon = ref() if ref is not None else None
         if mon is not None and not getattr(mon, "closed", True):
-            mon.adopt(opt)  # its own hooks are registered now and run right after this one
+            mon.adopt(opt)  # claims it: the step goes to it now
         elif _fallback is not None:
             _fallback(opt)
         else:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument import hidden
+
 
 def ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool]:
     """``(outer, inner, ddp)`` for a watched model: the module whose forward starts a
@@ -57,9 +59,9 @@ class BusyClock:
         self._seen = False
         self._mark: float | None = None  # since when time counts as busy
         self._fwd_t0 = 0.0
-        self.handles = [outer.register_forward_pre_hook(self._outer_pre),
-                        inner.register_forward_pre_hook(self._inner_pre),
-                        inner.register_forward_hook(self._inner_post)]
+        self.handles = [hidden.register(outer, "pre", self._outer_pre),
+                        hidden.register(inner, "pre", self._inner_pre),
+                        hidden.register(inner, "post", self._inner_post)]
 
     def step_done(self) -> float | None:
         """Call at the end of each optimizer step: the busy time of the step that just
