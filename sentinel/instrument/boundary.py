@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -14,7 +15,8 @@ T = TypeVar("T")
 class Boundary:
     """Runs probes so that an exception never reaches the training loop.
 
-    Each failure is counted; the first failure of a probe is logged with its traceback;
+    Each failure is counted (the frames' ``errors``, ``sentinel_instrument_errors_total``);
+    the first failure of a probe is logged in one line (its traceback at DEBUG);
     a probe that fails ``max_errors`` times is switched off for the rest of the run.
 
     Args:
@@ -36,8 +38,11 @@ class Boundary:
         except Exception:  # the whole point: training must go on
             self.errors += 1
             n = self.failures[probe] = self.failures.get(probe, 0) + 1
-            if n == 1:
-                log.warning("sentinel probe %r failed; training continues", probe, exc_info=True)
+            if n == 1:  # one line, no traceback: the user's stderr is theirs
+                exc = sys.exc_info()[1]
+                log.warning("sentinel probe %r failed (%s: %s); it records nothing this step, training "
+                            "continues", probe, type(exc).__name__, str(exc)[:200])
+                log.debug("sentinel probe %r failed", probe, exc_info=True)
             if n >= self.max_errors:
                 self.disabled.add(probe)
                 log.warning("sentinel probe %r switched off after %d errors", probe, n)

@@ -26,7 +26,8 @@ def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int
         frame["scalars"] = means(frame["scalars"], values)
     if frame["kind"] == "step":
         g = n_groups
-        frame["grad_sumsq"] = values.get("grad_sumsq") or [0.0] * g
+        if "grad_sumsq" in values:  # absent: the probe failed (never a made-up 0)
+            frame["grad_sumsq"] = values["grad_sumsq"]
         if "param_sumsq" in values:
             frame["param_sumsq"] = values["param_sumsq"]
         if "delta_sumsq" in values:

@@ -63,7 +63,9 @@ class _Sample:
         self.key, self.views, self.params, self.pos = key, views, params, pos
         self.ptrs = [p.data_ptr() for p in params]
         self.pieces: list[_Piece] = []
-        if key[0].type == "cpu" and all(p.is_contiguous() for p in params):
+        # the CPU pass takes deltas in a real float32 scratch: complex weights take the
+        # per-tensor path, whose norms are of the moduli
+        if key[0].type == "cpu" and not key[1].is_complex and all(p.is_contiguous() for p in params):
             self._cut(flat, groups)
         self.piece_index = torch.tensor([c.group for c in self.pieces], dtype=torch.long, device=key[0]) \
             if self.pieces else None

@@ -363,7 +363,10 @@ class Monitor(Reporter):
             segs[name] = segs[name] + t if name in segs else t
 
     def _grad_stats(self, k: int, step: int) -> None:
-        sums, l1, count = self.layout.tensors[k].grad_sums(l1=self.cadence.health_due(step))
+        grouped = self.layout.tensors[k]
+        sums, l1, count = grouped.grad_sums(l1=self.cadence.health_due(step))
+        if not sums:  # read, and no parameter has a gradient: a norm of 0, said so
+            sums = {torch.device("cpu"): torch.zeros(max(1, grouped.n_groups))}
         self._add("grad_sumsq", sums)
         if count:
             self._add("grad_l1", {d: t.sum().reshape(1) for d, t in l1.items()})

@@ -75,10 +75,15 @@ def shard_plan(params: Sequence[Tensor], rank: int) -> tuple[bool, list[bool]]:
 
 
 def _norms(tensors: list[Tensor], ord: float) -> Sequence[Tensor]:
-    """Per-tensor norms in float32: low-precision tensors are accumulated in float32 (an
-    fp16 norm overflows at 65504); float32 ones take the plain, faster kernel."""
-    if tensors[0].dtype == torch.float32:
+    """Per-tensor norms as float32, for every dtype torch trains in (the norm of a complex
+    tensor is real): low-precision tensors are accumulated in float32 (an fp16 norm
+    overflows at 65504); float32 and complex64 ones take the plain, faster kernel; float64
+    and complex128 ones are taken in their own precision and narrowed after."""
+    dtype = tensors[0].dtype
+    if dtype in (torch.float32, torch.complex64):
         return torch._foreach_norm(tensors, ord)
+    if dtype in (torch.float64, torch.complex128):
+        return torch.stack(torch._foreach_norm(tensors, ord)).to(torch.float32).unbind()
     return torch._foreach_norm(tensors, ord, dtype=torch.float32)
 
 
@@ -108,8 +113,9 @@ def _cpu_l1(tensors: list[Tensor], scratch: Tensor) -> list[Tensor]:
 
 
 def _abs_into(src: Tensor, dst: Tensor) -> Tensor:
-    """``|src|`` into the float32 ``dst`` (a low-precision ``src`` is widened first)."""
-    if src.dtype == dst.dtype:
+    """``|src|`` into the float32 ``dst`` (a low-precision ``src`` is widened first, a
+    float64 one narrowed; a complex one's modulus is taken)."""
+    if src.dtype == dst.dtype or src.is_complex():
         return torch.abs(src, out=dst)
     return dst.copy_(src).abs_()
 
@@ -313,7 +319,7 @@ def adam_saturation(optimizers: Sequence[torch.optim.Optimizer], threshold: floa
     out: dict[torch.device, Tensor] = {}
     total = 0
     for t in chosen:
-        flat = t.detach().reshape(-1)
+        flat = (torch.view_as_real(t) if t.is_complex() else t).detach().reshape(-1)  # complex: Adam's real view
         stride = max(1, flat.numel() // 65536)
         sample = flat[::stride]
         total += sample.numel()
