@@ -155,8 +155,12 @@ DAEMON_CATALOG: dict[str, Spec] = {
                                               "process (the batch is kept and tried again)."),
     "sentinel_history_queue_depth": Spec(G, "Frames and transitions waiting for the history writer."),
     "sentinel_daemon_frames_refused_total": Spec(
-        C, "Frames refused whole, by reason: uid (another user's), size, decode, schema, range, or the "
-           "limit hit (groups, ranks, runs, series, scalars; see limits: in the config).", ("reason",)),
+        C, "Frames refused whole, by reason: uid (another user's), size, decode, schema, range (of the fields "
+           "that identify a frame), or the limit hit (ranks, runs, series; see limits: in the config).",
+        ("reason",)),
+    "sentinel_daemon_frame_fields_dropped_total": Spec(
+        C, "Fields taken out of frames whose other fields were kept, by field and reason (schema, range, or "
+           "the limit hit: groups, scalars, series).", ("field", "reason")),
     "sentinel_daemon_frames_oversized_total": Spec(C, "Frames larger than the maximum frame size."),
     "sentinel_daemon_queue_depth": Spec(G, "Frames waiting for ingest."),
     "sentinel_daemon_frames_dropped_total": Spec(C, "Frames dropped because the ingest queue was full."),

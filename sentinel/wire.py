@@ -81,14 +81,13 @@ def encode(frame: dict[str, Any]) -> bytes:
 _REQUIRED: dict[str, type | tuple[type, ...]] = {"kind": str, "run": str, "job": str, "rank": int, "step": int, "t": (int, float)}
 
 
-_last_groups: list[list[str]] = [[]]  # the groups of the last valid frame with groups
-
-
 def decode(data: bytes) -> dict[str, Any]:
-    """Decode and validate one frame.
+    """Decode one frame and check the fields that identify it (``kind``, ``job``, ``run``,
+    ``rank``, ``step``, ``t``); the engine checks the rest field by field
+    (:mod:`sentinel.engine.validate`).
 
     Raises:
-        FrameError: the bytes are not a valid frame of this schema version.
+        FrameError: the bytes are not a frame of this schema version.
     """
     if len(data) > MAX_FRAME_BYTES:
         raise FrameError("oversized frame")
@@ -103,16 +102,4 @@ def decode(data: bytes) -> dict[str, Any]:
     for key, typ in _REQUIRED.items():
         if not isinstance(frame.get(key), typ) or isinstance(frame.get(key), bool):
             raise FrameError(f"field {key!r} missing or of the wrong type")
-    groups = frame.get("groups")
-    if groups is not None:
-        # a rank sends the same groups every step: compare with the last valid list (one
-        # C-level comparison) before checking each element
-        if not isinstance(groups, list) or (groups != _last_groups[0]
-                                            and not all(isinstance(g, str) for g in groups)):
-            raise FrameError("field 'groups' must be a list of strings")
-        _last_groups[0] = groups
-        for key in ("grad_sumsq", "param_sumsq", "delta_sumsq"):
-            vals = frame.get(key)
-            if vals is not None and (not isinstance(vals, list) or len(vals) != len(groups)):
-                raise FrameError(f"field {key!r} does not match 'groups'")
     return frame

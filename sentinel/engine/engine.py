@@ -69,6 +69,8 @@ class Engine:
         self.admission = Admission(self.limits)
         self.refused: dict[str, int] = {}
         """Frames rejected whole, by reason (``size``, ``decode``, ``schema``, ``range``, a cap)."""
+        self.fields_dropped: dict[tuple[str, str], int] = {}
+        """Fields taken out of frames that were otherwise ingested, by (field, reason)."""
         self.clock = clock
         self.ingestor = Ingestor(self.store)
         self.rules = RuleEngine(pack if pack is not None else load_pack(), self.store, clock)
@@ -123,14 +125,16 @@ class Engine:
                     frame = wire.decode(data)
                 except wire.FrameError as exc:  # not msgpack at all, or off the schema
                     raise Refused("decode" if str(exc).startswith("malformed") else "schema", str(exc)) from None
-                check_frame(frame, self.limits)
-                self.admission.admit(frame)
+                dropped = check_frame(frame, self.limits)
+                self.admission.admit(frame, dropped)
             except Refused as exc:
                 self._reject(exc.reason, exc)
                 return False
             except Exception as exc:  # a bug in the checks: still nothing written, and counted
                 self._reject("error", exc)
                 return False
+            for field, reason, detail in dropped:
+                self._drop_field(field, reason, detail)
             try:
                 ctx = self.ingest(frame)
             except Exception as exc:  # a bug: the checks above let through what ingest cannot take
@@ -151,6 +155,13 @@ class Engine:
                 self.listener_errors += 1
                 if self.listener_errors == 1:
                     log.warning("sentinel engine: frame listener failed", exc_info=True)
+
+    def _drop_field(self, field: str, reason: str, detail: str) -> None:
+        key = (field, reason)
+        n = self.fields_dropped[key] = self.fields_dropped.get(key, 0) + 1
+        if n == 1:  # once per field and reason
+            log.warning("sentinel engine: dropped a frame's field %r (%s: %s) and kept the rest; further "
+                        "ones are only counted in sentinel_daemon_frame_fields_dropped_total", field, reason, detail)
 
     def _reject(self, reason: str, exc: Exception) -> None:
         self.frames_malformed += 1
@@ -372,6 +383,9 @@ class Engine:
         yield ("sentinel_daemon_frames_malformed_total", "counter", (), float(self.frames_malformed))
         for reason, n in self.refused.items():
             yield ("sentinel_daemon_frames_refused_total", "counter", (("reason", reason),), float(n))
+        for (field, reason), n in self.fields_dropped.items():
+            yield ("sentinel_daemon_frame_fields_dropped_total", "counter", (("field", field), ("reason", reason)),
+                   float(n))
         yield ("sentinel_daemon_rule_evaluations_total", "counter", (), float(self.rules.evaluations))
         for labels, value in self.rules.firing_series():
             yield ("sentinel_alert_firing", "gauge", tuple(sorted(labels.items())), value)

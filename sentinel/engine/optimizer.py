@@ -17,6 +17,8 @@ its class, and ``index``, its position):
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +59,8 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
         if "beta1" in nums:
             add("sentinel_optimizer_beta1", nums["beta1"], optimizer=name, index=idx)
         if _sgd_family(name, nums):
-            add("sentinel_optimizer_sgd_clip_max_norm", clip_max or 0.0, optimizer=name, index=idx)
+            add("sentinel_optimizer_sgd_clip_max_norm",  # inf: the norm read, nothing clipped
+                clip_max if clip_max and math.isfinite(clip_max) else 0.0, optimizer=name, index=idx)
 
 
 RATIO_FIGURES = ("adafactor_saturation", "lion_sign_agreement", "sophia_clip_fraction")

@@ -1,11 +1,18 @@
-"""Frames are checked whole before anything of them is written.
+"""Frames are checked before anything of them is written.
 
 :func:`check_frame` holds a decoded frame against the schema (types, ranges, list
 lengths); :class:`Admission` then holds it against the engine's own caps (groups, ranks,
 runs, series, scalar names), so a crafted sender cannot cost the engine more than a
-well-behaved instrument would. Either raises :class:`Refused`, naming the reason that
-``sentinel_daemon_frames_refused_total{reason}`` counts. A frame that passes both is
-ingested whole; one that fails either changes nothing.
+well-behaved instrument would.
+
+- A frame whose identity cannot be read (``kind``, ``job``, ``run``, ``rank``, ``world``,
+  ``step``, ``t``), or that would take the engine past its runs, ranks or series caps,
+  is refused whole (:class:`Refused`, counted in
+  ``sentinel_daemon_frames_refused_total{reason}``) and changes nothing.
+- Any other field that is malformed, out of range or past a cap is dropped before the
+  frame is ingested, counted in ``sentinel_daemon_frame_fields_dropped_total{field,reason}``;
+  the frame's good fields are kept. Fields that only mean something together go
+  together (the group names and every per-group list).
 
 The caps do not trust the instrument's own (``max_groups``): the engine enforces them.
 """
@@ -67,6 +74,22 @@ class Limits:
     max_state_keys: int = 64
 
 
+PER_GROUP = ("grad_sumsq", "param_sumsq", "delta_sumsq", "delta_l1", "param_l1", "trust_ratio")
+"""The fields aligned to ``groups``."""
+
+
+class Dropped(list):  # type: ignore[type-arg]
+    """The fields :func:`check_frame` and :meth:`Admission.admit` took out of a frame:
+    ``(field, reason, detail)`` each."""
+
+    def drop(self, f: dict[str, Any], keys: tuple[str, ...], reason: str, detail: str) -> None:
+        present = [k for k in keys if k in f]
+        for k in present:
+            del f[k]
+        if present:
+            self.append((keys[0], reason, detail))
+
+
 class Refused(ValueError):
     """A frame refused whole.
 
@@ -123,11 +146,15 @@ def _str_map(key: str, value: Any, cap: int, key_len: int, ok: Callable[[Any], b
             raise Refused("range", f"field {key!r}.{k[:40]} is out of range")
 
 
-def check_frame(f: dict[str, Any], limits: Limits) -> None:
-    """Hold a decoded frame (as :func:`sentinel.wire.decode` returns it) against the schema.
+def check_frame(f: dict[str, Any], limits: Limits) -> Dropped:
+    """Hold a decoded frame (as :func:`sentinel.wire.decode` returns it) against the schema,
+    taking out every optional field that fails (see the module doc).
+
+    Returns:
+        What was dropped.
 
     Raises:
-        Refused: the first problem found.
+        Refused: the frame's identity is unreadable (the first problem found).
     """
     if f["kind"] not in _KINDS:  # wire.decode checked the required fields' types
         raise Refused("schema", "unknown kind")
@@ -144,40 +171,69 @@ def check_frame(f: dict[str, Any], limits: Limits) -> None:
         raise Refused("range", f"field 'world' is not in 1..{limits.max_ranks}")
     if not 0 <= rank < (world if world is not None else limits.max_ranks):
         raise Refused("range", "field 'rank' is not in 0..world-1")
-    groups = f.get("groups")
-    if groups is not None:  # wire.decode checked it is a list of strings
-        if len(groups) > limits.max_groups:
-            raise Refused("groups", f"{len(groups)} groups, more than {limits.max_groups}")
-        if groups and max(map(len, groups)) > limits.max_group_name_length:
-            raise Refused("range", "a group name is too long")
-        n = len(groups)
-        for key in ("grad_sumsq", "param_sumsq"):
-            if key in f:
-                _sums(key, f[key], n, False)
-        if "delta_sumsq" in f:
-            _sums("delta_sumsq", f["delta_sumsq"], n, True)
-    elif any(k in f for k in ("grad_sumsq", "param_sumsq", "delta_sumsq")):
-        raise Refused("schema", "sums of squares without 'groups'")
-    for key, value in f.items():
+    dropped = Dropped()
+    _groups(f, limits, dropped)
+    for key, value in list(f.items()):
         test = _FIELDS.get(key)
         if test is not None and not test(value, limits):
-            raise Refused("range" if _schema_ok(key, value) else "schema", f"field {key!r} is invalid")
-    scalars = f.get("scalars")
-    if scalars is not None:
-        _scalars(scalars, limits)
+            dropped.drop(f, (key,), "range" if _schema_ok(key, value) else "schema", f"field {key!r} is invalid")
+    if "scalars" in f:
+        _scalars(f, limits, dropped)
+    return dropped
 
 
-def _scalars(scalars: Any, limits: Limits) -> None:
+_last_groups: list[Any] = [None]  # the groups of the last good frame: a rank sends the same ones
+
+
+def _groups(f: dict[str, Any], limits: Limits, dropped: Dropped) -> None:
+    groups = f.get("groups")
+    if groups is None:
+        if any(k in f for k in PER_GROUP):
+            dropped.drop(f, PER_GROUP, "schema", "per-group sums without 'groups'")
+        return
+    # one C-level comparison with the last good list before looking at each name
+    if type(groups) is not list or (groups != _last_groups[0] and not all(type(g) is str for g in groups)):
+        dropped.drop(f, ("groups", *PER_GROUP), "schema", "field 'groups' must be a list of strings")
+        return
+    if len(groups) > limits.max_groups:
+        dropped.drop(f, ("groups", *PER_GROUP), "groups", f"{len(groups)} groups, more than {limits.max_groups}")
+        return
+    if groups and max(map(len, groups)) > limits.max_group_name_length:
+        dropped.drop(f, ("groups", *PER_GROUP), "range", "a group name is too long")
+        return
+    _last_groups[0] = groups
+    n = len(groups)
+    for key in ("grad_sumsq", "param_sumsq", "delta_sumsq"):
+        if key in f:
+            try:
+                _sums(key, f[key], n, key == "delta_sumsq")
+            except Refused as exc:
+                dropped.drop(f, (key,), exc.reason, str(exc))
+    for key in ("delta_l1", "param_l1", "trust_ratio"):  # lists of numbers or None, one per group
+        v = f.get(key)
+        if v is not None and (type(v) is not list or len(v) != n
+                              or not set(map(type, v)) <= _NUM_OR_NONE_SET):
+            dropped.drop(f, (key,), "schema", f"field {key!r} must be a list as long as 'groups'")
+
+
+def _scalars(f: dict[str, Any], limits: Limits, dropped: Dropped) -> None:
+    """A bad map, or one with too many entries, is dropped; a bad entry alone goes alone."""
+    scalars = f["scalars"]
     if type(scalars) is not dict:
-        raise Refused("schema", "field 'scalars' must be a map")
+        dropped.drop(f, ("scalars",), "schema", "field 'scalars' must be a map")
+        return
     if len(scalars) > limits.max_scalars:
-        raise Refused("scalars", f"{len(scalars)} scalars, more than {limits.max_scalars}")
-    for name, value in scalars.items():
+        dropped.drop(f, ("scalars",), "scalars", f"{len(scalars)} scalars, more than {limits.max_scalars}")
+        return
+    for name, value in list(scalars.items()):
         if (type(name) is not str or len(name) > limits.max_scalar_name_length
                 or not _SCALAR_NAME.fullmatch(name)):
-            raise Refused("scalars", "a scalar name is too long or has characters outside [A-Za-z0-9_.:/@+-]")
-        if not _num(value):
-            raise Refused("schema", f"scalar {name!r} is not a number")
+            del scalars[name]
+            dropped.append(("scalars", "scalars", "a scalar name is too long or has characters outside "
+                            "[A-Za-z0-9_.:/@+-]"))
+        elif not _num(value):
+            del scalars[name]
+            dropped.append(("scalars", "schema", f"scalar {name[:40]!r} is not a number"))
 
 
 def _schema_ok(key: str, value: Any) -> bool:
@@ -222,7 +278,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "shard": lambda v, _: type(v) is str and v in _SHARDS,
     "ddp": lambda v, _: type(v) is bool,
     "clip_norm": lambda v, _: _nonneg(v),
-    "clip_max": lambda v, _: _finite_nonneg(v),
+    "clip_max": lambda v, _: _nonneg(v) and v == v,  # inf: the norm taken, nothing clipped
     "grad_l1": lambda v, _: _nonneg(v),
     "grad_count": lambda v, _: _finite_nonneg(v),
     "sat": lambda v, _: (type(v) is list and len(v) == 2 and _finite_nonneg(v[0]) and _finite_nonneg(v[1])
@@ -268,12 +324,14 @@ class Admission:
         self.series = 0
         """The estimated series of every admitted rank."""
 
-    def admit(self, f: dict[str, Any]) -> None:
-        """Record a checked frame's footprint, or refuse it (recording nothing).
+    def admit(self, f: dict[str, Any], dropped: Dropped | None = None) -> None:
+        """Record a checked frame's footprint, or refuse it (recording nothing). Group
+        names, scalar names or state keys past their caps are dropped (into ``dropped``).
 
         Raises:
-            Refused: the frame would take the engine past a cap.
+            Refused: the frame would take the engine past its runs, ranks or series caps.
         """
+        dropped = Dropped() if dropped is None else dropped
         lim, key, rank = self.limits, (f["job"], f["run"]), f["rank"]
         ranks = self._runs.get(key)
         if ranks is None:
@@ -290,17 +348,25 @@ class Admission:
         if groups is not None and groups != r.last_groups:
             new_groups = set(groups) - r.groups
             if len(r.groups) + len(new_groups) > lim.max_groups:
-                raise Refused("groups", f"more than {lim.max_groups} distinct groups for one rank")
+                dropped.drop(f, ("groups", *PER_GROUP), "groups", f"more than {lim.max_groups} distinct groups "
+                             "for one rank")
+                groups, new_groups = None, set()
         scalars = f.get("scalars")
         new_scalars: set[str] = set()
         if scalars:
             new_scalars = set(scalars) - r.scalars
             if len(r.scalars) + len(new_scalars) > lim.max_scalar_names:
-                raise Refused("scalars", f"more than {lim.max_scalar_names} distinct scalar names for one rank")
+                for name in new_scalars:  # the names it knows go on
+                    del scalars[name]
+                dropped.append(("scalars", "scalars", f"more than {lim.max_scalar_names} distinct scalar names "
+                                "for one rank"))
+                new_scalars = set()
         st = f.get("state_bytes")
         new_state = set(st) - r.state if st else set()
         if len(r.state) + len(new_state) > lim.max_state_keys:
-            raise Refused("series", f"more than {lim.max_state_keys} optimizer state keys for one rank")
+            dropped.drop(f, ("state_bytes",), "series", f"more than {lim.max_state_keys} optimizer state keys "
+                         "for one rank")
+            new_state = set()
         lr = max(r.lr, len(f.get("lr") or ()))
         cost = (BASE_SERIES + SERIES_PER_GROUP * (len(r.groups) + len(new_groups))
                 + len(r.scalars) + len(new_scalars) + lr + len(r.state) + len(new_state))

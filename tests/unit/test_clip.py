@@ -126,13 +126,16 @@ def test_a_failing_listener_never_reaches_training() -> None:
         handle.remove()
 
 
-def test_engine_refuses_bad_clip_fields_whole() -> None:
+def test_engine_drops_bad_clip_fields_and_keeps_the_rest() -> None:
     engine = Engine()
     frame = {"kind": "step", "job": "j", "run": "r", "rank": 0, "step": 1, "t": 1.0, "groups": ["a"],
              "grad_sumsq": [1.0], "clip_norm": "x", "clip_max": None}
-    assert not engine.feed(wire.encode(frame))
-    assert engine.store.last("sentinel_grad_norm_preclip", labels_of(job="j", run="r", rank=0)) is None
-    assert engine.store.names() == [] and engine.refused == {"schema": 1}  # nothing of it was written
+    assert engine.feed(wire.encode(frame))
+    base = labels_of(job="j", run="r", rank=0)
+    assert engine.store.last("sentinel_grad_norm_preclip", base) is None
+    assert engine.store.last("sentinel_grad_norm", base)[2] == 1.0  # type: ignore[index]
+    assert engine.refused == {} and engine.fields_dropped == {("clip_norm", "schema"): 1,
+                                                              ("clip_max", "schema"): 1}
 
 
 _ZERO_CODE = r"""

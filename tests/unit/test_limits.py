@@ -1,5 +1,7 @@
-"""A frame is ingested whole or refused whole: the engine checks the schema, the ranges
-and its own caps before anything of a frame is written (engine/validate.py)."""
+"""The engine checks the schema, the ranges and its own caps before anything of a frame is
+written (engine/validate.py): a frame whose identity is unreadable, or past the runs,
+ranks or series caps, is refused whole; any other bad field is dropped alone, counted,
+and the frame's good fields are kept."""
 
 from __future__ import annotations
 
@@ -48,29 +50,8 @@ def _contents(engine: Engine) -> list[str]:
     ({"job": ""}, "range"),
     ({"run": "x" * 500}, "range"),
     ({"kind": "other"}, "schema"),
-    ({"grad_sumsq": [1.0]}, "schema"),  # shorter than groups
-    ({"grad_sumsq": [1.0, "2"]}, "schema"),
-    ({"param_sumsq": [1.0, True]}, "schema"),
-    ({"grad_sumsq": [1.0, -4.0]}, "range"),
-    ({"groups": _DROP}, "schema"),  # sums without their groups
-    ({"groups": [f"g{i}" for i in range(1700)], "grad_sumsq": [1.0] * 1700, "param_sumsq": _DROP}, "groups"),
-    ({"groups": ["a", "x" * 300]}, "range"),
-    ({"lr": [0.1, float("nan")]}, "range"),
-    ({"lr": "0.1"}, "schema"),
-    ({"lr": [0.1] * 1000}, "range"),
-    ({"step_seconds": -1.0}, "range"),
-    ({"sat": [5, 3]}, "range"),
-    ({"mem": {"host_rss": "big"}}, "range"),
-    ({"state_bytes": {f"k{i}": 1 for i in range(500)}}, "range"),
-    ({"amp": {"scale": -1.0}}, "range"),
-    ({"errors": 2**60}, "range"),
-    ({"shard": "diagonal"}, "range"),
-    ({"scalars": {"loss": 0.5, "acc": "high"}}, "schema"),
-    ({"scalars": {f"s{i}": 1.0 for i in range(100)}}, "scalars"),
-    ({"scalars": {"a b": 1.0}}, "scalars"),
-    ({"scalars": {"x" * 200: 1.0}}, "scalars"),
 ])
-def test_a_bad_frame_changes_nothing_in_the_store(changes: dict[str, Any], reason: str) -> None:
+def test_a_frame_with_an_unreadable_identity_changes_nothing(changes: dict[str, Any], reason: str) -> None:
     engine = Engine()
     assert engine.feed(_pack())
     before = _contents(engine)
@@ -78,6 +59,69 @@ def test_a_bad_frame_changes_nothing_in_the_store(changes: dict[str, Any], reaso
     assert _contents(engine) == before
     assert engine.refused == {reason: 1} and engine.frames_malformed == 1
     assert engine.feed(_pack(step=6, t=101.0))  # the rank goes on reporting as before
+
+
+_GROUPED = ("groups", "grad_sumsq", "param_sumsq")
+
+
+@pytest.mark.parametrize(("changes", "field", "reason", "gone"), [
+    ({"grad_sumsq": [1.0]}, "grad_sumsq", "schema", ("grad_sumsq",)),  # shorter than groups
+    ({"grad_sumsq": [1.0, "2"]}, "grad_sumsq", "schema", ("grad_sumsq",)),
+    ({"param_sumsq": [1.0, True]}, "param_sumsq", "schema", ("param_sumsq",)),
+    ({"grad_sumsq": [1.0, -4.0]}, "grad_sumsq", "range", ("grad_sumsq",)),
+    ({"groups": _DROP}, "grad_sumsq", "schema", _GROUPED),  # sums without their groups
+    ({"groups": [1, 2]}, "groups", "schema", _GROUPED),
+    ({"groups": [f"g{i}" for i in range(1700)], "grad_sumsq": [1.0] * 1700, "param_sumsq": _DROP}, "groups",
+     "groups", _GROUPED),
+    ({"groups": ["a", "x" * 300]}, "groups", "range", _GROUPED),
+    ({"lr": [0.1, float("nan")]}, "lr", "range", ("lr",)),
+    ({"lr": "0.1"}, "lr", "schema", ("lr",)),
+    ({"lr": [0.1] * 1000}, "lr", "range", ("lr",)),
+    ({"step_seconds": -1.0}, "step_seconds", "range", ("step_seconds",)),
+    ({"sat": [5, 3]}, "sat", "range", ("sat",)),
+    ({"mem": {"host_rss": "big"}}, "mem", "range", ("mem",)),
+    ({"state_bytes": {f"k{i}": 1 for i in range(500)}}, "state_bytes", "range", ("state_bytes",)),
+    ({"amp": {"scale": -1.0}}, "amp", "range", ("amp",)),
+    ({"errors": 2**60}, "errors", "range", ("errors",)),
+    ({"shard": "diagonal"}, "shard", "range", ("shard",)),
+    ({"clip_max": float("nan")}, "clip_max", "range", ("clip_max",)),
+    ({"scalars": {f"s{i}": 1.0 for i in range(100)}}, "scalars", "scalars", ("scalars",)),
+])
+def test_a_bad_field_is_dropped_and_the_rest_of_the_frame_kept(changes: dict[str, Any], field: str, reason: str,
+                                                               gone: tuple[str, ...]) -> None:
+    engine = Engine()
+    assert engine.feed(_pack(**{"step": 6, "t": 101.0, **changes}))
+    assert engine.refused == {} and engine.fields_dropped == {(field, reason): 1}
+    base = labels_of(job="j", run="r", rank=0)
+    assert engine.store.counter("sentinel_steps_total", base) == 6.0  # the step itself counts
+    kept = {"lr": ("sentinel_learning_rate", labels_of(job="j", run="r", rank=0, param_group="0")),
+            "grad_sumsq": ("sentinel_grad_norm", base),
+            "scalars": ("sentinel_loss", base)}
+    for key, (metric, labels) in kept.items():
+        if key not in gone:  # every field that was good made it in
+            assert engine.store.last(metric, labels) is not None, key
+        else:
+            assert engine.store.last(metric, labels) is None, key
+    rows = {r[0]: r for r in engine.health_rows()}
+    assert rows["sentinel_daemon_frame_fields_dropped_total"][2] == (("field", field), ("reason", reason))
+
+
+def test_a_bad_scalar_is_dropped_alone() -> None:
+    engine = Engine()
+    assert engine.feed(_pack(scalars={"loss": 0.5, "acc": "high", "a b": 1.0, "x" * 200: 2.0}))
+    base = labels_of(job="j", run="r", rank=0)
+    assert engine.store.last("sentinel_loss", base)[2] == 0.5  # type: ignore[index]
+    assert engine.fields_dropped == {("scalars", "schema"): 1, ("scalars", "scalars"): 2}
+
+
+def test_clipping_off_with_max_norm_inf_is_kept() -> None:
+    """A framework that reads the norm through clip_grad_norm_(max_norm=inf), clipping off."""
+    engine = Engine()
+    assert engine.feed(_pack(clip_norm=3.0, clip_max=float("inf")))
+    assert engine.refused == {} and engine.fields_dropped == {}
+    base = labels_of(job="j", run="r", rank=0)
+    assert engine.store.last("sentinel_grad_norm_preclip", base)[2] == 3.0  # type: ignore[index]
+    assert engine.store.last("sentinel_grad_norm", base) is not None
 
 
 def test_an_oversized_frame_changes_nothing() -> None:
@@ -95,10 +139,6 @@ def test_an_oversized_frame_changes_nothing() -> None:
                            {"rank": 2, "world": _DROP}], "range"),  # rank >= max_ranks without world
     (Limits(max_ranks=2), [{"rank": 0, "world": 2}, {"rank": 1, "world": 2}, {"rank": 1, "run": "x"},
                            {"rank": 2, "world": 3}], "range"),
-    # distinct group names of one rank, however they are spread over frames
-    (Limits(max_groups=3), [{"groups": ["a", "b"]}, {"groups": ["c", "a"]}, {"groups": ["d", "a"]}], "groups"),
-    (Limits(max_scalar_names=3), [{"scalars": {"a": 1.0, "b": 1.0}}, {"scalars": {"c": 1.0}},
-                                  {"scalars": {"d": 1.0}}], "scalars"),
     # the series estimate: 60 a rank + 5 a group + ...; the second rank no longer fits
     (Limits(max_series=100), [{"rank": 0}, {"rank": 1}], "series"),
 ])
@@ -110,6 +150,24 @@ def test_caps_are_enforced_by_the_engine(limits: Limits, frames: list[dict[str, 
     assert not engine.feed(_pack(step=len(frames), **frames[-1]))
     assert _contents(engine) == before
     assert engine.refused == {reason: 1}
+
+
+@pytest.mark.parametrize(("limits", "frames", "field"), [
+    # distinct group names of one rank, however they are spread over frames
+    (Limits(max_groups=3), [{"groups": ["a", "b"]}, {"groups": ["c", "a"]}, {"groups": ["d", "a"]}], "groups"),
+    (Limits(max_scalar_names=3), [{"scalars": {"a": 1.0, "b": 1.0}}, {"scalars": {"c": 1.0}},
+                                  {"scalars": {"d": 1.0}}], "scalars"),
+])
+def test_names_past_a_cap_are_dropped_and_the_frame_kept(limits: Limits, frames: list[dict[str, Any]],
+                                                         field: str) -> None:
+    engine = Engine(limits=limits)
+    for i, changes in enumerate(frames):
+        assert engine.feed(_pack(step=i + 1, t=100.0 + i, **changes)), changes
+    assert engine.refused == {} and engine.fields_dropped == {(field, field): 1}
+    names = {dict(ls).get("group") or dict(ls).get("name") for n in engine.store.names()
+             for ls in engine.store.labelsets(n)}
+    assert "d" not in names and "c" in names
+    assert engine.store.counter("sentinel_steps_total", labels_of(job="j", run="r", rank=0)) == 3.0
 
 
 def test_a_forgotten_run_frees_its_place() -> None:
@@ -175,6 +233,7 @@ def test_fuzzed_frames_are_ingested_whole_or_change_nothing(changes: dict[str, A
     before = _contents(engine)
     accepted = engine.feed(_pack(**{"step": 6, "t": 101.0, **changes}))
     assert engine.refused.get("error", 0) == 0  # the checks let nothing through that ingest cannot take
-    if not accepted:
+    if not accepted:  # only an unreadable identity (or a cap) refuses a frame whole
         assert _contents(engine) == before
         assert sum(engine.refused.values()) == engine.frames_malformed == 1
+        assert set(changes) & {"kind", "job", "run", "rank", "world", "step", "t"}

@@ -26,8 +26,6 @@ def test_round_trip_keeps_nan_and_none() -> None:
     ({k: v for k, v in GOOD.items() if k != "run"}, "'run'"),
     ({**GOOD, "rank": "0"}, "'rank'"),
     ({**GOOD, "rank": True}, "'rank'"),
-    ({**GOOD, "grad_sumsq": [1.0]}, "does not match"),
-    ({**GOOD, "groups": [1, 2]}, "list of strings"),
 ])
 def test_invalid_frames_are_rejected(frame: dict[str, object], why: str) -> None:
     data = msgpack.packb({"v": 1, **frame} if "v" not in frame else frame)
