@@ -66,7 +66,7 @@ class HookDict(OrderedDict):  # type: ignore[type-arg]
     def __deepcopy__(self, memo: dict[int, Any]) -> OrderedDict[Any, Any]:
         return OrderedDict((k, copy.deepcopy(v, memo)) for k, v in self.visible())
 
-    def copy(self) -> OrderedDict[Any, Any]:
+    def copy(self) -> OrderedDict[Any, Any]:  # type: ignore[override]  # a plain copy, never ours
         return OrderedDict(self.visible())
 
 
