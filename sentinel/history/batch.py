@@ -106,7 +106,7 @@ class BatchWriter:
             return r
         if kind == "step":
             r.last[rank] = step
-        for key, conv, col in (("tags", tags_of, "tags"), ("optimizer", optimizer_of, "optimizer")):
+        for key, conv, col in (("tags", tags_of, "tags"), ("optim", optimizer_of, "optimizer")):
             if key in f:
                 value = conv(f[key])
                 if value is not None:

@@ -1,6 +1,7 @@
 """``sentinel compare``: seed 004's comparison table (§4.5) over recorded runs.
 
-Columns: optimizer, lr, final loss, steps to the target loss, mean grad norm, mean update
+Columns: the run (its label, ``RUN@N`` for a reused name; for a row of seeds, the runs it
+holds), optimizer, lr, final loss, steps to the target loss, mean grad norm, mean update
 magnitude (‖Δw‖), peak memory, diverged, and the warning and critical alerts fired. Runs
 whose tags differ only by ``seed`` form one row, as mean ± std (with ``--by TAG``: the runs
 sharing that tag's value). "Diverged" means a non-finite loss or grad norm was seen, or
@@ -22,7 +23,7 @@ from sentinel.history.query import RunInfo
 from sentinel.history.report import fmt_bytes
 from sentinel.history.svg import line_chart
 
-COLUMNS = ("optimizer", "lr", "runs", "final loss", "steps to target", "mean grad norm", "mean update",
+COLUMNS = ("run", "optimizer", "lr", "runs", "final loss", "steps to target", "mean grad norm", "mean update",
            "peak memory", "diverged", "warnings", "criticals")
 
 
@@ -121,7 +122,7 @@ def cells(row: Row, target: float | None) -> list[str]:
         f" ± {fmt_bytes(statistics.stdev(peaks))}" if len(peaks) > 1 else "")
     n = len(row.runs)
     div = ("yes" if row.diverged else "no") if n == 1 else f"{row.diverged}/{n}"
-    return [row.optimizer or "—", row.lr or "—", str(n), mean_std(row.final_loss), reach, mean_std(row.grad_norm),
+    return [", ".join(r.label for r in row.runs), row.optimizer or "—", row.lr or "—", str(n), mean_std(row.final_loss), reach, mean_std(row.grad_norm),
             mean_std(row.update, ".3g"), mem, div, str(row.warnings), str(row.criticals)]
 
 

@@ -150,9 +150,10 @@ def tags_of(value: Any) -> dict[str, str] | None:
 
 
 def optimizer_of(value: Any) -> list[dict[str, Any]] | None:
-    """A frame's ``optimizer`` field: a map or a list of maps with a ``class`` (or ``name``)
-    and numeric hyperparameters. Returns ``[{"class": str, hyper: number, ...}]``, bounded,
-    or None when there is nothing usable."""
+    """A frame's ``optim`` field (:mod:`sentinel.instrument.optinfo`): a list of maps with a
+    ``class``, a ``dtype`` and numeric hyperparameters under ``hp``. Returns
+    ``[{"class": str, "dtype": str, hyper: number, ...}]``, bounded, or None when there is
+    nothing usable."""
     items = value if isinstance(value, list) else [value]
     out: list[dict[str, Any]] = []
     for item in items[:8]:
@@ -162,8 +163,12 @@ def optimizer_of(value: Any) -> list[dict[str, Any]] | None:
         if not isinstance(name, str) or not name:
             continue
         entry: dict[str, Any] = {"class": name[:64]}
-        for k, v in list(item.items())[:32]:
-            if k in ("class", "name") or not isinstance(k, str):
+        if isinstance(item.get("dtype"), str):
+            entry["dtype"] = item["dtype"][:32]
+        hp = item.get("hp")
+        flat = {**(hp if isinstance(hp, dict) else {}), **{k: v for k, v in item.items() if k != "hp"}}
+        for k, v in list(flat.items())[:32]:
+            if k in ("class", "name", "dtype") or not isinstance(k, str):
                 continue
             if _num(v) is not None:
                 entry[k[:32]] = v

@@ -32,6 +32,9 @@ _scaled: weakref.ref[torch.Tensor] | None = None  # the loss it scaled (no attri
 _failures = 0
 backward_calls = 0
 """``Tensor.backward()`` calls so far, in this process (once :func:`install` ran)."""
+backward_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Objects whose ``before_backward()`` runs at each ``backward()`` call, before autograd
+(monitors sending a report that nothing more can arrive for). It must never raise."""
 
 
 class LossSum:
@@ -71,6 +74,8 @@ def scaler() -> Any:
 def _seen(loss: torch.Tensor) -> None:
     global _failures, backward_calls
     backward_calls += 1
+    for listener in list(backward_listeners):
+        listener.before_backward()
     if not _sums or _failures >= 3:
         return
     try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +33,30 @@ log = logging.getLogger("sentinel")
 def _hook(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Hook bodies run without autograd and are never traced by torch.compile."""
     return torch.compiler.disable(torch.no_grad()(fn))
+
+
+_live: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_exit_hooked = False
+
+
+def _at_exit(mon: Monitor) -> None:
+    """Close, at interpreter exit, the monitors a script never closed (their last report,
+    the goodbye frame); zero-code mode's own are closed by :func:`sentinel.instrument.auto.close_all`."""
+    global _exit_hooked
+    if mon.auto:
+        return
+    if not _exit_hooked:
+        _exit_hooked = True
+        atexit.register(_close_live)
+    _live.add(mon)
+
+
+def _close_live() -> None:
+    for mon in list(_live):
+        try:
+            mon.close()
+        except Exception:  # at exit: nothing may raise
+            pass
 
 
 class _Unhook:
@@ -100,6 +126,7 @@ class Monitor(Reporter):
         self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
         self._pending = Scalars()  # logged while no report was open: the coming step's
         self._backwards_at_step = self._backwards_at_log = -1  # losses.backward_calls then
+        self._logs = 0  # log() calls so far: a script that never logs never makes a report wait
         self._names = NameBudget()
         self._meta_groups: set[int] = set()
         self._grad_count = 0
@@ -107,6 +134,8 @@ class Monitor(Reporter):
         self._closure_done: dict[int, bool] = {}  # optimizer k stepping with a closure: read yet?
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
         losses.install()  # counts backward() calls: which step a log() belongs to
+        losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step
+        _at_exit(self)
 
         outer, inner, self.ddp = ddp_parts(model, self.world)
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
@@ -196,6 +225,7 @@ class Monitor(Reporter):
         self._handles.clear()
         self._opt_handles.clear()
         registry.release(self)
+        losses.backward_listeners.discard(self)
         if self._losses is not None:
             self._losses.close()
         self.boundary.run("report", self._submit_open)
@@ -210,6 +240,12 @@ class Monitor(Reporter):
             self.boundary.run("engine", self.engine.stop)
             self.boundary.run("messages", self._messages)  # the last alerts reach on_alert too
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
+
+    def before_backward(self) -> None:
+        """At a ``backward()``: a report still waiting for ``log()`` gets nothing more (a value
+        logged from now on is the coming step's), so it goes out now. Never raises."""
+        if self._open is not None and not self.closed:
+            self.boundary.run("report", self._submit_open)
 
     def request_stop(self, reason: str) -> None:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""
@@ -434,12 +470,15 @@ class Monitor(Reporter):
         logged_last = bool(scalars) and self._backwards_at_log == losses.backward_calls
         self._open, self._segs = (meta, self._segs, scalars), {}
         self._backwards_at_step = losses.backward_calls
-        # send it now when nothing more is coming: zero-code mode (nobody logs), or values
-        # logged after the step's last backward() and before the step (log, then step)
-        if self.auto or logged_last:
+        # send it now when nothing more is coming: zero-code mode, the loss in (captured at
+        # backward(), or logged before the step), a script that has not logged by its
+        # second step (it never waits for a log() again), or values logged after the
+        # step's last backward(); else at the next log(), backward() or step
+        if self.auto or logged_last or "loss" in scalars or (not self._logs and self.steps > 1):
             self._submit_open()
 
     def _log(self, scalars: dict[str, Any], step: int | None) -> None:
+        self._logs += 1
         values = Scalars()
         for name, v in scalars.items():
             value = to_value(v) if self._names.admit(name) else None
@@ -460,6 +499,12 @@ class Monitor(Reporter):
                 self._submit_open()
                 return
             self._submit_open()  # a backward() since the step: these values are the next step's
+        elif (report is None and self.steps > 0 and step is None and not self._pending
+              and losses.backward_calls == self._backwards_at_step):
+            # right after a step whose report has left (the first of a loop that logs after
+            # the step): the values are that step's, in a frame of their own
+            self._submit({"kind": "log", "step": self.steps, "t": time.time()}, {}, values)
+            return
         if self.scaler is not None and not self._pending:
             # with a GradScaler, an iteration without an optimizer step is a step the scaler
             # skipped: report it at once, so the loss and the scale of skipped steps show

@@ -85,7 +85,7 @@ def test_embedded_and_sentinel_run_runs_appear_in_sentinel_runs(recorded: dict[s
     for name in ("h-a1", "h-a2", "h-b1", "h-cli"):
         assert name in listing.stdout
     line = next(ln for ln in listing.stdout.splitlines() if "h-cli" in ln)
-    assert "sgd" in line and " 25 " in line and "finished" in line
+    assert "SGD" in line and " 25 " in line and "finished" in line  # the class from the frames, not the tag
     losses = json.loads(out.read_text())
     assert f"{losses[-1]:.4g}" in line  # the zero-code run's final loss, as the script saw it
     tagged = cli("runs", "--db", recorded["db"], "--tag", "seed=7", "--since", "1h")
@@ -116,7 +116,11 @@ def test_compare_gives_the_seed_table_from_the_runs_own_numbers(recorded: dict[s
     assert hit, "the test's target must be reached"
     assert float(rows[0]["steps_to_target_mean"]) == pytest.approx(sum(hit) / len(hit))
     assert rows[0]["reached"] == str(len(hit))
-    assert rows[0]["diverged"] == "0" and rows[0]["optimizer"] == "adamw" and rows[0]["lr"] == "0.01"
+    # the optimizer class comes from the frames (the tags say "adamw"), each row names its runs
+    assert rows[0]["diverged"] == "0" and rows[0]["optimizer"] == "AdamW" and rows[0]["lr"] == "0.01"
+    assert [r["run_names"] for r in rows] == ["h-a1 h-a2", "h-b1"]
+    assert "<td>h-a1, h-a2</td>" in html_path.read_text() and "<th>run</th>" in html_path.read_text()
+    assert "h-b1" in res.stdout
     assert "±" in res.stdout  # mean ± std over the seeds
     assert html_path.read_text().count("<polyline") >= 3
 

@@ -186,14 +186,21 @@ def test_launcher_tags_merge_under_the_scripts(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_optimizer_comes_from_a_frames_field_else_from_the_tags(tmp_path: Path) -> None:
+    import torch
+
+    from sentinel.instrument import optinfo
+
     path = tmp_path / "h.sqlite"
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
     record(path, [step_frame(1, 1.0, run="tagged") | {"tags": {"optimizer": "lion"}},
-                  step_frame(1, 1.0, run="field") | {"tags": {"optimizer": "lion"},
-                                                      "optimizer": {"class": "AdamW", "lr": 1e-3}}])
+                  step_frame(1, 1.0, run="field") | {"tags": {"optimizer": "lion"},  # what the instrument sends
+                                                      "optim": optinfo.describe([opt])}])
     db = hdb.connect(path, readonly=True)
     tagged, field = find_run(db, "tagged"), find_run(db, "field")
     assert tagged is not None and tagged.optimizer_name == "lion" and tagged.optimizer is None
-    assert field is not None and field.optimizer_name == "AdamW" and field.optimizer == [{"class": "AdamW", "lr": 1e-3}]
+    assert field is not None and field.optimizer_name == "AdamW"
+    assert field.optimizer == [{"class": "AdamW", "dtype": "float32", "lr": 1e-3, "eps": 1e-8, "weight_decay": 0.01,
+                                "beta1": 0.9, "beta2": 0.999, "decoupled": 1.0}]
 
 
 def test_retention_deletes_runs_by_age_then_the_oldest_by_size(tmp_path: Path) -> None:
