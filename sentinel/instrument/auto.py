@@ -10,6 +10,12 @@ is attached to it, with the module that owns its parameters (found once) naming 
 groups, taking the step's loss from ``backward()`` (:mod:`sentinel.instrument.losses`).
 An optimizer re-created over the same parameters is followed by the same monitor, and a
 script's own ``sentinel.watch`` of an optimizer replaces the automatic monitor.
+
+A script that never steps an optimizer (it updates its parameters by hand) is seen at its
+second ``backward()``, when the gradients of the first were reset in between (or at its
+:data:`HAND_AFTER`-th backward() otherwise): one line says what cannot be watched, and a
+monitor of the parameters that received gradients reports one step per ``backward()``
+(loss, gradient norms, NaN/Inf), the gradients read right after it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import os
 import sys
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -30,6 +37,10 @@ _installed = False
 _monitors: list[Any] = []
 _last_clip: tuple[torch.Tensor, float] | None = None  # clipped before any monitor attached
 _early: Any = None  # the losses passed to backward() since any optimizer last stepped (LossSum)
+_stepped = False  # an optimizer has stepped in this process
+HAND_AFTER = 64
+"""backward() calls with no optimizer step after which the parameters count as updated by hand
+even though their gradients were never reset in between (they accumulate on purpose)."""
 
 
 def enabled() -> bool:
@@ -52,7 +63,77 @@ def install() -> bool:
     registry.set_fallback(_attach)
     register_optimizer_step_post_hook(_on_post_step)
     clip.attach(_on_clip)
+    losses.backward_listeners.add(_hand_watch)
     return True
+
+
+class _HandWatch:
+    """Looks for a training loop without an optimizer at each ``backward()`` (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.param: Any = None  # a weakref to a parameter the first backward() reached
+        self.done = False
+
+    def before_backward(self, loss: Any) -> None:
+        if self.done or _stepped:
+            self.done = self.done or _stepped
+            return
+        try:
+            self.calls += 1
+            if self.calls == 1:
+                first = _leaf_of(loss)
+                self.param = weakref.ref(first) if first is not None else None
+                return
+            p = self.param() if self.param is not None else None
+            if p is None:
+                self.done = True  # nothing trainable reached: nothing to watch
+                return
+            if p.grad is None or self.calls >= HAND_AFTER:  # reset between backward() calls: a step each
+                self.done = True
+                _attach_hand(p, self.calls - 1)
+        except Exception:
+            self.done = True
+            log.warning("sentinel: could not watch a loop without an optimizer; training continues", exc_info=True)
+
+
+def _leaf_of(loss: Any) -> torch.Tensor | None:
+    """A parameter the loss's graph accumulates a gradient into (a bounded walk, once)."""
+    fn = getattr(loss, "grad_fn", None)
+    todo, seen = [fn], 0
+    while todo and seen < 10_000:
+        node = todo.pop()
+        seen += 1
+        if node is None:
+            continue
+        var = getattr(node, "variable", None)
+        if isinstance(var, torch.Tensor) and var.requires_grad:
+            return var
+        todo.extend(n for n, _ in node.next_functions)
+    return None
+
+
+def _attach_hand(param: torch.Tensor, steps_so_far: int) -> None:
+    from sentinel.instrument.losses import LossSum, scaler
+    from sentinel.instrument.monitor import Monitor
+    from sentinel.instrument.options import from_kwargs
+
+    global _early
+    model = _find_model(param)
+    params = [p for p in model.parameters() if p.requires_grad] if model is not None else [param]
+    early, _early = _early, LossSum()
+    log.warning("sentinel: no optimizer has stepped after %d backward() calls: the parameters are updated by "
+                "hand. Watching the loss, gradient norms and NaN/Inf after each backward(), one step each; update "
+                "ratios, optimizer state and learning rates need an optimizer and are not reported.",
+                steps_so_far + 1)
+    mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early,
+                  hand=params)
+    mon.sync_step(steps_so_far)
+    early.take()  # the losses before this backward() belong to steps that were not watched
+    _monitors.append(mon)
+
+
+_hand_watch = _HandWatch()
 
 
 def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:
@@ -61,9 +142,8 @@ def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:
     _last_clip = (total_norm, max_norm)
 
 
-def _find_model(opt: torch.optim.Optimizer) -> torch.nn.Module | None:
-    """The largest module holding the optimizer's first parameter (one gc scan, at attach)."""
-    first = next((p for g in opt.param_groups for p in g["params"]), None)
+def _find_model(first: torch.Tensor | None) -> torch.nn.Module | None:
+    """The largest module holding the parameter (one gc scan, at attach)."""
     if first is None:
         return None
     best: torch.nn.Module | None = None
@@ -87,7 +167,7 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 
     global _early
     early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
-    mon = Monitor(_find_model(opt), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,
+    mon = Monitor(_find_model(next((p for g in opt.param_groups for p in g["params"]), None)), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,
                   loss_sum=early)
     _monitors.append(mon)
     if _last_clip is not None:  # clipped just before this first step: it belongs to it
@@ -96,8 +176,9 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 
 
 def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    global _last_clip
+    global _last_clip, _stepped
     _last_clip = None
+    _stepped = True
     if _early is not None:
         _early.take()  # losses before an optimizer's first step are its step's, not older ones
 

@@ -33,8 +33,10 @@ _failures = 0
 backward_calls = 0
 """``Tensor.backward()`` calls so far, in this process (once :func:`install` ran)."""
 backward_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
-"""Objects whose ``before_backward()`` runs at each ``backward()`` call, before autograd
-(monitors sending a report that nothing more can arrive for). It must never raise."""
+"""Objects whose ``before_backward(loss)`` runs at each ``backward()`` call, before autograd
+(monitors sending a report that nothing more can arrive for), and, if they have one,
+``after_backward()`` once it returned (a monitor of parameters updated by hand reads the
+gradients there). Neither may raise."""
 
 
 class LossSum:
@@ -75,7 +77,7 @@ def _seen(loss: torch.Tensor) -> None:
     global _failures, backward_calls
     backward_calls += 1
     for listener in list(backward_listeners):
-        listener.before_backward()
+        listener.before_backward(loss)
     if not _sums or _failures >= 3:
         return
     try:
@@ -105,7 +107,12 @@ def install() -> None:
 
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         _seen(self)
-        return original(self, *args, **kwargs)
+        out = original(self, *args, **kwargs)
+        for listener in list(backward_listeners):
+            after = getattr(listener, "after_backward", None)
+            if after is not None:
+                after()
+        return out
 
     backward.__doc__ = original.__doc__
     torch.Tensor.backward = backward  # type: ignore[method-assign]

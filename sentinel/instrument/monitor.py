@@ -59,6 +59,14 @@ def _close_live() -> None:
             pass
 
 
+class _HandUpdated:
+    """The parameters of a script that updates them by hand, as the one param group the
+    layout groups them by (never stepped, never described as an optimizer)."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self.param_groups = [{"params": list(params)}]
+
+
 class _Unhook:
     """Stops handing an optimizer's steps to its monitor."""
 
@@ -89,13 +97,18 @@ class Monitor(Reporter):
         auto: made by zero-code mode; an explicit :func:`watch` of its optimizer replaces it.
         loss_sum: with ``capture_loss``, the losses summed since before this monitor existed
             (zero-code mode's, from the start of the process).
+        hand: parameters a script updates by hand, without an optimizer (zero-code mode):
+            a step per ``backward()``, its gradients read right after it.
     """
 
     def __init__(self, model: torch.nn.Module | None, optimizers: Sequence[torch.optim.Optimizer],
                  options: WatchOptions, sender: Sender | None = None, *, scaler: Any = None,
                  on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
-                 auto: bool = False, loss_sum: LossSum | None = None) -> None:
+                 auto: bool = False, loss_sum: LossSum | None = None,
+                 hand: Sequence[torch.Tensor] | None = None) -> None:
         self.options = o = options
+        self._hand = _HandUpdated(hand) if hand is not None else None
+        self._hand_read = False  # gradients of a backward() read, its step not ended yet
         self.optimizers = list(optimizers)
         self.scaler = scaler
         self.auto = auto
@@ -228,6 +241,9 @@ class Monitor(Reporter):
         losses.backward_listeners.discard(self)
         if self._losses is not None:
             self._losses.close()
+        if self._hand_read:  # the last backward()'s step
+            self._hand_read = False
+            self.boundary.run("report", self._finalize)
         self.boundary.run("report", self._submit_open)
         self.boundary.run("emit", self._emit_ready, True)
         bye: dict[str, Any] = {"kind": "bye", "step": self.steps, "t": time.time()}
@@ -241,11 +257,26 @@ class Monitor(Reporter):
             self.boundary.run("messages", self._messages)  # the last alerts reach on_alert too
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
 
-    def before_backward(self) -> None:
+    def before_backward(self, loss: Any = None) -> None:
         """At a ``backward()``: a report still waiting for ``log()`` gets nothing more (a value
-        logged from now on is the coming step's), so it goes out now. Never raises."""
-        if self._open is not None and not self.closed:
+        logged from now on is the coming step's), so it goes out now; with parameters
+        updated by hand, the last backward()'s step ends here. Never raises."""
+        if self.closed:
+            return
+        if self._hand_read:
+            self._hand_read = False
+            self.boundary.run("report", self._finalize)
+        if self._open is not None:
             self.boundary.run("report", self._submit_open)
+
+    def after_backward(self) -> None:
+        """With parameters updated by hand: read the gradients this ``backward()`` left."""
+        if self._hand is not None and not self.closed:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                self.boundary.run("grad", self._grad_stats, 0, self.steps + 1)
+            self._hand_read = True
+            self.probe_seconds += time.perf_counter() - t0
 
     def request_stop(self, reason: str) -> None:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""
@@ -320,7 +351,8 @@ class Monitor(Reporter):
 
     def _relayout(self) -> None:
         o = self.options
-        self.layout = Layout(self._names_by_id, self.optimizers, self.rank, o.group_depth, o.max_groups,
+        stepped: list[Any] = list(self.optimizers) or ([self._hand] if self._hand is not None else [])
+        self.layout = Layout(self._names_by_id, stepped, self.rank, o.group_depth, o.max_groups,
                              o.update_snapshot_bytes)
         self.groups, self.sharded, self.devices = self.layout.groups, self.layout.sharded, self.layout.devices
         self.param_bytes = self.layout.param_bytes
@@ -461,12 +493,14 @@ class Monitor(Reporter):
         if self._open is not None:
             self._submit_open()
         scalars, self._pending = self._pending, Scalars()  # logged before this step's end: its own
+        loss_in = False  # captured at backward(): nothing more comes for this step's loss
         if self._losses is not None:
             if self.scaler is None:
                 self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
             captured = self._losses.take()
             if captured is not None and "loss" not in scalars:
                 scalars.add("loss", captured)
+                loss_in = True
         logged_last = bool(scalars) and self._backwards_at_log == losses.backward_calls
         self._open, self._segs = (meta, self._segs, scalars), {}
         self._backwards_at_step = losses.backward_calls
@@ -474,7 +508,7 @@ class Monitor(Reporter):
         # backward(), or logged before the step), a script that has not logged by its
         # second step (it never waits for a log() again), or values logged after the
         # step's last backward(); else at the next log(), backward() or step
-        if self.auto or logged_last or "loss" in scalars or (not self._logs and self.steps > 1):
+        if self.auto or logged_last or loss_in or (not self._logs and self.steps > 1):
             self._submit_open()
 
     def _log(self, scalars: dict[str, Any], step: int | None) -> None:

@@ -49,7 +49,7 @@ class StateRecord:
         if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
             meta["env"] = env
         st = self.boundary.run("state", probes.state_bytes, optimizers)
-        if st is not None:
+        if st is not None and optimizers:  # parameters updated by hand: no state to speak of
             meta["state_bytes"] = st
             meta["param_bytes"] = layout.param_bytes
         sat = self.boundary.run("saturation", adam_saturation, optstate.adam_like(optimizers),

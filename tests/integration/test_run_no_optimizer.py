@@ -1,0 +1,42 @@
+"""``sentinel run`` on a script that updates its parameters by hand, with no optimizer (issue
+18, point 4): one line says what cannot be watched; the loss, gradient norms and NaN/Inf are
+still reported, one step per backward(), and the NaN rule fires."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).parent / "scripts" / "hand_sgd_train.py"
+
+
+def test_a_loop_without_an_optimizer_is_watched_and_said_so(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    plain = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == plain.returncode == 0, out.stderr
+    assert out.stdout == plain.stdout  # the script's own numbers are untouched
+    said = [ln for ln in out.stderr.splitlines() if "no optimizer" in ln]
+    assert len(said) == 1 and "updated by hand" in said[0] and "not reported" in said[0], out.stderr
+    assert "Traceback" not in out.stderr
+    rows = [ln.split() for ln in plain.stdout.splitlines()]
+    db = sqlite3.connect(tmp_path / "sentinel" / "history.sqlite")
+    [(run_id, steps)] = db.execute("SELECT id, steps FROM runs").fetchall()
+    assert steps == len(rows)  # a step per backward()
+    samples = dict((s, (loss, g)) for s, loss, g in db.execute(
+        "SELECT step, loss, grad_norm FROM samples WHERE run_id = ?", (run_id,)))
+    for i, loss, gnorm in rows[1:7]:  # the first backward() is the one that showed there is no optimizer
+        got_loss, got_norm = samples[int(i) + 1]
+        assert got_loss == pytest.approx(float(loss), rel=1e-5)
+        assert got_norm == pytest.approx(float(gnorm), rel=1e-5)
+    alerts = db.execute("SELECT alertname, severity, step FROM alerts ORDER BY id").fetchall()
+    assert alerts[0] == ("TrainingNonFinite", "critical", 8), alerts
+    assert json.dumps(alerts)  # plain values
