@@ -21,15 +21,15 @@ monitor of the parameters that received gradients reports one step per ``backwar
 from __future__ import annotations
 
 import atexit
-import gc
 import logging
 import os
 import sys
-import warnings
 import weakref
 from typing import Any
 
 import torch
+
+from sentinel.instrument.gcscan import live
 
 log = logging.getLogger("sentinel")
 
@@ -148,13 +148,10 @@ def _find_model(first: torch.Tensor | None) -> torch.nn.Module | None:
         return None
     best: torch.nn.Module | None = None
     best_n = -1
-    with warnings.catch_warnings():  # isinstance() on some lazy modules warns
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.nn.Module):
-                params = list(obj.parameters())
-                if len(params) > best_n and any(p is first for p in params):
-                    best, best_n = obj, len(params)
+    for obj in live(torch.nn.Module):
+        params = list(obj.parameters())
+        if len(params) > best_n and any(p is first for p in params):
+            best, best_n = obj, len(params)
     return best
 
 

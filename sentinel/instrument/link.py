@@ -266,5 +266,7 @@ def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
 
         if isinstance(exc, ConfigError):
             raise
-        log.warning("sentinel: the engine failed to start; training continues unmonitored", exc_info=True)
+        log.warning("sentinel: the engine failed to start (%s: %s); training continues unmonitored",
+                    type(exc).__name__, str(exc)[:200])
+        log.debug("sentinel: the engine failed to start", exc_info=True)
         return NullSender(), None, None

@@ -96,8 +96,25 @@ def _seen(loss: torch.Tensor) -> None:
             log.warning("sentinel: reading the loss at backward() failed; training continues", exc_info=True)
 
 
+def _grad_loss(outputs: Any, inputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The loss of a ``torch.autograd.grad`` call that stands for ``backward()``: one scalar
+    output, the gradients of leaf parameters, no graph kept for a higher order (a gradient
+    penalty or a Hessian-vector product is not a loss)."""
+    try:
+        if kwargs.get("create_graph") or (len(args) >= 3 and args[2]) or kwargs.get("is_grads_batched"):
+            return None
+        out = outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
+        ins = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        if (isinstance(out, torch.Tensor) and out.numel() == 1 and out.requires_grad and ins
+                and all(isinstance(t, torch.nn.Parameter) for t in ins)):
+            return out
+    except Exception:
+        pass
+    return None
+
+
 def install() -> None:
-    """Wrap ``Tensor.backward`` and ``GradScaler.scale`` once per process (cheap while no
+    """Wrap ``Tensor.backward``, ``torch.autograd.grad`` and ``GradScaler.scale`` once per process (cheap while no
     :class:`LossSum` listens: one function call per ``backward()``)."""
     global _installed
     if _installed:
@@ -116,6 +133,25 @@ def install() -> None:
 
     backward.__doc__ = original.__doc__
     torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+    original_grad = torch.autograd.grad
+
+    def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(inputs, (list, tuple, dict, torch.Tensor)) and hasattr(inputs, "__iter__"):
+            inputs = tuple(inputs)  # model.parameters(): read once here, handed on whole
+        loss = _grad_loss(outputs, inputs, args, kwargs)
+        if loss is not None:
+            _seen(loss)  # a loop that takes its gradients with autograd.grad instead of backward()
+        out = original_grad(outputs, inputs, *args, **kwargs)
+        if loss is not None:
+            for listener in list(backward_listeners):
+                after = getattr(listener, "after_backward", None)
+                if after is not None:
+                    after()
+        return out
+
+    grad.__doc__ = original_grad.__doc__
+    torch.autograd.grad = grad  # type: ignore[assignment]
 
     scaler_cls = torch.amp.GradScaler
     original_scale = scaler_cls.scale

@@ -450,6 +450,11 @@ class Monitor(Reporter):
         for segs in self._segs.values():  # clipped twice before a step: the last one counts
             segs.pop("clip_norm", None)
         t = total_norm.detach().reshape(1).to(torch.float32)
+        if self._hand_read:  # read at backward(), before this clip: scale as torch scaled the gradients
+            coef = torch.clamp(float(max_norm) / (t + 1e-6), max=1.0).square()
+            for segs in self._segs.values():
+                if "grad_sumsq" in segs:
+                    segs["grad_sumsq"] = segs["grad_sumsq"] * coef.to(segs["grad_sumsq"].device)
         self._segs.setdefault(t.device, {})["clip_norm"] = t
         self._clip_max = float(max_norm)
 

@@ -18,13 +18,13 @@ compiled model then reports no busy time and the engine compares step times inst
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any
 
 import torch
 
 from sentinel.instrument import hidden
+from sentinel.instrument.gcscan import live
 
 
 def ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool]:
@@ -41,8 +41,8 @@ def ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool
     if isinstance(model, DDP):
         return model, model.module, True
     if world > 1:
-        for obj in gc.get_objects():
-            if isinstance(obj, DDP) and obj.module is model:
+        for obj in live(DDP):
+            if obj.module is model:
                 return obj, model, True
     return model, model, False
 
