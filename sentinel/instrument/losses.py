@@ -2,7 +2,8 @@
 
 Zero-code mode (``sentinel run``) and monitors made with ``capture_loss=True`` (the HF
 Trainer adapter) read the loss here. The loss of an optimizer step is the **sum** of the
-scalar losses passed to ``backward()`` since the previous step, each divided by the
+scalar losses passed to ``backward()`` since the previous step of any optimizer (with two
+optimizers, as in a GAN, each step gets the losses of its own backward() calls), each divided by the
 ``GradScaler`` scale when the scaler scaled it. With gradient accumulation, scripts and
 frameworks divide each micro-batch loss by the number of micro-batches before
 ``backward()`` (HF Trainer, Accelerate, Lightning), so the sum is the step's mean loss,
@@ -62,6 +63,16 @@ class LossSum:
     def take(self) -> torch.Tensor | None:
         """The sum since the last take (None if nothing was passed to backward), and reset."""
         total, self.total, self.count, self.frozen = self.total, None, 0, False
+        return total
+
+    def claim(self) -> torch.Tensor | None:
+        """:meth:`take`, for an optimizer step: the losses since any optimizer last stepped
+        are this step's, so every other sum forgets them (a GAN's discriminator step gets
+        its own two losses, the generator's step the generator's)."""
+        total = self.take()
+        for s in list(_sums):
+            if s is not self and not s.frozen:
+                s.total, s.count = None, 0
         return total
 
     def close(self) -> None:

@@ -502,7 +502,7 @@ class Monitor(Reporter):
         if self._losses is not None:
             if self.scaler is None:
                 self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
-            captured = self._losses.take()
+            captured = self._losses.claim()
             if captured is not None and "loss" not in scalars:
                 scalars.add("loss", captured)
                 loss_in = True
