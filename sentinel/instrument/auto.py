@@ -37,7 +37,7 @@ _installed = False
 _monitors: list[Any] = []
 _last_clip: tuple[torch.Tensor, float] | None = None  # clipped before any monitor attached
 _early: Any = None  # the losses passed to backward() since any optimizer last stepped (LossSum)
-_stepped = False  # an optimizer has stepped in this process
+_optimizer_seen = False  # an optimizer has begun a step in this process
 HAND_AFTER = 64
 """backward() calls with no optimizer step after which the parameters count as updated by hand
 even though their gradients were never reset in between (they accumulate on purpose)."""
@@ -76,8 +76,11 @@ class _HandWatch:
         self.done = False
 
     def before_backward(self, loss: Any) -> None:
-        if self.done or _stepped:
-            self.done = self.done or _stepped
+        from sentinel.instrument import registry
+
+        # an optimizer attached, watched or stepping (a closure's backward() calls run inside the step)
+        if self.done or _optimizer_seen or registry.any_optimizer():
+            self.done = True
             return
         try:
             self.calls += 1
@@ -162,7 +165,8 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 
     from sentinel.instrument.losses import LossSum
 
-    global _early
+    global _early, _optimizer_seen
+    _optimizer_seen = True
     early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
     mon = Monitor(_find_model(next((p for g in opt.param_groups for p in g["params"]), None)), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,
                   loss_sum=early)
@@ -173,9 +177,8 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 
 
 def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    global _last_clip, _stepped
+    global _last_clip
     _last_clip = None
-    _stepped = True
     if _early is not None:
         _early.take()  # losses before an optimizer's first step are its step's, not older ones
 

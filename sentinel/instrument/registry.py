@@ -67,6 +67,11 @@ def unwrap(obj: Any) -> torch.optim.Optimizer:
     return obj
 
 
+def any_optimizer() -> bool:
+    """Whether any optimizer is watched, or has stepped, in this process."""
+    return len(_by_opt) > 0
+
+
 def monitor_of(opt: torch.optim.Optimizer) -> Any:
     """The live monitor hooking ``opt``, or None."""
     return _by_opt.get(opt)
