@@ -15,7 +15,9 @@ A script that never steps an optimizer (it updates its parameters by hand) is se
 second ``backward()``, when the gradients of the first were reset in between (or at its
 :data:`HAND_AFTER`-th backward() otherwise): one line says what cannot be watched, and a
 monitor of the parameters that received gradients reports one step per ``backward()``
-(loss, gradient norms, NaN/Inf), the gradients read right after it.
+(loss, gradient norms, NaN/Inf), the gradients read right after it. The first
+``backward()``'s gradient norms are kept on the device until then (one fused norm, once
+per process), so its step is reported too.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class _HandWatch:
     def __init__(self) -> None:
         self.calls = 0
         self.param: Any = None  # a weakref to a parameter the first backward() reached
+        self.first: tuple[list[torch.Tensor], torch.Tensor] | None = None  # its leaves' grad norms
         self.done = False
 
     def before_backward(self, loss: Any) -> None:
@@ -80,13 +83,14 @@ class _HandWatch:
 
         # an optimizer attached, watched or stepping (a closure's backward() calls run inside the step)
         if self.done or _optimizer_seen or registry.any_optimizer():
-            self.done = True
+            self.done, self.first = True, None
             return
         try:
             self.calls += 1
             if self.calls == 1:
-                first = _leaf_of(loss)
-                self.param = weakref.ref(first) if first is not None else None
+                leaves = _leaves_of(loss)
+                self.param = weakref.ref(leaves[0]) if leaves else None
+                self._leaves = leaves
                 return
             p = self.param() if self.param is not None else None
             if p is None:
@@ -94,16 +98,33 @@ class _HandWatch:
                 return
             if p.grad is None or self.calls >= HAND_AFTER:  # reset between backward() calls: a step each
                 self.done = True
-                _attach_hand(p, self.calls - 1)
+                first, self.first = self.first, None
+                _attach_hand(p, self.calls - 1, first if self.calls == 2 else None)
         except Exception:
             self.done = True
             log.warning("sentinel: could not watch a loop without an optimizer; training continues", exc_info=True)
 
+    def after_backward(self) -> None:
+        """After the first backward(): its gradients' norms, kept on the device (no sync) in
+        case this is a loop without an optimizer, whose first step they are."""
+        if self.calls != 1 or self.done or self.first is not None:
+            return
+        try:
+            leaves, self._leaves = getattr(self, "_leaves", []), []
+            with torch.no_grad():
+                have = [t for t in leaves if t.grad is not None]
+                if have:
+                    from sentinel.instrument.stats import _norms
 
-def _leaf_of(loss: Any) -> torch.Tensor | None:
-    """A parameter the loss's graph accumulates a gradient into (a bounded walk, once)."""
-    fn = getattr(loss, "grad_fn", None)
-    todo, seen = [fn], 0
+                    self.first = (have, torch.stack([n.to(have[0].device) for n in _norms(
+                        [t.grad for t in have], 2.0)]))  # type: ignore[misc]
+        except Exception:
+            self.first = None
+
+
+def _leaves_of(loss: Any) -> list[torch.Tensor]:
+    """The parameters the loss's graph accumulates gradients into (a bounded walk, once)."""
+    todo, seen, out, ids = [getattr(loss, "grad_fn", None)], 0, [], set()
     while todo and seen < 10_000:
         node = todo.pop()
         seen += 1
@@ -111,12 +132,16 @@ def _leaf_of(loss: Any) -> torch.Tensor | None:
             continue
         var = getattr(node, "variable", None)
         if isinstance(var, torch.Tensor) and var.requires_grad:
-            return var
+            if id(var) not in ids:
+                ids.add(id(var))
+                out.append(var)
+            continue
         todo.extend(n for n, _ in node.next_functions)
-    return None
+    return out
 
 
-def _attach_hand(param: torch.Tensor, steps_so_far: int) -> None:
+def _attach_hand(param: torch.Tensor, steps_so_far: int,
+                 first: tuple[list[torch.Tensor], torch.Tensor] | None) -> None:
     from sentinel.instrument.losses import LossSum, scaler
     from sentinel.instrument.monitor import Monitor
     from sentinel.instrument.options import from_kwargs
@@ -131,8 +156,11 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int) -> None:
                 steps_so_far + 1)
     mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early,
                   hand=params)
-    mon.sync_step(steps_so_far)
-    early.take()  # the losses before this backward() belong to steps that were not watched
+    if first is not None and steps_so_far == 1:  # the first backward()'s step, from what it left
+        mon.replay_first(*first, clip=_last_clip)
+    else:
+        mon.sync_step(steps_so_far)
+        early.take()  # the losses before this backward() belong to steps that were not watched
     _monitors.append(mon)
 
 

@@ -269,6 +269,25 @@ class Monitor(Reporter):
         if self._open is not None:
             self.boundary.run("report", self._submit_open)
 
+    def replay_first(self, params: Sequence[torch.Tensor], norms: torch.Tensor,
+                     clip: tuple[torch.Tensor, float] | None = None) -> None:
+        """With parameters updated by hand, found at the second ``backward()``: report the
+        first one's step from the gradient norms taken right after it (``norms``, per
+        parameter, on the device), its loss and its clip."""
+        grouped = self.layout.tensors[0]
+        group_of = {id(p): g for b in grouped.buckets.values() for p, g in zip(b.params, b.groups)}
+        pos = [(i, group_of[id(p)]) for i, p in enumerate(params) if id(p) in group_of]
+        if pos:
+            vec = torch.zeros(max(1, grouped.n_groups), dtype=torch.float32, device=norms.device)
+            idx = torch.tensor([g for _, g in pos], dtype=torch.long, device=norms.device)
+            vec.index_add_(0, idx, norms[[i for i, _ in pos]].to(torch.float32).square())
+            self._add("grad_sumsq", {norms.device: vec})
+        self._hand_read = True
+        if clip is not None:
+            self.note_clip(*clip)
+        self._hand_read = False
+        self.boundary.run("report", self._finalize)
+
     def after_backward(self) -> None:
         """With parameters updated by hand: read the gradients this ``backward()`` left."""
         if self._hand is not None and not self.closed:
