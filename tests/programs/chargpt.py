@@ -20,8 +20,9 @@ out_dir = sys.argv[1]
 max_iters = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 gradient_accumulation_steps = 2
 batch_size, block_size = 4, 16
-learning_rate, min_lr, warmup_iters, lr_decay_iters = 6e-3, 6e-4, 2, max_iters
-weight_decay, beta1, beta2, grad_clip = 0.1, 0.9, 0.95, 0.5
+# config/train_shakespeare_char.py's optimizer settings, with the schedule shortened
+learning_rate, min_lr, warmup_iters, lr_decay_iters = 1e-3, 1e-4, 2, max_iters
+weight_decay, beta1, beta2, grad_clip = 0.1, 0.9, 0.99, 1.0
 
 torch.manual_seed(1337)
 text = ("First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. "

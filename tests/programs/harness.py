@@ -38,6 +38,7 @@ class Program:
             steps are compared at float16's precision).
         slow: behind the ``zoo_slow`` marker.
         nan_at: the step at which the program puts a NaN in its loss (0: a clean run).
+        ranks: run it with ``torchrun --standalone --nproc-per-node RANKS`` (0: plain python).
     """
 
     id: str
@@ -48,6 +49,7 @@ class Program:
     rel: float = 1e-5
     slow: bool = False
     nan_at: int = 0
+    ranks: int = 0
 
 
 @dataclass
@@ -113,6 +115,8 @@ def _history(path: Path, run_name: str) -> dict[str, Any] | None:
 def _start(prog: Program, mode: str, tmp: Path, run_name: str) -> tuple[subprocess.Popen[str], Path]:
     out_dir = tmp / f"{mode}-out"
     cmd = [sys.executable, str(HERE / prog.file), str(out_dir), *prog.args]
+    if prog.ranks:
+        cmd[:1] = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", str(prog.ranks)]
     env = _env(tmp, mode, run_name)
     if mode == "run":
         env["ZOO_PROGRAM"] = prog.file
@@ -173,11 +177,18 @@ def _load_files(runs: dict[str, Run]) -> None:
     paths = sorted({str(p) for r in runs.values() for p in r.out_dir.rglob("*") if p.is_file()})
     if not paths:
         return
+    cache = next(iter(runs.values())).out_dir.parent / "files.json"
+    if os.environ.get("ZOO_REUSE_DIR") and cache.exists():
+        found = json.loads(cache.read_text())
+        for r in runs.values():
+            r.files = {p: e for p, e in found.items() if Path(p).is_relative_to(r.out_dir)}
+        return
     out = subprocess.run([sys.executable, "-I", str(HERE / "load_saved.py"), str(HERE), *paths],
                          capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
     if out.returncode != 0:
         raise AssertionError(f"load_saved.py failed:\n{out.stderr[-3000:]}")
     found = json.loads(out.stdout)
+    cache.write_text(out.stdout)
     for r in runs.values():
         r.files = {p: e for p, e in found.items() if Path(p).is_relative_to(r.out_dir)}
 

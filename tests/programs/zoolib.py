@@ -64,9 +64,10 @@ class Reference:
         self.saved.append(os.path.abspath(path))
 
     def finish(self, *modules: torch.nn.Module) -> None:
-        print("checksum", checksum(*modules), flush=True)
+        if os.environ.get("RANK", "0") == "0":
+            print("checksum", checksum(*modules), flush=True)
         out = os.environ.get("ZOO_REF")
-        if not out:
+        if not out or os.environ.get("RANK", "0") != "0":  # rank 0's, under torchrun
             return
         with open(out, "w") as f:
             json.dump({"optimizers": self.steps, "optimizer_steps": [len(s) for s in self.steps],

@@ -4,7 +4,7 @@
 ``/metrics`` afterwards. This file sits on the program's ``PYTHONPATH`` (in the plain runs
 too, so both runs see the same path); Sentinel's shim chains to it. Only when
 ``ZOO_SNAPSHOT`` and ``SENTINEL_URL`` are set, in the program's own process (not a forked or
-spawned worker), it registers an ``atexit`` function. That runs after Sentinel's own exit
+spawned worker; rank 0 under torchrun), it registers an ``atexit`` function. That runs after Sentinel's own exit
 handler (``atexit`` is last in, first out, and Sentinel's is registered later, at
 ``import torch``), waits until ``/metrics`` shows the step counts the program wrote to its
 reference file (``ZOO_REF``), or 5 s, and writes ``/metrics`` and ``/api/v1/alerts`` to
@@ -67,6 +67,10 @@ def _snapshot():
         json.dump({"metrics": text, "alerts": alerts, "error": error}, f)
 
 
-if os.environ.get("ZOO_SNAPSHOT") and os.environ.get("SENTINEL_URL") and os.path.basename(
-        sys.argv[0] if sys.argv and sys.argv[0] else "") == os.environ.get("ZOO_PROGRAM", "\0"):
+def _is_the_program() -> bool:
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script == os.environ.get("ZOO_PROGRAM") and os.environ.get("RANK", "0") == "0"
+
+
+if os.environ.get("ZOO_SNAPSHOT") and os.environ.get("SENTINEL_URL") and _is_the_program():
     atexit.register(_snapshot)
