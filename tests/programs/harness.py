@@ -1,7 +1,7 @@
 """Runs one zoo program plainly, under ``sentinel run`` and under ``sentinel.watch``, and
 collects what the tests compare: exit status, stdout, stderr, the program's reference
 values (``ZOO_REF``), the files it saved (digested by ``load_saved.py`` in a Python where
-Sentinel cannot be imported), the history file's rows and, under ``sentinel run``, a
+Sentinel cannot be imported, for all programs at once), the history file's rows and, under ``sentinel run``, a
 snapshot of ``/metrics`` and ``/api/v1/alerts`` taken as the program exits
 (``_probe/sitecustomize.py``).
 """
@@ -39,6 +39,7 @@ class Program:
         slow: behind the ``zoo_slow`` marker.
         nan_at: the step at which the program puts a NaN in its loss (0: a clean run).
         ranks: run it with ``torchrun --standalone --nproc-per-node RANKS`` (0: plain python).
+        opt: the class of its optimizer(s), as the history should name it.
     """
 
     id: str
@@ -50,6 +51,7 @@ class Program:
     slow: bool = False
     nan_at: int = 0
     ranks: int = 0
+    opt: str = ""
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Run:
     snapshot: dict[str, Any] | None = None
     history: dict[str, Any] | None = None
     files: dict[str, Any] = field(default_factory=dict)
+    digested: bool = False
+    """``files`` is filled (by :func:`load_files`)."""
 
     def saved(self) -> dict[str, Any]:
         """The digests of the files the program saved, by path relative to its output folder."""
@@ -168,29 +172,24 @@ def collect(prog: Program, tmp: Path) -> dict[str, Run]:
             runs[mode].history = _history(tmp / "history.sqlite", _name(prog, mode))
     snap = tmp / "snapshot.json"
     runs["run"].snapshot = json.loads(snap.read_text()) if snap.exists() else None
-    _load_files(runs)
     return runs
 
 
-def _load_files(runs: dict[str, Run]) -> None:
-    """Digest every file each run saved, in one fresh Python that cannot import sentinel."""
-    paths = sorted({str(p) for r in runs.values() for p in r.out_dir.rglob("*") if p.is_file()})
-    if not paths:
-        return
-    cache = next(iter(runs.values())).out_dir.parent / "files.json"
-    if os.environ.get("ZOO_REUSE_DIR") and cache.exists():
-        found = json.loads(cache.read_text())
-        for r in runs.values():
-            r.files = {p: e for p, e in found.items() if Path(p).is_relative_to(r.out_dir)}
-        return
-    out = subprocess.run([sys.executable, "-I", str(HERE / "load_saved.py"), str(HERE), *paths],
-                         capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
-    if out.returncode != 0:
-        raise AssertionError(f"load_saved.py failed:\n{out.stderr[-3000:]}")
-    found = json.loads(out.stdout)
-    cache.write_text(out.stdout)
-    for r in runs.values():
+def load_files(programs: list[dict[str, Run]]) -> None:
+    """Digest every file the runs of ``programs`` saved, in one fresh Python that cannot
+    import sentinel (one for all: each Python that imports torch costs seconds)."""
+    runs = [r for p in programs for r in p.values()]
+    paths = sorted({str(p) for r in runs for p in r.out_dir.rglob("*") if p.is_file()})
+    found: dict[str, Any] = {}
+    if paths:
+        out = subprocess.run([sys.executable, "-I", str(HERE / "load_saved.py"), str(HERE), *paths],
+                             capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+        if out.returncode != 0:
+            raise AssertionError(f"load_saved.py failed:\n{out.stderr[-3000:]}")
+        found = json.loads(out.stdout)
+    for r in runs:
         r.files = {p: e for p, e in found.items() if Path(p).is_relative_to(r.out_dir)}
+        r.digested = True
 
 
 _SAMPLE = re.compile(r"^(sentinel_\w+)\{([^}]*)\} (\S+)$", re.M)

@@ -27,32 +27,32 @@ from typing import Any
 
 import pytest
 
-from tests.programs.harness import Program, Run, extra_stderr, run_program, samples
+from tests.programs.harness import Program, Run, extra_stderr, load_files, run_program, samples
 
 pytestmark = pytest.mark.integration
 
 PROGRAMS = [
-    Program("chargpt", "chargpt.py", watch=True),
-    Program("dcgan", "dcgan.py", optimizers=2),
-    Program("lbfgs_seq", "lbfgs_seq.py", watch=True),
+    Program("chargpt", "chargpt.py", watch=True, opt="AdamW"),
+    Program("dcgan", "dcgan.py", optimizers=2, opt="Adam"),
+    Program("lbfgs_seq", "lbfgs_seq.py", watch=True, opt="LBFGS"),
     Program("rnn_lm_sgd", "rnn_lm.py", optimizers=0),
     Program("rnn_lm_sgd_nan", "rnn_lm.py", ("--nan-at", "5"), optimizers=0, nan_at=5),
-    Program("rnn_lm_adamw", "rnn_lm.py", ("--optimizer", "adamw"), watch=True),
-    Program("classifier_steplr", "classifier.py", watch=True),
-    Program("classifier_onecycle", "classifier.py", ("--sched", "onecycle"), slow=True),
-    Program("compiled", "compiled.py", ("--backend", "aot_eager"), watch=True, slow=True),
-    Program("bf16_autocast", "bf16_autocast.py", watch=True),
-    Program("cast_after_watch", "cast_after_watch.py", watch=True, rel=2e-3),
-    Program("dataloader_workers", "dataloader_workers.py"),
-    Program("mp_pool", "mp_pool.py"),
-    Program("best_model_export", "best_model_export.py", watch=True),
-    Program("ddp_single", "ddp_single.py"),
-    Program("ddp_torchrun", "ddp_single.py", ranks=2, slow=True),
-    Program("functional_call", "functional_call.py"),
-    Program("autograd_grad", "autograd_grad.py"),
-    Program("mixed_dtypes", "mixed_dtypes.py", watch=True),
-    Program("float64", "mixed_dtypes.py", ("--dtype", "float64"), slow=True),
-    Program("complex", "mixed_dtypes.py", ("--dtype", "complex")),
+    Program("rnn_lm_adamw", "rnn_lm.py", ("--optimizer", "adamw"), watch=True, opt="AdamW"),
+    Program("classifier_steplr", "classifier.py", watch=True, opt="SGD"),
+    Program("classifier_onecycle", "classifier.py", ("--sched", "onecycle"), slow=True, opt="SGD"),
+    Program("compiled", "compiled.py", ("--backend", "aot_eager"), watch=True, slow=True, opt="AdamW"),
+    Program("bf16_autocast", "bf16_autocast.py", watch=True, opt="SGD"),
+    Program("cast_after_watch", "cast_after_watch.py", watch=True, rel=2e-3, opt="SGD"),
+    Program("dataloader_workers", "dataloader_workers.py", opt="Adam"),
+    Program("mp_pool", "mp_pool.py", opt="SGD"),
+    Program("best_model_export", "best_model_export.py", watch=True, opt="Adam"),
+    Program("ddp_single", "ddp_single.py", opt="Adam"),
+    Program("ddp_torchrun", "ddp_single.py", ranks=2, slow=True, opt="Adam"),
+    Program("functional_call", "functional_call.py", opt="AdamW"),
+    Program("autograd_grad", "autograd_grad.py", opt="Adam"),
+    Program("mixed_dtypes", "mixed_dtypes.py", watch=True, opt="Adam"),
+    Program("float64", "mixed_dtypes.py", ("--dtype", "float64"), slow=True, opt="Adam"),
+    Program("complex", "mixed_dtypes.py", ("--dtype", "complex"), opt="Adam"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
@@ -123,6 +123,8 @@ def test_training_is_bit_identical(outcome: Any, pid: str, mode: str) -> None:
 @pytest.mark.parametrize(("pid", "mode"), _params())
 def test_saved_files_load_without_sentinel_and_equal_the_plain_ones(outcome: Any, pid: str, mode: str) -> None:
     runs = outcome(pid)
+    if not runs["plain"].digested:  # every program run so far, in one Python
+        load_files([r for r in _CACHE.values() if not r["plain"].digested])
     plain, other = runs["plain"].saved(), runs[mode].saved()
     assert plain, "the plain run saved nothing"
     assert sorted(other) == sorted(plain), f"saved files differ: {sorted(other)} vs {sorted(plain)}"
@@ -211,6 +213,14 @@ def test_history_holds_the_references_step_by_step(outcome: Any, pid: str, mode:
     assert not bad, f"{mode}: {len(bad)} mismatches: " + "; ".join(bad[:12])
 
 
+@pytest.mark.parametrize(("pid", "mode"), [p for p in _params() if BY_ID[p.values[0]].opt])
+def test_history_names_the_optimizer(outcome: Any, pid: str, mode: str) -> None:
+    """Issue 18, point 7: the history's run row holds the optimizer class from the frames
+    (``sentinel runs``/``compare`` show it), with no tags passed."""
+    row, _ = _history_rows(outcome(pid)[mode])
+    assert BY_ID[pid].opt in (row["optimizer"] or ""), f"{mode}: runs.optimizer = {row['optimizer']!r}"
+
+
 @pytest.mark.parametrize("pid", _programs())
 def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> None:
     """Under ``sentinel run``: /metrics as the program exits shows one stream per
@@ -220,13 +230,13 @@ def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> 
     run = outcome(pid)["run"]
     assert run.snapshot is not None and run.ref is not None, _summary(run)
     text, name = run.snapshot["metrics"], f"zoo-{pid}"
-    step = samples(text, "sentinel_step", name)
+    step = [(lab, v) for lab, v in samples(text, "sentinel_step", name) if lab.get("rank") == "0"]
     streams = max(prog.optimizers, 1)
     assert len(step) == streams, f"sentinel_step series of the run: {step} (want {streams})"
     bad = []
     for k in range(streams):
         ref = run.ref["optimizers"][k]
-        want = {"optimizer": str(k)} if prog.optimizers > 1 else {}
+        want = {"rank": "0", **({"optimizer": str(k)} if prog.optimizers > 1 else {})}  # the reference is rank 0's
 
         def one(metric: str, ref: Any = ref, want: dict[str, str] = want) -> float | None:
             found = [v for lab, v in samples(text, metric, name) if all(lab.get(a) == b for a, b in want.items())]
@@ -256,7 +266,8 @@ def test_two_optimizers_are_two_streams_in_one_history_run(outcome: Any, pid: st
     assert (rows[0]["state"], rows[0]["exit_status"]) == ("finished", 0), rows[0]
     assert run.snapshot is not None
     text = run.snapshot["metrics"]
-    labels = sorted(lab.get("optimizer", "") for lab, _ in samples(text, "sentinel_step", f"zoo-{pid}"))
+    labels = sorted(lab.get("optimizer", "") for lab, _ in samples(text, "sentinel_step", f"zoo-{pid}")
+                    if lab.get("rank") == "0")
     assert labels == ["0", "1"], f"sentinel_step's optimizer labels: {labels}"
 
 
