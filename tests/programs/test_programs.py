@@ -20,6 +20,7 @@ outcome, one aspect each, so one run shows every aspect that fails.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -38,10 +39,10 @@ PROGRAMS = [
     Program("rnn_lm_sgd", "rnn_lm.py", optimizers=0),
     Program("rnn_lm_sgd_nan", "rnn_lm.py", ("--nan-at", "5"), optimizers=0, nan_at=5),
     Program("rnn_lm_adamw", "rnn_lm.py", ("--optimizer", "adamw"), watch=True, opt="AdamW"),
-    Program("classifier_steplr", "classifier.py", watch=True, opt="SGD"),
+    Program("classifier_steplr", "classifier.py", opt="SGD"),
     Program("classifier_onecycle", "classifier.py", ("--sched", "onecycle"), slow=True, opt="SGD"),
     Program("compiled", "compiled.py", ("--backend", "aot_eager"), watch=True, slow=True, opt="AdamW"),
-    Program("bf16_autocast", "bf16_autocast.py", watch=True, opt="SGD"),
+    Program("bf16_autocast", "bf16_autocast.py", opt="SGD"),
     Program("cast_after_watch", "cast_after_watch.py", watch=True, rel=2e-3, opt="SGD"),
     Program("dataloader_workers", "dataloader_workers.py", opt="Adam"),
     Program("mp_pool", "mp_pool.py", opt="SGD"),
@@ -59,11 +60,10 @@ MODES = ["run", "watch"]
 _CACHE: dict[str, dict[str, Run]] = {}
 
 
-def _params(watch_only: bool = False) -> list[Any]:
+def _params() -> list[Any]:
     out = []
     for p in PROGRAMS:
-        modes = [m for m in MODES if m == "run" or p.watch]
-        for mode in (["watch"] if p.watch else []) if watch_only else modes:
+        for mode in [m for m in MODES if m == "run" or p.watch]:
             marks = [pytest.mark.zoo_slow] if p.slow else []
             out.append(pytest.param(p.id, mode, id=f"{p.id}-{mode}", marks=marks))
     return out
@@ -95,7 +95,8 @@ def _close(a: float | None, b: float | None, rel: float) -> bool:
 
 
 def _summary(run: Run) -> str:
-    return f"{run.mode}: exit {run.returncode}; stderr tail:\n{run.stderr[-1500:]}"
+    last = next((line for line in reversed(run.stderr.splitlines()) if line.strip()), "")
+    return f"{run.mode}: exit {run.returncode}, last stderr line {last[:300]!r}; stderr tail:\n{run.stderr[-1500:]}"
 
 
 # --- the program itself is untouched ---------------------------------------------------
@@ -115,7 +116,8 @@ def test_training_is_bit_identical(outcome: Any, pid: str, mode: str) -> None:
     runs = outcome(pid)
     plain, other = runs["plain"], runs[mode]
     assert plain.ref is not None and other.ref is not None, _summary(other)
-    assert other.ref["optimizers"] == plain.ref["optimizers"], "the reference losses and norms differ"
+    # as JSON text: NaN (a poisoned step) equals NaN there
+    assert json.dumps(other.ref["optimizers"]) == json.dumps(plain.ref["optimizers"]), "the reference values differ"
     checks = [line for line in plain.stdout.splitlines() if line.startswith("checksum ")]
     assert checks and checks == [line for line in other.stdout.splitlines() if line.startswith("checksum ")]
 
