@@ -53,7 +53,7 @@ class GPT(nn.Module):
             ln_f=nn.LayerNorm(n_embd),
         ))
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.transformer.wte.weight = self.lm_head.weight  # type: ignore[union-attr]  # weight tying
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -72,10 +72,10 @@ class GPT(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         t = idx.shape[1]
         pos = torch.arange(t, dtype=torch.long)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # type: ignore[operator]
+        for block in self.transformer.h:  # type: ignore[union-attr]
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.transformer.ln_f(x))  # type: ignore[operator]
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

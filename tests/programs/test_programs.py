@@ -42,6 +42,8 @@ PROGRAMS = [
     Program("classifier_steplr", "classifier.py", opt="SGD"),
     Program("classifier_onecycle", "classifier.py", ("--sched", "onecycle"), slow=True, opt="SGD"),
     Program("compiled", "compiled.py", ("--backend", "aot_eager"), watch=True, slow=True, opt="AdamW"),
+    Program("compiled_late", "compiled.py", ("--backend", "aot_eager", "--late", "2"), watch=True, slow=True,
+            opt="AdamW"),
     Program("bf16_autocast", "bf16_autocast.py", opt="SGD"),
     Program("cast_after_watch", "cast_after_watch.py", watch=True, rel=2e-3, opt="SGD"),
     Program("dataloader_workers", "dataloader_workers.py", opt="Adam"),
