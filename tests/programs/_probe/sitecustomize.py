@@ -7,7 +7,7 @@ too, so both runs see the same path); Sentinel's shim chains to it. Only when
 spawned worker; rank 0 under torchrun), it registers an ``atexit`` function. That runs after Sentinel's own exit
 handler (``atexit`` is last in, first out, and Sentinel's is registered later, at
 ``import torch``), waits until ``/metrics`` shows the step counts the program wrote to its
-reference file (``ZOO_REF``), or 5 s, and writes ``/metrics`` and ``/api/v1/alerts`` to
+reference file (``ZOO_REF``), or 10 s, and writes ``/metrics`` and ``/api/v1/alerts`` to
 ``ZOO_SNAPSHOT``. Standard library only; it never imports sentinel.
 """
 
@@ -51,7 +51,7 @@ def _snapshot():
         return
     url, out = os.environ["SENTINEL_URL"], os.environ["ZOO_SNAPSHOT"]
     wanted = _wanted()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 10.0
     text, alerts, error = "", [], None
     while True:
         try:
