@@ -1,0 +1,61 @@
+"""Single-process DDP over gloo (``world_size=1``), as scripts written for torchrun are
+often run on one machine for a smoke test: ``init_process_group`` from the env://
+variables (set here when torchrun did not), the model wrapped in
+``DistributedDataParallel``, a ``DistributedSampler``, Adam, ``model.module.state_dict()``
+saved by rank 0, ``destroy_process_group`` at the end.
+
+argv: OUT_DIR [EPOCHS]
+"""
+
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import zoolib
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+out_dir = sys.argv[1]
+epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("MASTER_PORT", str(free_port()))
+os.environ.setdefault("RANK", "0")
+os.environ.setdefault("WORLD_SIZE", "1")
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(8)
+xs = torch.randn(40, 6)
+dataset = TensorDataset(xs, xs.sum(dim=1, keepdim=True))
+sampler = DistributedSampler(dataset, shuffle=True, seed=8)
+loader = DataLoader(dataset, batch_size=10, sampler=sampler)
+model = DDP(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1)))
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+ref = zoolib.Reference()
+for epoch in range(epochs):
+    sampler.set_epoch(epoch)
+    for i, (x, y) in enumerate(loader):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()  # the all-reduce runs in here
+        ref.step(loss, zoolib.total_norm(model.parameters()))
+        optimizer.step()
+        if rank == 0:
+            print(f"epoch {epoch} batch {i} loss {loss.item()!r}")
+if rank == 0:
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save(model.module.state_dict(), os.path.join(out_dir, "model.pt"))
+    ref.saved_file(os.path.join(out_dir, "model.pt"))
+dist.destroy_process_group()
+ref.finish(model.module)

@@ -1,0 +1,286 @@
+"""The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
+PyTorch examples' DCGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
+DDP, functorch, WGAN-GP), each run plainly, under ``sentinel run`` (zero-code) and, where
+people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
+
+- the exit status and stdout are the same with and without Sentinel (the programs print
+  their losses with ``repr`` and their final weights' checksum, so equal stdout is
+  bit-identical training), and so are the reference values the programs record;
+- every file it saves loads in a Python where ``import sentinel`` fails, and equals the
+  file saved without Sentinel (same keys, same tensors, no hooks, no added attributes);
+- Sentinel's loss, gradient norm (pre- and post-clip) and step count equal the references
+  the program took where its gradients are final;
+- nothing of Sentinel's reaches stderr (no traceback, no warning) but its one address line
+  (and, without an optimizer, one line saying what cannot be watched);
+- no warning or critical alert fires on these clean runs.
+
+Each program runs once per module (all its modes at once); the tests below read the cached
+outcome, one aspect each, so one run shows every aspect that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.programs.harness import Program, Run, extra_stderr, load_files, run_program, samples
+
+pytestmark = pytest.mark.integration
+
+PROGRAMS = [
+    Program("chargpt", "chargpt.py", watch=True, opt="AdamW"),
+    Program("dcgan", "dcgan.py", optimizers=2, opt="Adam"),
+    Program("lbfgs_seq", "lbfgs_seq.py", watch=True, opt="LBFGS"),
+    Program("rnn_lm_sgd", "rnn_lm.py", optimizers=0),
+    Program("rnn_lm_sgd_nan", "rnn_lm.py", ("--nan-at", "5"), optimizers=0, nan_at=5),
+    Program("rnn_lm_adamw", "rnn_lm.py", ("--optimizer", "adamw"), watch=True, opt="AdamW"),
+    Program("classifier_steplr", "classifier.py", opt="SGD"),
+    Program("classifier_onecycle", "classifier.py", ("--sched", "onecycle"), slow=True, opt="SGD"),
+    Program("compiled", "compiled.py", ("--backend", "aot_eager"), watch=True, slow=True, opt="AdamW"),
+    Program("compiled_late", "compiled.py", ("--backend", "aot_eager", "--late", "2"), watch=True, slow=True,
+            opt="AdamW"),
+    Program("bf16_autocast", "bf16_autocast.py", opt="SGD"),
+    Program("cast_after_watch", "cast_after_watch.py", watch=True, rel=2e-3, opt="SGD"),
+    Program("dataloader_workers", "dataloader_workers.py", opt="Adam"),
+    Program("mp_pool", "mp_pool.py", opt="SGD"),
+    Program("best_model_export", "best_model_export.py", watch=True, opt="Adam"),
+    Program("ddp_single", "ddp_single.py", opt="Adam"),
+    Program("ddp_torchrun", "ddp_single.py", ranks=2, slow=True, opt="Adam"),
+    Program("functional_call", "functional_call.py", opt="AdamW"),
+    Program("autograd_grad", "autograd_grad.py", opt="Adam"),
+    Program("mixed_dtypes", "mixed_dtypes.py", watch=True, opt="Adam"),
+    Program("float64", "mixed_dtypes.py", ("--dtype", "float64"), slow=True, opt="Adam"),
+    Program("complex", "mixed_dtypes.py", ("--dtype", "complex"), opt="Adam"),
+]
+BY_ID = {p.id: p for p in PROGRAMS}
+MODES = ["run", "watch"]
+_CACHE: dict[str, dict[str, Run]] = {}
+
+
+def _params() -> list[Any]:
+    out = []
+    for p in PROGRAMS:
+        for mode in [m for m in MODES if m == "run" or p.watch]:
+            marks = [pytest.mark.zoo_slow] if p.slow else []
+            out.append(pytest.param(p.id, mode, id=f"{p.id}-{mode}", marks=marks))
+    return out
+
+
+def _programs(only_with: int | None = None) -> list[Any]:
+    return [pytest.param(p.id, id=p.id, marks=[pytest.mark.zoo_slow] if p.slow else [])
+            for p in PROGRAMS if only_with is None or p.optimizers == only_with]
+
+
+@pytest.fixture
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    def get(pid: str) -> dict[str, Run]:
+        if pid not in _CACHE:
+            reuse = os.environ.get("ZOO_REUSE_DIR")  # keep the runs' folders, to work on the tests
+            tmp = Path(reuse) / pid if reuse else tmp_path_factory.mktemp(pid)
+            tmp.mkdir(parents=True, exist_ok=True)
+            _CACHE[pid] = run_program(BY_ID[pid], tmp)
+        return _CACHE[pid]
+    return get
+
+
+def _close(a: float | None, b: float | None, rel: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def _summary(run: Run) -> str:
+    last = next((line for line in reversed(run.stderr.splitlines()) if line.strip()), "")
+    return f"{run.mode}: exit {run.returncode}, last stderr line {last[:300]!r}; stderr tail:\n{run.stderr[-1500:]}"
+
+
+# --- the program itself is untouched ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("pid", "mode"), _params())
+def test_exit_status_and_stdout_are_the_programs(outcome: Any, pid: str, mode: str) -> None:
+    runs = outcome(pid)
+    plain, other = runs["plain"], runs[mode]
+    assert plain.returncode == 0, _summary(plain)
+    assert other.returncode == plain.returncode, _summary(other)
+    assert other.stdout == plain.stdout, f"{mode}: stdout differs\n--- plain\n{plain.stdout}\n--- {mode}\n{other.stdout}"
+
+
+@pytest.mark.parametrize(("pid", "mode"), _params())
+def test_training_is_bit_identical(outcome: Any, pid: str, mode: str) -> None:
+    runs = outcome(pid)
+    plain, other = runs["plain"], runs[mode]
+    assert plain.ref is not None and other.ref is not None, _summary(other)
+    # as JSON text: NaN (a poisoned step) equals NaN there
+    assert json.dumps(other.ref["optimizers"]) == json.dumps(plain.ref["optimizers"]), "the reference values differ"
+    checks = [line for line in plain.stdout.splitlines() if line.startswith("checksum ")]
+    assert checks and checks == [line for line in other.stdout.splitlines() if line.startswith("checksum ")]
+
+
+@pytest.mark.parametrize(("pid", "mode"), _params())
+def test_saved_files_load_without_sentinel_and_equal_the_plain_ones(outcome: Any, pid: str, mode: str) -> None:
+    runs = outcome(pid)
+    if not runs["plain"].digested:  # every program run so far, in one Python
+        load_files([r for r in _CACHE.values() if not r["plain"].digested])
+    plain, other = runs["plain"].saved(), runs[mode].saved()
+    assert plain, "the plain run saved nothing"
+    assert sorted(other) == sorted(plain), f"saved files differ: {sorted(other)} vs {sorted(plain)}"
+    errors = {name: e["error"] for name, e in other.items() if "error" in e}
+    assert not errors, f"{mode}: saved files that do not load without sentinel: {errors}"
+    for name, entry in plain.items():
+        assert "error" not in entry, f"the plain run's {name} does not load: {entry['error']}"
+        assert other[name]["weights_only"] == entry["weights_only"], f"{name}: weights_only load differs"
+        assert other[name]["digest"] == entry["digest"], f"{name}: contents differ from the plain run's"
+
+
+# --- nothing of Sentinel reaches the user --------------------------------------------------
+
+
+@pytest.mark.parametrize(("pid", "mode"), _params())
+def test_no_traceback_or_warning_from_sentinel(outcome: Any, pid: str, mode: str) -> None:
+    runs = outcome(pid)
+    extra = extra_stderr(runs["plain"].stderr, runs[mode].stderr)
+    allowed = [line for line in extra if line.startswith("sentinel: metrics at http://127.0.0.1:")]
+    rest = [line for line in extra if line not in allowed]
+    if BY_ID[pid].optimizers == 0 and mode == "run":
+        said = [line for line in rest if line.startswith("sentinel:") and "optimizer" in line]
+        assert len(said) == 1, f"one line must say what cannot be watched without an optimizer: {rest}"
+        rest.remove(said[0])
+    assert not rest, (f"{mode}: Sentinel printed {len(rest)} lines on stderr, first: {rest[0][:200]!r}; "
+                      f"tracebacks: {sum('Traceback' in line for line in rest)}\n" + "\n".join(rest[:40]))
+
+
+@pytest.mark.parametrize(("pid", "mode"), _params())
+def test_no_warning_or_critical_alert_on_a_clean_run(outcome: Any, pid: str, mode: str) -> None:
+    if BY_ID[pid].nan_at:
+        pytest.skip("not a clean run: see test_a_nan_without_an_optimizer_fires_training_nonfinite")
+    run = outcome(pid)[mode]
+    fired = []
+    if run.history is not None:
+        fired += [f"{a['alertname']} ({a['severity']}, step {a['step']}): {a['summary']}"
+                  for a in run.history["alerts"] if a["state_to"] == "firing"
+                  and a["severity"] in ("warning", "critical")]
+    if run.snapshot is not None:
+        fired += [f"{a['alertname']} ({a.get('severity')}, /api/v1/alerts): {a.get('summary')}"
+                  for a in run.snapshot["alerts"] if a.get("state") == "firing"
+                  and a.get("severity") in ("warning", "critical")]
+    fired = sorted(set(fired))
+    assert not fired, f"{mode}: {len(fired)} alerts on a clean run: " + " | ".join(fired)
+
+
+# --- Sentinel's numbers are the program's --------------------------------------------------
+
+
+def _history_rows(run: Run) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    assert run.history is not None, f"{run.mode}: no history file"
+    runs = run.history["runs"]
+    assert len(runs) == 1, f"{run.mode}: history rows for the run: {[(r['run'], r['state']) for r in runs]}"
+    return runs[0], [s for s in run.history["samples"] if s["run_id"] == runs[0]["id"]]
+
+
+@pytest.mark.parametrize(("pid", "mode"), _params())
+def test_history_holds_the_references_step_by_step(outcome: Any, pid: str, mode: str) -> None:
+    """The history's samples: one per step (optimizer step, or backward() without an
+    optimizer), the step's loss, its final gradient norm and, where the program clips,
+    the norm before clipping."""
+    prog = BY_ID[pid]
+    if prog.optimizers > 1:
+        pytest.skip("several optimizers: the per-optimizer streams are checked on /metrics")
+    run = outcome(pid)[mode]
+    assert run.ref is not None, _summary(run)
+    steps = run.ref["optimizers"][0]
+    row, rows = _history_rows(run)
+    bad = []
+    if row["steps"] != len(steps):
+        bad.append(f"runs.steps = {row['steps']}, the program made {len(steps)} steps")
+    if mode == "run" and (row["state"], row["exit_status"]) != ("finished", 0):
+        bad.append(f"run state {row['state']!r}, exit status {row['exit_status']}")
+    by_step = {s["step"]: s for s in rows}
+    for i, ref in enumerate(steps, start=1):
+        got = by_step.get(i)
+        if got is None:
+            bad.append(f"step {i}: no sample")
+            continue
+        if not _close(got["loss"], ref["loss"], 1e-5):
+            bad.append(f"step {i}: loss {got['loss']!r}, reference {ref['loss']!r}")
+        if not _close(got["grad_norm"], ref["grad_norm"], prog.rel):
+            bad.append(f"step {i}: grad_norm {got['grad_norm']!r}, reference {ref['grad_norm']!r}")
+        if ref["preclip"] is not None and not _close(got["clip_norm"], ref["preclip"], prog.rel):
+            bad.append(f"step {i}: pre-clip norm {got['clip_norm']!r}, reference {ref['preclip']!r}")
+    assert not bad, f"{mode}: {len(bad)} mismatches: " + "; ".join(bad[:12])
+
+
+@pytest.mark.parametrize(("pid", "mode"), [p for p in _params() if BY_ID[p.values[0]].opt])
+def test_history_names_the_optimizer(outcome: Any, pid: str, mode: str) -> None:
+    """Issue 18, point 7: the history's run row holds the optimizer class from the frames
+    (``sentinel runs``/``compare`` show it), with no tags passed."""
+    row, _ = _history_rows(outcome(pid)[mode])
+    assert BY_ID[pid].opt in (row["optimizer"] or ""), f"{mode}: runs.optimizer = {row['optimizer']!r}"
+
+
+@pytest.mark.parametrize("pid", _programs())
+def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> None:
+    """Under ``sentinel run``: /metrics as the program exits shows one stream per
+    optimizer (labelled ``optimizer="0"``, ``"1"`` in creation order when there are
+    several), each at its own step count, with that optimizer's last loss and norm."""
+    prog = BY_ID[pid]
+    run = outcome(pid)["run"]
+    assert run.snapshot is not None and run.ref is not None, _summary(run)
+    text, name = run.snapshot["metrics"], f"zoo-{pid}"
+    step = [(lab, v) for lab, v in samples(text, "sentinel_step", name) if lab.get("rank") == "0"]
+    streams = max(prog.optimizers, 1)
+    assert len(step) == streams, f"sentinel_step series of the run: {step} (want {streams})"
+    bad = []
+    for k in range(streams):
+        ref = run.ref["optimizers"][k]
+        want = {"rank": "0", **({"optimizer": str(k)} if prog.optimizers > 1 else {})}  # the reference is rank 0's
+
+        def one(metric: str, ref: Any = ref, want: dict[str, str] = want) -> float | None:
+            found = [v for lab, v in samples(text, metric, name) if all(lab.get(a) == b for a, b in want.items())]
+            return found[0] if len(found) == 1 else None
+
+        if one("sentinel_step") != len(ref):
+            bad.append(f"optimizer {k}: sentinel_step {one('sentinel_step')}, the program made {len(ref)} steps")
+        if not _close(one("sentinel_loss"), ref[-1]["loss"], 1e-5):
+            bad.append(f"optimizer {k}: sentinel_loss {one('sentinel_loss')}, last loss {ref[-1]['loss']!r}")
+        if not _close(one("sentinel_grad_norm"), ref[-1]["grad_norm"], prog.rel):
+            bad.append(f"optimizer {k}: sentinel_grad_norm {one('sentinel_grad_norm')}, "
+                       f"last norm {ref[-1]['grad_norm']!r}")
+        if ref[-1]["preclip"] is not None and not _close(one("sentinel_grad_norm_preclip"), ref[-1]["preclip"],
+                                                         prog.rel):
+            bad.append(f"optimizer {k}: sentinel_grad_norm_preclip {one('sentinel_grad_norm_preclip')}, "
+                       f"last pre-clip norm {ref[-1]['preclip']!r}")
+    assert not bad, "; ".join(bad)
+
+
+@pytest.mark.parametrize("pid", _programs(only_with=2))
+def test_two_optimizers_are_two_streams_in_one_history_run(outcome: Any, pid: str) -> None:
+    """Issue 18, point 2: the history holds one run (not one left ``running``) for both."""
+    run = outcome(pid)["run"]
+    assert run.history is not None, _summary(run)
+    rows = run.history["runs"]
+    assert len(rows) == 1, f"history rows: {[(r['run'], r['state'], r['steps']) for r in rows]}"
+    assert (rows[0]["state"], rows[0]["exit_status"]) == ("finished", 0), rows[0]
+    assert run.snapshot is not None
+    text = run.snapshot["metrics"]
+    labels = sorted(lab.get("optimizer", "") for lab, _ in samples(text, "sentinel_step", f"zoo-{pid}")
+                    if lab.get("rank") == "0")
+    assert labels == ["0", "1"], f"sentinel_step's optimizer labels: {labels}"
+
+
+@pytest.mark.parametrize("pid", [p.id for p in PROGRAMS if p.nan_at])
+def test_a_nan_without_an_optimizer_fires_training_nonfinite(outcome: Any, pid: str) -> None:
+    """Issue 18, point 4: weights updated by hand still get the NaN sentinel, at the
+    backward() whose loss was NaN."""
+    prog, run = BY_ID[pid], outcome(pid)["run"]
+    assert run.history is not None, _summary(run)
+    fired = [a for a in run.history["alerts"] if a["alertname"] == "TrainingNonFinite" and a["state_to"] == "firing"]
+    assert fired, f"no TrainingNonFinite; alerts: {[(a['alertname'], a['state_to']) for a in run.history['alerts']]}"
+    assert fired[0]["step"] == prog.nan_at, fired[0]
