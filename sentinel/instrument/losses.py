@@ -107,6 +107,13 @@ def _seen(loss: torch.Tensor) -> None:
             log.warning("sentinel: reading the loss at backward() failed; training continues", exc_info=True)
 
 
+def _after() -> None:
+    for listener in list(backward_listeners):
+        after = getattr(listener, "after_backward", None)
+        if after is not None:
+            after()
+
+
 def _grad_loss(outputs: Any, inputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The loss of a ``torch.autograd.grad`` call that stands for ``backward()``: one scalar
     output, the gradients of leaf parameters, no graph kept for a higher order (a gradient
@@ -136,10 +143,7 @@ def install() -> None:
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         _seen(self)
         out = original(self, *args, **kwargs)
-        for listener in list(backward_listeners):
-            after = getattr(listener, "after_backward", None)
-            if after is not None:
-                after()
+        _after()
         return out
 
     backward.__doc__ = original.__doc__
@@ -155,10 +159,7 @@ def install() -> None:
             _seen(loss)  # a loop that takes its gradients with autograd.grad instead of backward()
         out = original_grad(outputs, inputs, *args, **kwargs)
         if loss is not None:
-            for listener in list(backward_listeners):
-                after = getattr(listener, "after_backward", None)
-                if after is not None:
-                    after()
+            _after()
         return out
 
     grad.__doc__ = original_grad.__doc__
