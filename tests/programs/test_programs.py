@@ -30,7 +30,8 @@ import pytest
 
 from tests.programs.harness import Program, Run, extra_stderr, load_files, run_program, samples
 
-pytestmark = pytest.mark.integration
+# minutes of real time (each program runs two or three times): `make test-slow`, which .ci/run runs
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROGRAMS = [
     Program("chargpt", "chargpt.py", watch=True, opt="AdamW"),
