@@ -237,3 +237,30 @@ def test_bad_guard_options_are_loud() -> None:
         from_kwargs({"guard": {"factor": 0.5}})
     with pytest.raises(ValueError, match="unknown option"):
         from_kwargs({"guard": {"facter": 5}})
+
+
+def test_the_readme_call_forms_and_config(tmp_path: Any) -> None:
+    """The Guard section's forms, as written there."""
+    import yaml
+
+    from sentinel.config import load_config
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = sentinel.watch(model, opt, guard={"factor": 20, "max_consecutive": 4, "on_exhausted": "through"},
+                         engine="off")
+    assert (mon.guard.options.factor, mon.guard.options.max_consecutive, mon.guard.options.on_exhausted) == (
+        20, 4, "through")
+    mon.close()
+    doc = yaml.safe_load("""
+actions:
+  guard: {enabled: true, nonfinite: true, spike: true, factor: 10, window: 50, warmup: 20,
+          max_consecutive: 8, on_exhausted: halt}    # halt | through
+  capture_on: [StepSkipped]                          # also save the skipped step's batch
+""")
+    cfg, _ = load_config(doc)
+    assert cfg.actions.guard.to_options() == {"nonfinite": True, "spike": True, "factor": 10.0, "window": 50,
+                                              "warmup": 20, "max_consecutive": 8, "on_exhausted": "halt",
+                                              "method": "auto", "snapshot_bytes": 2 * 2**30}
+    with pytest.raises(Exception, match="actions.guard.on_exhausted"):
+        load_config({"actions": {"guard": {"enabled": True, "on_exhausted": "maybe"}}})
