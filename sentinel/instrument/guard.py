@@ -208,10 +208,7 @@ class Guard:
             method = "sync"  # a first step: fused SGD's momentum would start from an empty buffer
         host: HostCopy | None = None
         host_skip = False
-        if method == "fused":
-            st.found_inf_given = given
-            opt.found_inf = (skip | amp).float()  # type: ignore[attr-defined]
-        elif method == "select":
+        if method == "select":
             if st.select is None or st.select.device != dev:
                 st.select = DeviceSelect(dev, o.snapshot_bytes)
             if st.select.take(opt):
@@ -224,6 +221,9 @@ class Guard:
         st.plan = (method, skip, host, host_skip)
         self.methods[k] = method
         st.verdict = self._record(k, step, values, method)
+        if method == "fused":  # last: a plan exists, so the post-hook takes it off again
+            st.found_inf_given = given
+            opt.found_inf = (skip | amp).float()  # type: ignore[attr-defined]
 
     def after_step(self, k: int, opt: torch.optim.Optimizer) -> None:
         """At the step's post-hook: undo a skipped step by the chosen method."""
@@ -262,7 +262,15 @@ class Guard:
             i += 1
 
     def flush(self) -> None:
-        """Wait for every verdict and act on it (at ``close()``)."""
+        """Wait for every verdict and act on it (at ``close()``); nothing of the guard is
+        left on an optimizer (a ``found_inf`` of a step that never reached its post-hook)."""
+        for st in self._opts.values():
+            if st.plan is not None and st.plan[0] == "fused" and st.opt is not None:
+                if st.found_inf_given is not None:
+                    st.opt.found_inf = st.found_inf_given
+                elif hasattr(st.opt, "found_inf"):
+                    del st.opt.found_inf
+            st.plan = None
         while self._pending:
             self._act(self._pending.pop(0))
 

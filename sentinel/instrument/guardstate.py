@@ -95,18 +95,19 @@ class HostCopy:
                 g[k] = v
 
 
-def device_tensors(opt: torch.optim.Optimizer, device: torch.device) -> Iterator[Tensor]:
-    """The parameters, then the state tensors, on ``device`` (a stable order)."""
+def device_tensors(opt: torch.optim.Optimizer, device: torch.device) -> Iterator[tuple[Any, Any, Tensor]]:
+    """``(holder, key, tensor)`` of the parameters (holder None), then of the state tensors
+    (holder: the parameter's state dict), on ``device``, in a stable order."""
     params = _params(opt)
     for p in params:
         if p.device == device:
-            yield p.detach()
+            yield None, None, p.detach()
     for p in params:
         st = opt.state.get(p)
         if st:
-            for v in st.values():
+            for k, v in st.items():
                 if isinstance(v, Tensor) and v.device == device:
-                    yield v
+                    yield st, k, v
 
 
 def select_fits(opt: torch.optim.Optimizer) -> bool:
@@ -133,6 +134,7 @@ class DeviceSelect:
         self.budget = budget
         self.current: list[Tensor] = []
         self.saved: list[Tensor] = []
+        self.where: list[tuple[Any, Any]] = []
         self._key: tuple[tuple[int, tuple[int, ...], torch.dtype], ...] = ()
 
     @property
@@ -145,7 +147,9 @@ class DeviceSelect:
         Returns:
             False when they would exceed the budget (nothing is held then).
         """
-        cur = list(device_tensors(opt, self.device))
+        found = list(device_tensors(opt, self.device))
+        cur = [t for _, _, t in found]
+        self.where = [(h, k) for h, k, _ in found]
         key = tuple((id(t), tuple(t.shape), t.dtype) for t in cur)
         if key != self._key:  # the first step created state, or the layout changed
             need = sum(t.numel() * t.element_size() for t in cur)
@@ -160,6 +164,13 @@ class DeviceSelect:
         return True
 
     def select(self, skip: Tensor) -> None:
-        """Where ``skip`` (a 0-d bool tensor on the device) holds, put the saved values back."""
-        for c, s in zip(self.current, self.saved):
-            torch.where(skip, s, c, out=c)
+        """Where ``skip`` (a 0-d bool tensor on the device) holds, put the saved values back.
+
+        A state tensor the step replaced by a new one (rather than updating it in place) is
+        replaced again, by the selected values."""
+        for (holder, key), c, s in zip(self.where, self.current, self.saved):
+            now = c if holder is None else holder.get(key)
+            if now is c:
+                torch.where(skip, s, c, out=c)
+            elif isinstance(now, Tensor) and now.shape == s.shape and now.dtype == s.dtype:
+                holder[key] = torch.where(skip, s, now)
