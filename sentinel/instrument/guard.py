@@ -383,12 +383,10 @@ def make_guard(mon: Any) -> Guard | None:
     o = mon.options
     opts = o.guard
     if opts is None and o.config:
-        from sentinel.config import load_config  # already loaded once by link.connect
-
-        cfg, _ = load_config(o.config)
         from sentinel.instrument.guardopts import parse_guard
+        from sentinel.instrument.link import config_guard  # validated once by link.connect already
 
-        opts = parse_guard(cfg.actions.guard.to_options())
+        opts = parse_guard(config_guard(o.config))
     if opts is None:
         return None
     return Guard(opts, lambda: mon.groups, mon._send, mon.request_stop, lambda: mon.scaler, lambda: mon.sharded)
