@@ -207,6 +207,20 @@ def _run_or_exit(conn: object, name: str) -> object:
 
 
 @app.command()
+def skips(
+    run: str = typer.Argument(..., help="RUN or JOB/RUN (the latest), RUN@N (the N-th, from 1), or #ID."),
+    db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
+    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+) -> None:
+    """The steps the step guard skipped in a run, with their batches: a skip list for a restart."""
+    from sentinel.history.skips import skips_of, text
+
+    conn = _history_or_exit(db, config)
+    info = _run_or_exit(conn, run)
+    typer.echo(text(skips_of(conn, info.id), info.label))  # type: ignore[arg-type, attr-defined]
+
+
+@app.command()
 def report(
     run: str = typer.Argument(..., help="RUN or JOB/RUN (the latest), RUN@N (the N-th, from 1), or #ID."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="File (html) or folder (png) to write."),

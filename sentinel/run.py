@@ -62,6 +62,9 @@ def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, fo
 def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str]) -> int:
     print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
     env = child_env(daemon.socket_path, daemon.url, tags=tags)
+    guard = daemon.service.config.actions.guard.to_options()  # actions.guard: the zero-code monitors'
+    if guard is not None and "SENTINEL_GUARD" not in os.environ:
+        env["SENTINEL_GUARD"] = json.dumps(guard)
     history = daemon.service.history
     job = env.get("SENTINEL_JOB", "train")
     if history is not None:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sentinel.engine.guard import valid as guard_note_valid
+
 MAX_STEP = 2**53
 """Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
 _NUM = (int, float)
@@ -295,6 +297,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "dropped": lambda v, _: _count(v),
     "exc": lambda v, _: type(v) is str and len(v) <= 200,
     "reply": lambda v, _: type(v) is str and len(v) <= 200,
+    "guard": guard_note_valid,  # the step guard's note (sentinel/engine/guard.py)
 }
 
 

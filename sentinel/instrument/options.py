@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sentinel.instrument.guardopts import parse_guard
+
 DEFAULT_LISTEN = "127.0.0.1:9400"
 
 
@@ -70,9 +72,14 @@ class WatchOptions:
     ``SENTINEL_TAGS`` (a JSON map, as ``sentinel run --tag`` sets it) adds to them."""
     tags_every: int = 100
     """Step frames carry the tags at the first step and then every N steps."""
+    guard: Any = None
+    """The step guard (opt-in): True, or a map of
+    :class:`~sentinel.instrument.guardopts.GuardOptions` fields; ``SENTINEL_GUARD`` (``1`` or
+    a JSON map, as ``sentinel run`` sets it from ``actions.guard``). None: off."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.guard = parse_guard(self.guard)
         if not self.run:
             self.run = default_run_name()
         if isinstance(self.group_depth, str) and self.group_depth != "auto":

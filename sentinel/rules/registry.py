@@ -13,6 +13,7 @@ from sentinel.rules import (
     oscillation,
     plateau,
     scheduled,
+    skip,
     spike,
     stall,
     threshold,
@@ -31,6 +32,7 @@ DETECTORS: dict[str, DetectorSpec] = {
     "forecast": DetectorSpec(forecast.detect, forecast.ForecastParams),
     "drop": DetectorSpec(drop.detect, drop.DropParams),
     "early": DetectorSpec(early.detect, early.EarlyParams),
+    "skip": DetectorSpec(skip.detect, skip.SkipParams, idle=skip.idle),
     "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
     "exited": DetectorSpec(exited.detect, exited.ExitedParams),
 }

@@ -19,7 +19,10 @@ BUILTIN = [
     # the first steps of a run (issue 13)
     "EarlyLossSwing", "EarlyUpdateTooLarge", "EarlyGradientGrowth", "EarlyLossRising", "EarlyLossStalled",
     "LossSpike", "LossDivergence", "LossOscillation", "LossPlateau",
-    "GradientSpike", "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
+    "GradientSpike",
+    # the step guard's (issue 21), judged only where actions.guard is on
+    "StepSkipped", "StepsSkippedRepeatedly", "GuardExhausted",
+    "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
     "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
     "MemoryCritical", "CudaOOM", "CudaAllocRetries",
     "OptimizerEpsTooSmallFp16", "OptimizerBeta2TooLong", "OptimizerBeta1Low", "AdamWWithoutWeightDecay",
