@@ -16,6 +16,7 @@ from sentinel.rules import (
     spike,
     stall,
     threshold,
+    trend,
 )
 from sentinel.rules.base import DetectorSpec
 
@@ -33,5 +34,6 @@ DETECTORS: dict[str, DetectorSpec] = {
     "early": DetectorSpec(early.detect, early.EarlyParams),
     "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
     "exited": DetectorSpec(exited.detect, exited.ExitedParams),
+    "trend": DetectorSpec(trend.detect, trend.TrendParams),
 }
 """Every detector kind a rule may name."""
