@@ -4,6 +4,7 @@ transitions the life cycle makes of it. :mod:`sentinel.rules.lifecycle` decides 
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,17 @@ class Transition:
         }
 
 
+def _value_spec(template: str) -> str:
+    """The format spec the summary gives ``{value}`` (``.4g`` when it gives none)."""
+    try:
+        for _, name, spec, _ in string.Formatter().parse(template):
+            if name == "value" and spec:
+                return spec
+    except ValueError:
+        pass
+    return ".4g"
+
+
 def _num(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else x
 
@@ -217,11 +229,18 @@ class Alert:
         start = self.started_value
         if self.value == start and self.worst_value in (start, self.value):
             return ""  # nothing moved: the start says it all
+        spec = _value_spec(self.rule.summary)
+
+        def fmt(x: float) -> str:
+            try:
+                return format(x, spec)
+            except (ValueError, TypeError):
+                return f"{x:.4g}"
         parts = []
         if (self.worst_value == self.worst_value and self.worst_step not in (self.started_step, self.step)
                 and self.worst_value not in (start, self.value)):
-            parts.append(f"worst {self.worst_value:.4g} at step {self.worst_step}")
-        parts.append(f"latest {self.value:.4g} at step {self.step}")
+            parts.append(f"worst {fmt(self.worst_value)} at step {self.worst_step}")
+        parts.append(f"latest {fmt(self.value)} at step {self.step}")
         return "; " + ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
