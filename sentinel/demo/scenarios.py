@@ -334,12 +334,25 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
     finally:
         mon.close()
         inject.leak.clear()
+        _trim()
     firings: dict[str, Firing] = {}
     for t in engine.transitions:
         if t.state_to == "firing" and t.alertname not in firings:
             firings[t.alertname] = Firing(t.alertname, t.severity, t.step, t.groups, t.summary)
     return ScenarioResult(sc, fault_step, list(firings.values()), mon.steps,
                           time.perf_counter() - t0, stall_seconds)
+
+
+def _trim() -> None:
+    """Give the leaked memory back to the OS (glibc's ``malloc_trim``): freed heap pages
+    stay resident otherwise, and the next leak scenario in this process would reuse them
+    without its RSS growing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _schedule(sc: Scenario, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
@@ -453,15 +466,16 @@ SCENARIOS: tuple[Scenario, ...] = (
              label_noise=0.2, expect=("LossRising", "UpdateRatioHigh"), max_delay=12,
              steps=400, why="a schedule bug: the lr ×20 at step 200 of 400; the loss climbs 1.5× over a dozen steps"),
     Scenario("lm-blowup-start", "gpt", "adamw", fault="lr-high", fault_step=1, lr_factor=1000.0,
-             expect=("EarlyLossExplosion", "EarlyLossRising"), max_delay=10, steps=60,
+             expect=("EarlyLossExplosion",), max_delay=10, steps=60,
              why="lr 3.0 from step 1: the loss is thrown far above the first loss at once"),
     Scenario("leak-no-limit", "mlp", "adamw", fault="leak", fault_step=40, leak_mib=10.0,
              leak_budget_mib=0.0, expect=("OOMRisk", "MemoryCritical"), max_delay=200, steps=250,
              why="10 MiB kept every step, no container limit: the machine's memory is the limit "
                  "(a forecast waits for a rise of 1/20 of the headroom: 1.2 GiB here)"),
     Scenario("leak-loose-limit", "mlp", "adamw", fault="leak", fault_step=40, leak_mib=6.0,
-             leak_budget_mib=0.0, watch={"memory_capacity_bytes": 4 * 2**30}, expect=("OOMRisk",),
-             max_delay=100, steps=160, why="6 MiB a step under a 4 GiB limit, far below half of it"),
+             leak_budget_mib=0.0, watch={"memory_capacity_bytes": 4 * 2**30}, expect=("OOMRisk", "MemoryCritical"),
+             max_delay=120, steps=170, why="6 MiB a step under a 4 GiB limit, far below half of it "
+                                           "(a trend needs 12 memory samples: 120 steps)"),
     *(_clean(m, o) for m in MODELS for o in OPTIMIZERS),
     # long clean runs of kinds the matrix does not hold (1,200 steps each)
     Scenario("clean-lm-long", "gpt", "adamw", steps=1200, label_noise=0.2, schedule="warmup-cosine",
