@@ -461,7 +461,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     # noise, its memory trend and the first loss it reported
     Scenario("lm-bad-batch", "gpt", "adamw", fault="bad-batch", fault_step=450, bad_fraction=0.25,
              label_noise=0.2, batch=32, schedule="warmup-cosine", expect=("LossSpike",), max_delay=3,
-             steps=480, why="a quarter of one batch random tokens with shuffled targets: the loss ~1.6× its median"),
+             steps=480, why="a quarter of one batch random tokens with shuffled targets: the loss 1.67× its median"),
     Scenario("lm-lr-blowup", "gpt", "adamw", fault="lr-high", fault_step=200, lr_factor=20.0,
              label_noise=0.2, expect=("LossRising", "UpdateRatioHigh"), max_delay=12,
              steps=400, why="a schedule bug: the lr ×20 at step 200 of 400; the loss climbs 1.5× over a dozen steps"),
