@@ -57,6 +57,8 @@ class EarlyParams(Params):
         min_drop: for ``stall``: the level must be at least this fraction below the start.
         start: for ``rise``/``stall``: the starting level is the ``first`` sample or the
             ``median`` of the first ``chunk``.
+        level: for ``rise``: the current level is the ``median`` or the ``min`` of the last
+            ``chunk`` samples (``min``: every one of them has risen).
         rebound: for ``jumps``: a jump counts only when it reaches this fraction of the
             starting level (median of the first 3 samples): a loss thrown back towards
             where it began, not a noisy batch near its floor (a small-batch MSE there
@@ -73,6 +75,7 @@ class EarlyParams(Params):
     min_drop: float = Field(default=0.01, ge=0.0, lt=1.0)
     rebound: float = Field(default=0.0, ge=0.0)
     start: Literal["median", "first"] = "median"
+    level: Literal["median", "min"] = "median"
 
     def samples(self) -> int:
         return self.until + 1
@@ -117,14 +120,15 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
         detail = f"rose at each of the last {p.count} steps, {grown:.3g}× in all"
         return Verdict(grown >= p.factor, float(run), float(p.count), detail=detail)
     # rise / stall: from at_step on, the level against the start
-    if steps[-1] < p.at_step or len(vals) < 2 * p.chunk:
+    need = p.chunk + 1 if p.start == "first" else 2 * p.chunk  # the first sample, then a chunk
+    if steps[-1] < p.at_step or len(vals) < need:
         return None
     pairs = [(s, v) for s, v in zip(steps, vals) if math.isfinite(v)]
-    if len(pairs) < 2 * p.chunk:
+    if len(pairs) < need:
         return None
     fin = [v for _, v in pairs]
     start = fin[0] if p.start == "first" else median(fin[: p.chunk])
-    level = median(fin[-p.chunk :])
+    level = min(fin[-p.chunk :]) if p.level == "min" else median(fin[-p.chunk :])
     if not start > 0:
         return None
     ratio = level / start
