@@ -17,6 +17,7 @@ from sentinel.rules import (
     spike,
     stall,
     threshold,
+    trend,
 )
 from sentinel.rules.base import DetectorSpec
 
@@ -35,5 +36,6 @@ DETECTORS: dict[str, DetectorSpec] = {
     "skip": DetectorSpec(skip.detect, skip.SkipParams, idle=skip.idle),
     "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
     "exited": DetectorSpec(exited.detect, exited.ExitedParams),
+    "trend": DetectorSpec(trend.detect, trend.TrendParams),
 }
 """Every detector kind a rule may name."""
