@@ -45,6 +45,9 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``errors``?        instrument errors so far (monotonic)
 ``scalars_dropped``? values ``Monitor.log`` dropped so far (monotonic)
 ``dropped``?       frames dropped by the sender so far (monotonic)
+``status``?        on ``"bye"`` only: the exit status a launcher saw (``sentinel run``
+                   attached to a node's daemon), ``128 + N`` for signal ``N``; ``exc``
+                   then says who ended and why, in words
 =================  ==========================================================
 
 Sums of squares rather than norms travel so that sharded ranks can be added up where

@@ -270,7 +270,19 @@ class Service:
         cap = self._capture_of(t)
         if cap is not None:
             extra = {"evidence": cap["evidence"], "inputs": cap["inputs"]}
+        where = self._launcher_labels(t.job, t.run)
+        if where:
+            extra["labels"] = where
         self.courier.submit(notice_of(t, tags=tags, metric=metric, recent=recent, grafana=link, **extra))
+
+    def _launcher_labels(self, job: str, run: str) -> dict[str, str]:
+        """The run's ``slurm_*`` tags (job id, step id, node: ``sentinel run`` under Slurm),
+        which label its alerts too."""
+        for labels in self.engine.store.labelsets("sentinel_run_info"):
+            d = dict(labels)
+            if d.get("job") == job and d.get("run") == run:
+                return {k: v for k, v in d.items() if k.startswith("slurm_")}
+        return {}
 
     def _capture(self, t: Transition) -> None:
         """Write the evidence of a firing that ``actions.capture_on`` names (the engine's
