@@ -62,7 +62,6 @@ def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str]) -> int:
     """Run ``cmd`` instrumented to the daemon at ``socket_path``; return its exit status
     (128 + N for signal N). SIGINT/SIGTERM are forwarded to it."""
     from sentinel.run import child_env
-    from sentinel.slurm import end_reason
 
     env = child_env(socket_path, os.environ.get("SENTINEL_URL", ""), tags=tags)
     if not env.get("SENTINEL_URL"):
@@ -74,19 +73,38 @@ def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str]) -> int:
         return 127
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
+        try:  # not proc.send_signal: its poll() would reap CMD before waitid() below reads it
+            os.kill(proc.pid, signum)  # a zombie ignores it; the pid is not reused before the reap
+        except OSError:
+            pass
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        rc = proc.wait()
+        # the status without reaping: until the bye frame is sent CMD stays a zombie, which
+        # the daemon counts as alive, so its own "process gone" verdict cannot come first
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    status = 128 - rc if rc < 0 else rc
+    if info is None:  # cannot happen without WNOHANG; read it from the reap instead
+        rc = proc.wait()
+        status = 128 - rc if rc < 0 else rc
+    else:
+        status = info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+    try:
+        _report(status, cmd, proc.pid, env, socket_path)
+    finally:
+        proc.wait()
+    return status
+
+
+def _report(status: int, cmd: list[str], pid: int, env: dict[str, str], socket_path: str) -> None:
+    """Send a non-zero exit of ``cmd`` to the daemon, with the reason in words."""
+    from sentinel.slurm import end_reason
+
     if status:
         reason = end_reason(status, env)
-        who = f"{os.path.basename(cmd[0])} (pid {proc.pid})" + (f" ({reason})" if reason else "")
+        who = f"{os.path.basename(cmd[0])} (pid {pid})" + (f" ({reason})" if reason else "")
         rank, world = task_rank(env)
         frame = {"kind": "bye", "job": env.get("SENTINEL_JOB", "train"), "run": env.get("SENTINEL_RUN") or
                  default_run_name(), "rank": rank, "world": world, "step": 0, "t": time.time(),
@@ -98,4 +116,3 @@ def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str]) -> int:
                 print(f"sentinel: could not report the exit to {socket_path}: {exc.strerror}", file=sys.stderr)
         if reason:
             print(f"sentinel: {who} exited with status {status}", file=sys.stderr)
-    return status

@@ -88,6 +88,9 @@ def daemon(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
     socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
+    drain_seconds: float = typer.Option(0.0, "--drain-seconds", min=0.0,
+                                        help="After SIGTERM, wait up to this long for the ranks to end and their "
+                                             "exits to be reported (a daemon inside a Slurm job: below KillWait)."),
 ) -> None:
     """Run the engine standalone (a sidecar or a systemd unit) until SIGINT/SIGTERM."""
     from sentinel.daemon.daemon import Daemon, default_socket_path, serve_forever
@@ -95,7 +98,8 @@ def daemon(
     cfg, pack = _load_or_exit(config, web_config)
     path = socket_path or default_socket_path()
     d = _start_or_exit(lambda: Daemon(cfg, pack, listen, path))  # type: ignore[arg-type]
-    serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"))
+    serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"),
+                  drain_seconds=drain_seconds)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
