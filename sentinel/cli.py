@@ -306,18 +306,21 @@ def alerts_test(config: Optional[str] = typer.Option(None, help="Sentinel config
 
 @rules_app.command("export")
 def rules_export(
-    format: str = typer.Option("prometheus", "--format", help="prometheus: Prometheus alerting rules (YAML)."),
+    format: str = typer.Option("prometheus", "--format", help="prometheus: Prometheus alerting rules (YAML); "
+                                                              "prometheus-job: the job-wide recording rules."),
     config: Optional[str] = typer.Option(None, help="Sentinel config file (its rule overrides export too)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
 ) -> None:
     """Export the rules PromQL can express, for a cluster's Prometheus and Alertmanager."""
     from sentinel.rules.promexport import export_prometheus
+    from sentinel.rules.promjob import export_job_rules
 
-    if format != "prometheus":
-        typer.echo(f"format: only 'prometheus' is supported; got {format!r}", err=True)
+    if format not in ("prometheus", "prometheus-job"):
+        typer.echo(f"format: 'prometheus' or 'prometheus-job' (the job-wide recording rules); got {format!r}",
+                   err=True)
         raise typer.Exit(2)
     _, pack = _load_or_exit(config)
-    text = export_prometheus(pack)  # type: ignore[arg-type]
+    text = export_prometheus(pack) if format == "prometheus" else export_job_rules()  # type: ignore[arg-type]
     if output:
         with open(output, "w", encoding="utf-8") as f:
             f.write(text)
