@@ -19,6 +19,7 @@ from typing import Any
 from sentinel.config import SentinelConfig
 from sentinel.engine.engine import Engine
 from sentinel.serve.exporter import StoreCollector, make_registry
+from sentinel.serve.profile import profile_filter
 from sentinel.daemon.evidence import Capturer
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
@@ -122,7 +123,8 @@ class Service:
         """Where runs are recorded (None: history is off); the engine's thread only queues."""
         if self.history is not None:
             attach_history(self.engine, self.history)
-        self.collector = StoreCollector(self.engine.store, extra=self._rows)
+        self.collector = StoreCollector(self.engine.store, extra=self._rows,
+                                        select=profile_filter(config.profile, self.engine.rules.active))
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
         web = load_web_config(config.web.config_file) if config.web.config_file else None
