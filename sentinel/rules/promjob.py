@@ -49,7 +49,7 @@ ALERTS: list[dict[str, Any]] = [
                      "first_checks": "1. The per-node TrainingNonFinite alerts name the ranks and the first "
                                      "groups; 2. Lower the learning rate; 3. Dump the batch of that step"}},
     {"alert": "SentinelJobStraggler",
-     "expr": "job_run:sentinel_step_duration_seconds:slowest > on (job, run) "
+     "expr": "job_run:sentinel_step_duration_seconds:slowest > on (job, run) group_left () "
              "(1.5 * job_run:sentinel_step_duration_seconds:median) and on (job, run) "
              "(job_run:sentinel_ranks:count > 1)",
      "for": "5m", "labels": {"severity": "warning"},

@@ -79,7 +79,7 @@ def test_profiles_by_name() -> None:
         profile_filter("tiny", list)
 
 
-def test_the_job_rule_file_passes_promtool() -> None:
+def test_the_job_rule_file_passes_promtool_check_and_its_tests() -> None:
     import shutil
 
     if shutil.which("promtool") is None:
@@ -87,6 +87,9 @@ def test_the_job_rule_file_passes_promtool() -> None:
     path = Path(__file__).resolve().parents[2] / "alerts" / "sentinel.job.rules.yml"
     out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "SUCCESS: 11 rules found" in out.stdout, out.stdout + out.stderr
+    test = subprocess.run(["promtool", "test", "rules", "sentinel.job.rules.test.yml"], cwd=path.parent / "tests",
+                          capture_output=True, text=True, timeout=60)
+    assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
 
 
 def test_sentinel_run_attaches_only_to_a_socket_someone_reads(tmp_path: Path) -> None:
