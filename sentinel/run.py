@@ -16,7 +16,7 @@ from types import FrameType
 import sentinel_hooks
 from sentinel.config import SentinelConfig
 from sentinel.daemon.daemon import Daemon
-from sentinel.instrument.options import default_run_name, env_tags, slurm_tags
+from sentinel.instrument.options import MAX_TAGS, default_run_name, env_tags, slurm_tags
 from sentinel.rules.config import RulePack
 
 log = logging.getLogger("sentinel")
@@ -27,9 +27,12 @@ def child_env(socket_path: str, url: str, base: dict[str, str] | None = None,
     """The environment that switches instrumentation on in every Python that CMD starts
     (``tags``: ``--tag``s, for the zero-code monitors through ``SENTINEL_TAGS``)."""
     env = dict(os.environ if base is None else base)
-    tags = {**slurm_tags(env), **(tags or {})}  # under Slurm: job id, step id and node name
-    if tags:
-        env["SENTINEL_TAGS"] = json.dumps({**env_tags(env.get("SENTINEL_TAGS")), **tags})
+    if tags or slurm_tags(env):
+        merged = {**env_tags(env.get("SENTINEL_TAGS")), **(tags or {})}
+        for k, v in slurm_tags(env).items():  # under Slurm: job id, step id and node name, within the cap
+            if k not in merged and len(merged) < MAX_TAGS:
+                merged[k] = v
+        env["SENTINEL_TAGS"] = json.dumps(merged)
     hooks_dir = os.path.dirname(os.path.abspath(sentinel_hooks.__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks_dir, env.get("PYTHONPATH", "")) if p)
     env.update(SENTINEL_AUTO="1", SENTINEL_SOCKET=socket_path, SENTINEL_URL=url)

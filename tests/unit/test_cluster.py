@@ -105,3 +105,19 @@ def test_sentinel_run_attaches_only_to_a_socket_someone_reads(tmp_path: Path) ->
     finally:
         s.close()
     assert attached_socket({"SENTINEL_SOCKET": str(path)}) is None  # left behind by a daemon that is gone
+
+
+def test_the_slurm_tags_join_the_users_within_the_cap() -> None:
+    import json
+
+    from sentinel.instrument.options import MAX_TAGS
+    from sentinel.run import child_env
+
+    env = child_env("/s", "http://x", base=dict(JOB), tags={"lr": "3e-4"})
+    assert json.loads(env["SENTINEL_TAGS"]) == {"lr": "3e-4", "slurm_job": "812", "slurm_step": "0",
+                                                "slurm_node": "gpu17"}
+    assert env["SENTINEL_RUN"] != ""
+    full = {f"t{i}": "v" for i in range(MAX_TAGS - 1)}
+    tags = json.loads(child_env("/s", "http://x", base=dict(JOB), tags=full)["SENTINEL_TAGS"])
+    assert len(tags) == MAX_TAGS and tags.items() >= full.items()  # the user's kept, one Slurm tag fits
+    assert "SENTINEL_TAGS" not in child_env("/s", "http://x", base={})
