@@ -124,7 +124,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
                  timeout=60, what="Prometheus to hold the last step of both torchrun ranks")
         wait_for(lambda: result('sentinel_rank_step_time_ratio{job="train"}'), timeout=60,
                  what="the straggler comparison")
-        wait_for(lambda: demo.poll() is not None, timeout=150, what="the demo to finish")
+        wait_for(lambda: demo.poll() is not None, timeout=400, what="the demo to finish")
         wait_for(lambda: result('max_over_time(sentinel_step{job="demo"}[10m]) >= 150'), timeout=30,
                  what="Prometheus to hold the demo's late steps")
         [run] = {m["metric"]["run"] for m in result('sentinel_step{job="train"}')}
@@ -228,4 +228,5 @@ def test_the_job_wide_recording_rules_hold_both_jobs(scraped: Scraped) -> None:
     # the replicated DDP norm: any rank's, in both profiles
     norms = scraped.range(f'job_run:sentinel_grad_norm:l2{{run="{scraped.ddp_run}"}} '
                           f'- on (job, run) max by (job, run) (sentinel_grad_norm{{run="{scraped.ddp_run}"}})')
-    assert norms["data"]["result"] and all(float(v) == 0.0 for _, v in norms["data"]["result"][0]["values"])
+    # (while training, a rule evaluation and the raw series may be a step apart; once it holds still, equal)
+    assert norms["data"]["result"] and float(norms["data"]["result"][0]["values"][-1][1]) == 0.0
