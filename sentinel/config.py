@@ -258,6 +258,9 @@ class SentinelConfig(BaseSettings):
     """The whole config file. ``SENTINEL_NOTIFY__URLS='["json://…"]'`` style env overrides."""
 
     model_config = SettingsConfigDict(env_prefix="SENTINEL_", env_nested_delimiter="__", extra="forbid")
+    profile: Literal["full", "fleet"] = "full"
+    """Export profile (``SENTINEL_PROFILE``): ``fleet`` exports per-group series only from a
+    run's lowest rank and for groups an active alert names (sentinel/serve/profile.py)."""
     rules: dict[str, dict[str, Any]] = {}
     extra_rules: list[dict[str, Any]] = []
     notify: NotifyConfig = NotifyConfig()

@@ -48,6 +48,9 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``guard``?         on a ``log`` frame at the step it judged: the step guard's
                    :class:`GuardNote` (a skip, the end of a run of skips, or the
                    ``max_consecutive`` outcome)
+``status``?        on ``"bye"`` only: the exit status a launcher saw (``sentinel run``
+                   attached to a node's daemon), ``128 + N`` for signal ``N``; ``exc``
+                   then says who ended and why, in words
 =================  ==========================================================
 
 Sums of squares rather than norms travel so that sharded ranks can be added up where
