@@ -29,6 +29,13 @@ def test_the_quick_shootout_ends_with_the_comparison_table(tmp_path: Path) -> No
     for name in kept:
         seeds = sorted(r.tags["seed"] for r in main if r.tags["optimizer"] == name)
         assert seeds == ["1", "2", "3"]
-        assert any(line.startswith("│ " + name) and "│ 3 " in line for line in res.stdout.splitlines())
+    # one row per optimizer, over its three seeds, named by the class its frames carried
+    from sentinel.history import compare as cmp
+
+    table = cmp.rows(conn, main)
+    for name in kept:
+        [row] = [r for r in table if {x.tags["optimizer"] for x in r.runs} == {name}]
+        assert len(row.runs) == 3 and row.optimizer.lower().startswith(name.lower()[:3]), (name, row.optimizer)
+        assert row.optimizer in res.stdout
     assert all(r.steps == 20 and r.state == "finished" for r in main)
     assert list_runs(conn, job="shootout", tags={"phase": "sweep"})  # the sweep is recorded too

@@ -59,10 +59,12 @@ class Probe:
         """True where the script injects the fault ``kind`` (``loss`` or ``grad``)."""
         return self.fault == kind and step == self.fault_step
 
-    def step(self, step: int, timeout: float = 10.0) -> None:
+    def step(self, step: int, timeout: float = 10.0, expect: tuple[str, ...] = ()) -> None:
         """Wait until /metrics shows ``step``; keep what it exports for that step. From the
         fault step on, also wait (a while) for ``TrainingNonFinite`` in /api/v1/alerts, while
-        the monitor still serves (an adapter closes it when training ends)."""
+        the monitor still serves (an adapter closes it when training ends). Names in
+        ``expect`` (values logged for the step after its report left, in a frame of their
+        own) are waited for until they show the step's reference value."""
         if self.error is not None:
             return
         url = self._url()
@@ -80,7 +82,10 @@ class Probe:
                     values["scalar:" + _NAME.search(labels).group(1)] = float(value)  # type: ignore[union-attr]
                 if name == "sentinel_step" and _RUN.search(labels):
                     values["run"] = _RUN.search(labels).group(1)  # type: ignore[union-attr]
-            if values.get("sentinel_step") == step:
+            ref = self.refs.get(step, {})
+            if values.get("sentinel_step") == step and all(
+                    values.get(n) is not None and ref.get(n) is not None
+                    and abs(values[n] - ref[n]) <= 1e-6 * max(1.0, abs(ref[n])) for n in expect):
                 self.exported[step] = {n: values.get(n) for n in EXPORTED} | values
                 break
             time.sleep(0.01)

@@ -264,7 +264,7 @@ def hf(probe: Probe, watch: bool) -> None:
             if logs and "loss" in logs and "grad_norm" in logs:  # logging_steps=1: every step
                 probe.ref(st.global_step, loss=logs["loss"], preclip=logs["grad_norm"],
                           **{"scalar:learning_rate": logs["learning_rate"]})
-                probe.step(st.global_step)
+                probe.step(st.global_step, expect=("scalar:learning_rate",) if watch else ())
 
     callbacks: list[Any] = []
     if watch:
