@@ -160,8 +160,12 @@ def test_nan_on_every_rank_of_a_two_node_ddp_job_is_one_notification(tmp_path: P
             wanted = {"TrainingNonFinite", "SentinelJobNonFinite", "SentinelAlertFiring"}
             return alerts if len(daemons) == 2 and prometheus >= wanted and hook.bodies else None
 
-        alerts = wait_for(am_has_all, timeout=180, what="the daemons' and Prometheus's alerts in Alertmanager\n"
-                          + "".join(nodes[0].log + nodes[1].log))
+        try:
+            alerts = wait_for(am_has_all, timeout=300, what="the daemons' and Prometheus's alerts in Alertmanager")
+        except BaseException:
+            print("Alertmanager:", [(a["labels"], a["status"]) for a in am.alerts()], "\nwebhooks:", hook.bodies,
+                  "\nnodes:\n" + "".join(nodes[0].log + nodes[1].log))
+            raise
         assert {a["labels"]["ranks"] for a in alerts if a["labels"].get("ranks")} == {"0–1", "2–3"}  # one per node
         muted = [a for a in alerts if not a["labels"].get("ranks")]
         # Prometheus's copies: each rank's TrainingNonFinite, the job-wide one, the forwarded verdicts

@@ -122,6 +122,20 @@ def test_sbatch_script_starts_one_daemon_for_the_array_tasks_ranks(slurm: SlurmC
     assert run.ranks == 2 and run.tags.get("slurm_job") == f"{job}_3" and run.tags.get("slurm_node") == slurm.node
 
 
+# 10 steps, then it waits (for the kill: the time limit's comes up to a minute or more late)
+_TRAIN_THEN_WAIT = """
+import time, torch
+from torch import nn
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(10):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+print("trained", flush=True)
+time.sleep(900)
+"""
+
+
 def _crash_notice(receiver: Receiver) -> str:
     bodies = [str(b.get("title", "")) + "\n" + str(b.get("message", "")) for b in receiver.bodies]
     return next((b for b in bodies if "TrainingCrashed" in b or "crashed" in b.lower()), "")
@@ -130,15 +144,14 @@ def _crash_notice(receiver: Receiver) -> str:
 def _killed_job(slurm: SlurmCluster, tmp_path: Path, receiver: Receiver, *sbatch_args: str,
                 kill: bool) -> tuple[str, str]:
     config = write_config(tmp_path, notify={"urls": [receiver.url]}, history={"path": str(tmp_path / "h.sqlite")})
-    never = tmp_path / "never"  # the script waits for it after training: the job outlives its steps
     job, out = _sbatch(slurm, tmp_path, config, *sbatch_args, wait=False,
-                       script=[sys.executable, str(SCRIPTS / "plain_train.py"), "10", str(never)])
+                       script=[sys.executable, "-c", _TRAIN_THEN_WAIT])
     try:
         wait_for(lambda: out.exists() and out.read_text().count("trained") == 2, timeout=120,
                  what="both ranks trained")
         if kill:
             assert slurm.command("scancel", job).returncode == 0
-        body = wait_for(lambda: _crash_notice(receiver), timeout=150,
+        body = wait_for(lambda: _crash_notice(receiver), timeout=240,
                         what="TrainingCrashed\n" + (out.read_text() if out.exists() else ""))
         return job, body
     finally:
