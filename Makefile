@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH_CPU_VERSION ?= 2.13.0
 DEMO_ARGS ?=
 
-.PHONY: demo test setup system-deps lint typecheck bench clean
+.PHONY: demo test test-slow setup system-deps lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -22,11 +22,14 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # Prometheus, Alertmanager and promtool from Debian's packages, for the integration tests;
-# Debian's chromium for the status-page tests (Playwright drives it; it never downloads a browser).
+# Debian's chromium for the status-page tests (Playwright drives it; it never downloads a browser);
+# slurm-wlm and munge for the one-node Slurm cluster tests/slurm.py starts.
 system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null || ! test -x /usr/bin/chromium; then \
-		apt-get update && apt-get install -y prometheus prometheus-alertmanager chromium; \
+	    || ! command -v prometheus-alertmanager >/dev/null || ! test -x /usr/bin/chromium \
+	    || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus prometheus-alertmanager \
+			chromium slurm-wlm munge; \
 	fi
 
 demo: setup
@@ -34,7 +37,11 @@ demo: setup
 
 test: setup system-deps
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+# the slow part (a Slurm time limit, the dashboards in the fleet profile): .ci/run runs it too
+test-slow: setup system-deps
+	$(PY) -m pytest -q -m slow
 
 typecheck: setup
 	$(PY) -m mypy

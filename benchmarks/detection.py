@@ -5,6 +5,13 @@ CPU with one injected fault, or none) and prints, per scenario, the expected ale
 alerts that fired (first firing step) and the detection delay in steps; then the recall
 over the faulty scenarios and the false alerts on the clean ones.
 
+With ``--compare`` (the default) every scenario runs twice, under the pack as it was
+before issue 20 (:data:`BEFORE`: the old spike sizes, no loss trend, no explosion check,
+the stalled-start warning, two update
+samples after an lr jump, memory forecasts only above half the capacity) and under
+today's, and a second table gives per rule: faults detected, the median detection delay,
+and false alarms (warning/critical on clean runs, or before the fault), before → after.
+
 Part 2 times :meth:`Engine.feed` per frame with the full default pack, on frames recorded
 from a real 64-group model (an MLP of 63 blocks and a head) trained with AdamW, in fp32
 and with a GradScaler, replayed into fresh engines. The same frames fed to an engine whose
@@ -32,13 +39,29 @@ from typing import Any
 
 import torch
 
-from sentinel.demo.scenarios import SCENARIOS, ScenarioResult, run_scenario
+import dataclasses
+
+from sentinel.demo.scenarios import SCENARIOS, Scenario, ScenarioResult, run_scenario
 from sentinel.demo.tasks import MLP, backward_and_step
 from sentinel.engine.engine import Engine
 from sentinel.instrument.monitor import Monitor
 from sentinel.instrument.options import from_kwargs
 from sentinel.rules.config import RulePack, default_rules, load_pack
 
+BEFORE: dict[str, dict[str, Any]] = {
+    "LossSpike": {"params": {"window": 50, "factor": 3.0, "z": 6.0}},
+    "GradientSpike": {"params": {"window": 50, "factor": 10.0, "z": 6.0}},
+    "LossRising": {"enabled": False},
+    "EarlyLossExplosion": {"enabled": False},
+    "EarlyLossRising": {"params": {"chunk": 10}},
+    "EarlyLossStalled": {"severity": "warning"},
+    "UpdateRatioHigh": {"lr_for_steps": 0},
+    "OOMRisk": {"params": {"horizon_steps": 0, "min_ratio": 0.5, "level": "median", "lookback": 0}},
+    "MemoryCritical": {"params": {"min_ratio": 1.0, "level": "median", "lookback": 0,
+                                  "horizon_seconds": 1800, "horizon_steps": 0}},
+}
+"""The rules as they were before issue 20, as overrides of today's pack. (The memory limit
+read before was the root cgroup's file, else the machine's: on this machine the same.)"""
 TARGET_US = 100.0  # rule evaluation per ingested frame, full default pack, 64 groups (issue 3)
 GROUPS = 64
 
@@ -67,10 +90,52 @@ def _verdict(r: ScenarioResult) -> str:
     return "quiet" if sc.quiet else "detected"
 
 
-def detection(names: Sequence[str], markdown: bool) -> None:
+def _before(sc: Scenario) -> Scenario:
+    return dataclasses.replace(sc, rules={**BEFORE, **sc.rules})
+
+
+def per_rule(before: list[ScenarioResult], after: list[ScenarioResult], markdown: bool) -> None:
+    """Per rule, before → after: faults detected (of those expecting it), median delay,
+    false alarms (warning/critical on clean runs, or before the fault)."""
+    names: dict[str, None] = {}
+    for r in before + after:
+        names.update(dict.fromkeys(r.scenario.expect))
+        names.update(dict.fromkeys(f.alertname for f in r.false_alerts))
+
+    def stats(results: list[ScenarioResult], rule: str) -> tuple[int, int, str, int]:
+        due = [r for r in results if rule in r.scenario.expect]
+        delays = []
+        for r in due:
+            hit = [f for f in r.firings if f.alertname == rule]
+            if hit and r.fault_step is not None and 0 <= hit[0].step - r.fault_step <= r.scenario.max_delay:
+                delays.append(hit[0].step - r.fault_step)
+        false = sum(1 for r in results for f in r.false_alerts if f.alertname == rule)
+        med = f"{statistics.median(delays):g}" if delays else "-"
+        return len(due), len(delays), med, false
+
+    rows = [["rule", "faults expecting it", "detected in time (before → after)",
+             "median delay, steps (before → after)", "false alarms (before → after)"]]
+    for rule in names:
+        n, hb, db, fb = stats(before, rule)
+        _, ha, da, fa = stats(after, rule)
+        rows.append([rule, str(n), f"{hb} → {ha}", f"{db} → {da}", f"{fb} → {fa}"])
+    print(render(rows, markdown))
+    print()
+    for label, results in (("before", before), ("after", after)):
+        faulty = [r for r in results if r.scenario.expect]
+        ok = [r for r in faulty if r.detected is not None and not [p for p in r.problems() if "false" not in p]]
+        false = sum(len(r.false_alerts) for r in results if r.scenario.clean)
+        print(f"{label}: {len(ok)}/{len(faulty)} faults detected in time; "
+              f"{false} warning/critical alerts on {sum(r.scenario.clean for r in results)} clean runs")
+
+
+def detection(names: Sequence[str], markdown: bool, compare: bool = True) -> None:
     chosen = [sc for sc in SCENARIOS if not names or sc.name in names]
     results: list[ScenarioResult] = []
+    before: list[ScenarioResult] = []
     for sc in chosen:
+        if compare:
+            before.append(run_scenario(_before(sc)))
         results.append(run_scenario(sc))
         r = results[-1]
         print(f"  {sc.name}: {r.steps} steps in {r.seconds:.1f}s", file=sys.stderr, flush=True)
@@ -112,6 +177,9 @@ def detection(names: Sequence[str], markdown: bool) -> None:
     problems = [(r.scenario.name, p) for r in results for p in r.problems()]
     if problems:
         print("problems:" + "".join(f"\n  {n}: {p}" for n, p in problems))
+    if compare:
+        print("\n== per rule, the pack before issue 20 → today's ==\n")
+        per_rule(before, results, markdown)
 
 
 # -- part 2: rule cost -------------------------------------------------------------------
@@ -217,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=800, help="recorded steps for the cost part (default 800)")
     ap.add_argument("--repeats", type=int, default=6, help="replays per pack for the cost part (default 6)")
     ap.add_argument("--markdown", action="store_true", help="print tables as markdown")
+    ap.add_argument("--no-compare", action="store_true", help="skip the run under the pack before issue 20")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)  # tiny models: one thread is fastest and leaves the other core alone
@@ -224,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)
     if not args.no_detection:
         print("\n== detection: real CPU runs with injected faults ==\n")
-        detection(args.only, args.markdown)
+        detection(args.only, args.markdown, not args.no_compare)
     if not args.no_cost:
         print(f"\n== rule evaluation cost: Engine.feed per frame, {GROUPS} groups ==\n")
         cost(args.steps, args.repeats, args.markdown)

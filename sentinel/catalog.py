@@ -116,6 +116,12 @@ CATALOG: dict[str, Spec] = {
     "sentinel_cuda_ooms_new": Spec(G, "CUDA out-of-memory errors since the previous memory report."),
     "sentinel_cuda_alloc_retries_new": Spec(G, "CUDA allocation retries since the previous memory report."),
     "sentinel_amp_loss_scale": Spec(G, "AMP GradScaler loss scale."),
+    "sentinel_guard_skipped_total": Spec(
+        C, "Optimizer steps the step guard kept out of the weights, by reason (nonfinite, spike).", ("reason",)),
+    "sentinel_guard_consecutive_skips": Spec(
+        G, "Steps the step guard skipped in a row, at a step it judged (0: applied after skips)."),
+    "sentinel_guard_exhausted": Spec(
+        G, "1 where the step guard reached max_consecutive (the run halted or steps were let through)."),
     "sentinel_amp_skipped_steps_total": Spec(C, "Optimizer steps skipped by GradScaler for inf/NaN grads."),
     "sentinel_instrument_errors_total": Spec(C, "Exceptions caught inside sentinel's training hooks."),
     "sentinel_frames_dropped_total": Spec(C, "Frames the training process could not deliver."),

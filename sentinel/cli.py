@@ -88,6 +88,9 @@ def daemon(
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
     socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
+    drain_seconds: float = typer.Option(0.0, "--drain-seconds", min=0.0,
+                                        help="After SIGTERM, wait up to this long for the ranks to end and their "
+                                             "exits to be reported (a daemon inside a Slurm job: below KillWait)."),
 ) -> None:
     """Run the engine standalone (a sidecar or a systemd unit) until SIGINT/SIGTERM."""
     from sentinel.daemon.daemon import Daemon, default_socket_path, serve_forever
@@ -95,7 +98,8 @@ def daemon(
     cfg, pack = _load_or_exit(config, web_config)
     path = socket_path or default_socket_path()
     d = _start_or_exit(lambda: Daemon(cfg, pack, listen, path))  # type: ignore[arg-type]
-    serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"))
+    serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"),
+                  drain_seconds=drain_seconds)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -207,6 +211,20 @@ def _run_or_exit(conn: object, name: str) -> object:
 
 
 @app.command()
+def skips(
+    run: str = typer.Argument(..., help="RUN or JOB/RUN (the latest), RUN@N (the N-th, from 1), or #ID."),
+    db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
+    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+) -> None:
+    """The steps the step guard skipped in a run, with their batches: a skip list for a restart."""
+    from sentinel.history.skips import skips_of, text
+
+    conn = _history_or_exit(db, config)
+    info = _run_or_exit(conn, run)
+    typer.echo(text(skips_of(conn, info.id), info.label))  # type: ignore[arg-type, attr-defined]
+
+
+@app.command()
 def report(
     run: str = typer.Argument(..., help="RUN or JOB/RUN (the latest), RUN@N (the N-th, from 1), or #ID."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="File (html) or folder (png) to write."),
@@ -302,18 +320,21 @@ def alerts_test(config: Optional[str] = typer.Option(None, help="Sentinel config
 
 @rules_app.command("export")
 def rules_export(
-    format: str = typer.Option("prometheus", "--format", help="prometheus: Prometheus alerting rules (YAML)."),
+    format: str = typer.Option("prometheus", "--format", help="prometheus: Prometheus alerting rules (YAML); "
+                                                              "prometheus-job: the job-wide recording rules."),
     config: Optional[str] = typer.Option(None, help="Sentinel config file (its rule overrides export too)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
 ) -> None:
     """Export the rules PromQL can express, for a cluster's Prometheus and Alertmanager."""
     from sentinel.rules.promexport import export_prometheus
+    from sentinel.rules.promjob import export_job_rules
 
-    if format != "prometheus":
-        typer.echo(f"format: only 'prometheus' is supported; got {format!r}", err=True)
+    if format not in ("prometheus", "prometheus-job"):
+        typer.echo(f"format: 'prometheus' or 'prometheus-job' (the job-wide recording rules); got {format!r}",
+                   err=True)
         raise typer.Exit(2)
     _, pack = _load_or_exit(config)
-    text = export_prometheus(pack)  # type: ignore[arg-type]
+    text = export_prometheus(pack) if format == "prometheus" else export_job_rules()  # type: ignore[arg-type]
     if output:
         with open(output, "w", encoding="utf-8") as f:
             f.write(text)

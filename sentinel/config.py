@@ -166,6 +166,27 @@ class GrafanaConfig(BaseModel):
     """The annotation sink's threshold."""
 
 
+class GuardConfig(BaseModel):
+    """``actions.guard``: the step guard (opt-in; see the README's Guard section and
+    :class:`sentinel.instrument.guardopts.GuardOptions` for each field)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    nonfinite: bool = True
+    spike: bool = True
+    factor: float = Field(default=10.0, gt=1.0)
+    window: int = Field(default=50, ge=3)
+    warmup: int = Field(default=20, ge=1)
+    max_consecutive: int = Field(default=8, ge=1)
+    on_exhausted: Literal["halt", "through"] = "halt"
+    method: Literal["auto", "fused", "select", "sync"] = "auto"
+    snapshot_bytes: int = Field(default=2 * 2**30, ge=0)
+
+    def to_options(self) -> dict[str, Any] | None:
+        """The ``guard=`` of ``sentinel.watch`` (None when off)."""
+        return self.model_dump(exclude={"enabled"}) if self.enabled else None
+
+
 class ActionsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     stop_on: list[str] = []
@@ -180,6 +201,8 @@ class ActionsConfig(BaseModel):
     """Captures kept per run; past that the oldest folder is deleted."""
     capture_steps: int = Field(default=4, ge=1, le=64)
     """Steps whose inputs each rank holds references to (never copies), once capture is on."""
+    guard: GuardConfig = GuardConfig()
+    """The step guard (opt-in): skip a step with non-finite or spiking gradients."""
 
 
 class GpuConfig(BaseModel):
@@ -235,6 +258,9 @@ class SentinelConfig(BaseSettings):
     """The whole config file. ``SENTINEL_NOTIFY__URLS='["json://…"]'`` style env overrides."""
 
     model_config = SettingsConfigDict(env_prefix="SENTINEL_", env_nested_delimiter="__", extra="forbid")
+    profile: Literal["full", "fleet"] = "full"
+    """Export profile (``SENTINEL_PROFILE``): ``fleet`` exports per-group series only from a
+    run's lowest rank and for groups an active alert names (sentinel/serve/profile.py)."""
     rules: dict[str, dict[str, Any]] = {}
     extra_rules: list[dict[str, Any]] = []
     notify: NotifyConfig = NotifyConfig()

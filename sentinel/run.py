@@ -16,7 +16,7 @@ from types import FrameType
 import sentinel_hooks
 from sentinel.config import SentinelConfig
 from sentinel.daemon.daemon import Daemon
-from sentinel.instrument.options import default_run_name, env_tags
+from sentinel.instrument.options import MAX_TAGS, default_run_name, env_tags, slurm_tags
 from sentinel.rules.config import RulePack
 
 log = logging.getLogger("sentinel")
@@ -27,8 +27,12 @@ def child_env(socket_path: str, url: str, base: dict[str, str] | None = None,
     """The environment that switches instrumentation on in every Python that CMD starts
     (``tags``: ``--tag``s, for the zero-code monitors through ``SENTINEL_TAGS``)."""
     env = dict(os.environ if base is None else base)
-    if tags:
-        env["SENTINEL_TAGS"] = json.dumps({**env_tags(env.get("SENTINEL_TAGS")), **tags})
+    if tags or slurm_tags(env):
+        merged = {**env_tags(env.get("SENTINEL_TAGS")), **(tags or {})}
+        for k, v in slurm_tags(env).items():  # under Slurm: job id, step id and node name, within the cap
+            if k not in merged and len(merged) < MAX_TAGS:
+                merged[k] = v
+        env["SENTINEL_TAGS"] = json.dumps(merged)
     hooks_dir = os.path.dirname(os.path.abspath(sentinel_hooks.__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks_dir, env.get("PYTHONPATH", "")) if p)
     env.update(SENTINEL_AUTO="1", SENTINEL_SOCKET=socket_path, SENTINEL_URL=url)
@@ -42,7 +46,16 @@ def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: 
     (128 + N when it died by signal N, as a shell reports it).
 
     A non-zero status is recorded as a crash of every rank that had not finished
-    (``TrainingCrashed``), delivered before the daemon stops."""
+    (``TrainingCrashed``), delivered before the daemon stops.
+
+    With ``SENTINEL_SOCKET`` naming a live daemon's socket (``sentinel daemon`` started by
+    a Slurm batch script, a prolog, a sidecar or systemd), no daemon is started: CMD reports
+    to that one, and a non-zero exit is sent to it (see :mod:`sentinel.attach`)."""
+    from sentinel.attach import attached_socket, run_attached
+
+    socket_path = attached_socket(os.environ)
+    if socket_path is not None:
+        return run_attached(cmd, socket_path, tags or {})
     folder = tempfile.mkdtemp(prefix="sentinel-run-")  # 0700, a fresh name: nothing to plant
     try:
         return _run(cmd, config, pack, listen, folder, tags or {})
@@ -62,6 +75,9 @@ def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, fo
 def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str]) -> int:
     print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
     env = child_env(daemon.socket_path, daemon.url, tags=tags)
+    guard = daemon.service.config.actions.guard.to_options()  # actions.guard: the zero-code monitors'
+    if guard is not None and "SENTINEL_GUARD" not in os.environ:
+        env["SENTINEL_GUARD"] = json.dumps(guard)
     history = daemon.service.history
     job = env.get("SENTINEL_JOB", "train")
     if history is not None:
@@ -90,7 +106,10 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str]) -> int:
     if history is not None:
         history.run_ended(job, env["SENTINEL_RUN"], status)
     if status:
-        who = f"{os.path.basename(cmd[0])} (pid {proc.pid})"
+        from sentinel.slurm import end_reason
+
+        reason = end_reason(status, env)
+        who = f"{os.path.basename(cmd[0])} (pid {proc.pid})" + (f" ({reason})" if reason else "")
         engine.exited(job, env["SENTINEL_RUN"], status, who=who)
         for a in engine.alerts_json():  # also those a rank's goodbye frame raised before
             if a["alertname"] == "TrainingCrashed" and a["state"] == "firing" and a["run"] == env["SENTINEL_RUN"]:

@@ -45,6 +45,12 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``errors``?        instrument errors so far (monotonic)
 ``scalars_dropped``? values ``Monitor.log`` dropped so far (monotonic)
 ``dropped``?       frames dropped by the sender so far (monotonic)
+``guard``?         on a ``log`` frame at the step it judged: the step guard's
+                   :class:`GuardNote` (a skip, the end of a run of skips, or the
+                   ``max_consecutive`` outcome)
+``status``?        on ``"bye"`` only: the exit status a launcher saw (``sentinel run``
+                   attached to a node's daemon), ``128 + N`` for signal ``N``; ``exc``
+                   then says who ended and why, in words
 =================  ==========================================================
 
 Sums of squares rather than norms travel so that sharded ranks can be added up where
@@ -53,6 +59,7 @@ the data meets. The format never carries pickled objects.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import msgpack
@@ -103,3 +110,60 @@ def decode(data: bytes) -> dict[str, Any]:
         if not isinstance(frame.get(key), typ) or isinstance(frame.get(key), bool):
             raise FrameError(f"field {key!r} missing or of the wrong type")
     return frame
+
+
+GUARD_REASONS = ("nonfinite", "spike")
+GUARD_OUTCOMES = ("", "halt", "through")
+
+
+@dataclass(frozen=True)
+class GuardNote:
+    """What the step guard tells the engine about one step it judged (``frame["guard"]``).
+
+    Attributes:
+        skipped: the step was not applied.
+        reason: ``nonfinite`` or ``spike`` (``""`` for a step applied after skips).
+        norm: the global gradient norm (pre-clip where the script clips), NaN if non-finite.
+        bound: the spike bound at that step (``factor × median``; NaN during warm-up).
+        groups: the groups whose gradients held non-finite values.
+        consecutive: skips in a row, this one included (0: this step was applied).
+        outcome: ``halt`` or ``through`` when ``max_consecutive`` was reached here.
+        batch: the step's batch index, when the script or adapter told it (else None).
+        method: how the skip was made (``fused``, ``select``, ``sync``).
+    """
+
+    skipped: bool
+    reason: str
+    norm: float
+    bound: float
+    groups: tuple[str, ...] = ()
+    consecutive: int = 0
+    outcome: str = ""
+    batch: int | None = None
+    method: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["groups"] = list(self.groups)
+        return d
+
+    @classmethod
+    def from_wire(cls, d: Any) -> GuardNote:
+        """Raises:
+            FrameError: not a guard note of this schema."""
+        try:
+            if not isinstance(d, dict) or set(d) - _GUARD_KEYS:
+                raise TypeError
+            note = cls(bool(d["skipped"]), str(d["reason"]), float(d["norm"]), float(d["bound"]),
+                       tuple(str(g)[:200] for g in d.get("groups", ())[:64]), int(d.get("consecutive", 0)),
+                       str(d.get("outcome", "")), None if d.get("batch") is None else int(d["batch"]),
+                       str(d.get("method", ""))[:16])
+        except (TypeError, ValueError, KeyError):
+            raise FrameError("field 'guard' is not a guard note") from None
+        if (note.reason not in GUARD_REASONS + ("",) or note.outcome not in GUARD_OUTCOMES
+                or not 0 <= note.consecutive <= 2**31):
+            raise FrameError("field 'guard' is out of range")
+        return note
+
+
+_GUARD_KEYS = frozenset(f.name for f in fields(GuardNote))

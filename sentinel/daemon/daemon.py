@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -89,12 +90,16 @@ class Daemon:
             remove_folder(self.listener.directory)
 
 
-def serve_forever(daemon: Daemon, ready: Callable[[], object] | None = None) -> None:
+def serve_forever(daemon: Daemon, ready: Callable[[], object] | None = None, drain_seconds: float = 0.0) -> None:
     """Block until SIGINT or SIGTERM, then stop the daemon cleanly.
 
     Args:
         ready: called once the signals are handled (e.g. to print the address), so a
             supervisor that stops the daemon as soon as it is told still gets a clean stop.
+        drain_seconds: after the signal, wait up to this long for the ranks it watches to
+            say goodbye or be recorded as ended, so their exits are judged and delivered:
+            inside a Slurm job, ``scancel`` and the time limit send SIGTERM to the daemon
+            and the ranks at once (keep it below ``KillWait``).
     """
     done = threading.Event()
 
@@ -107,4 +112,12 @@ def serve_forever(daemon: Daemon, ready: Callable[[], object] | None = None) -> 
         ready()
     log.warning("sentinel daemon: frames on %s, metrics at %s/metrics", daemon.socket_path, daemon.url)
     done.wait()
+    deadline = time.monotonic() + drain_seconds
+    engine = daemon.service.engine
+    while time.monotonic() < deadline:
+        daemon.service.flush()
+        engine.tick()
+        if not engine.pids:  # every reporting rank said goodbye or is recorded as ended
+            break
+        time.sleep(0.05)
     daemon.stop()

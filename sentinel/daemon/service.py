@@ -19,6 +19,7 @@ from typing import Any
 from sentinel.config import SentinelConfig
 from sentinel.engine.engine import Engine
 from sentinel.serve.exporter import StoreCollector, make_registry
+from sentinel.serve.profile import profile_filter
 from sentinel.daemon.evidence import Capturer
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
@@ -122,7 +123,8 @@ class Service:
         """Where runs are recorded (None: history is off); the engine's thread only queues."""
         if self.history is not None:
             attach_history(self.engine, self.history)
-        self.collector = StoreCollector(self.engine.store, extra=self._rows)
+        self.collector = StoreCollector(self.engine.store, extra=self._rows,
+                                        select=profile_filter(config.profile, self.engine.rules.active))
         self.registry = make_registry(self.collector)
         host, port = parse_listen(listen)
         web = load_web_config(config.web.config_file) if config.web.config_file else None
@@ -270,7 +272,19 @@ class Service:
         cap = self._capture_of(t)
         if cap is not None:
             extra = {"evidence": cap["evidence"], "inputs": cap["inputs"]}
+        where = self._launcher_labels(t.job, t.run)
+        if where:
+            extra["labels"] = where
         self.courier.submit(notice_of(t, tags=tags, metric=metric, recent=recent, grafana=link, **extra))
+
+    def _launcher_labels(self, job: str, run: str) -> dict[str, str]:
+        """The run's ``slurm_*`` tags (job id, step id, node: ``sentinel run`` under Slurm),
+        which label its alerts too."""
+        for labels in self.engine.store.labelsets("sentinel_run_info"):
+            d = dict(labels)
+            if d.get("job") == job and d.get("run") == run:
+                return {k: v for k, v in d.items() if k.startswith("slurm_")}
+        return {}
 
     def _capture(self, t: Transition) -> None:
         """Write the evidence of a firing that ``actions.capture_on`` names (the engine's

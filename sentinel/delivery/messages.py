@@ -99,6 +99,8 @@ def body(n: Mapping[str, Any], markdown: bool = False) -> str:
             lines += ["", f"{b('evidence')}: {path(n['evidence'])}"]
             lines += [f"{b('batch')}: {path(p)}" for p in list(n.get("inputs") or [])[:8]]
     lines += ["", f"host {n.get('host', '?')}, pid {n.get('pid', '?')}"]
+    if n.get("labels"):  # where the run runs: slurm_job=12 slurm_step=0 slurm_node=gpu7
+        lines.append(" ".join(f"{k}={v}" for k, v in sorted(dict(n["labels"]).items())))
     if n.get("grafana"):
         lines.append(f"[Grafana dashboard]({n['grafana']})" if markdown else f"grafana: {n['grafana']}")
     if n.get("key"):

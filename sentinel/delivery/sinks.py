@@ -68,6 +68,8 @@ def alertmanager_alert(n: Mapping[str, Any], resolved_at: float | None) -> dict[
               "ranks": compact_ranks(list(n.get("ranks") or [])).split(" ", 1)[-1]}
     if n.get("tags"):
         labels["tags"] = ",".join(sorted(str(t) for t in n["tags"]))
+    for k, v in dict(n.get("labels") or {}).items():  # where the run runs, e.g. slurm_job, slurm_node
+        labels.setdefault(str(k), str(v))
     ann = {"summary": str(n.get("summary", "")),
            "description": f"started at step {n.get('started_step')}; value {n.get('value')} "
                           f"against threshold {n.get('threshold')}; host {n.get('host')}, pid {n.get('pid')}",

@@ -33,7 +33,7 @@ from sentinel.rules.config import RulePack, load_pack
 
 FaultKind = Literal[
     "none", "nan-loss", "nan-grad", "corrupt-batch", "lr-high", "lr-low", "plateau",
-    "unshuffled", "leak", "hang", "amp-overflow", "amp-collapse",
+    "unshuffled", "leak", "hang", "amp-overflow", "amp-collapse", "bad-batch",
 ]  # fmt: skip
 STALL = "TrainingStalled"
 
@@ -99,10 +99,14 @@ class Scenario:
         watch: extra ``sentinel.watch`` options.
         rules: rule overrides, as in a config's ``rules:`` section.
         leak_mib: for ``leak``: MiB leaked per step; the memory capacity is set so that
-            the OOM rule's ratio is reached after ``leak_budget_mib`` more MiB.
+            the OOM rule's ratio is reached after ``leak_budget_mib`` more MiB (0: no
+            capacity is set; the limit is the process's cgroup's or the machine's).
+        label_noise: the fraction of targets replaced at random (the task's).
+        bad_fraction: for ``bad-batch``: the fraction of the batch's rows that are noise.
         schedule: ``cosine``: torch's ``CosineAnnealingLR`` from the task's lr to 0 over
             the run, stepped every iteration; ``warmup-cosine``: a ``LinearLR`` warmup from
-            1/1000 of it over the first fifth, then the cosine (a ``SequentialLR``).
+            1/1000 of it over the first fifth, then the cosine (a ``SequentialLR``);
+            ``step``: ``StepLR``, the lr ×0.1 at each third of the run.
         lr_scale: the task's learning rate is multiplied by this from the start.
         why: one line on what the scenario shows.
     """
@@ -125,7 +129,9 @@ class Scenario:
     rules: Mapping[str, Any] = field(default_factory=dict)
     leak_mib: float = 1.0
     leak_budget_mib: float = 48.0
-    schedule: Literal["none", "cosine", "warmup-cosine"] = "none"
+    label_noise: float = 0.0
+    bad_fraction: float = 0.25
+    schedule: Literal["none", "cosine", "warmup-cosine", "step"] = "none"
     lr_scale: float = 1.0
     why: str = ""
 
@@ -248,6 +254,8 @@ class _Injector:
             return self.task.corrupt(x, y)
         if f == "plateau" and self.on(it):
             return self.task.unlearnable(x, y)
+        if f == "bad-batch" and self.at(it):
+            return self.task.garbage(x, y, self.sc.bad_fraction)
         return x, y
 
     def loss(self, it: int, loss: torch.Tensor) -> torch.Tensor:
@@ -296,12 +304,12 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
     pack = sc.pack
     clock = ManualClock()
     engine = Engine(pack=pack, clock=clock)
-    task = Task(sc.model, seed=sc.seed, batch=sc.batch)
+    task = Task(sc.model, seed=sc.seed, batch=sc.batch, label_noise=sc.label_noise)
     opt = make_optimizer(sc.optimizer, task.model.parameters(), DEFAULT_LR[(sc.model, sc.optimizer)] * sc.lr_scale)
     sched = _schedule(sc, opt)
     scaler = torch.amp.GradScaler("cpu") if sc.amp else None
     watch: dict[str, Any] = {"engine": "off", "job": "scenarios", "run": sc.name, **sc.watch}
-    if sc.fault == "leak":
+    if sc.fault == "leak" and sc.leak_budget_mib > 0:
         watch.setdefault("memory_capacity_bytes", _capacity(sc, pack))
     mon = Monitor(task.model, [opt], from_kwargs(watch), sender=EngineSender(engine), scaler=scaler)
     inject = _Injector(sc, task, opt)
@@ -326,6 +334,7 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
     finally:
         mon.close()
         inject.leak.clear()
+        _trim()
     firings: dict[str, Firing] = {}
     for t in engine.transitions:
         if t.state_to == "firing" and t.alertname not in firings:
@@ -334,9 +343,23 @@ def run_scenario(sc: Scenario, *, max_stall_seconds: float = 7200.0) -> Scenario
                           time.perf_counter() - t0, stall_seconds)
 
 
+def _trim() -> None:
+    """Give the leaked memory back to the OS (glibc's ``malloc_trim``): freed heap pages
+    stay resident otherwise, and the next leak scenario in this process would reuse them
+    without its RSS growing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _schedule(sc: Scenario, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
     """The scenario's learning-rate schedule, stepped once per iteration."""
     sched = torch.optim.lr_scheduler
+    if sc.schedule == "step":
+        return sched.StepLR(opt, step_size=max(1, sc.steps // 3), gamma=0.1)
     if sc.schedule == "cosine":
         return sched.CosineAnnealingLR(opt, T_max=sc.steps, eta_min=0.0)
     if sc.schedule == "warmup-cosine":
@@ -434,7 +457,33 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("lion-adam-lr", "mlp", "lion", fault="lr-high", fault_step=1, lr_factor=100.0,
              expect=("EarlyUpdateTooLarge", "UpdateRatioHigh"), max_delay=10, steps=120,
              why="Lion at 10× Adam's lr (100× its own) from step 1: every sign step is too large"),
+    # faults that are large only relative to the run (issue 20): judged against its own
+    # noise, its memory trend and the first loss it reported
+    Scenario("lm-bad-batch", "gpt", "adamw", fault="bad-batch", fault_step=450, bad_fraction=0.25,
+             label_noise=0.2, batch=32, schedule="warmup-cosine", expect=("LossSpike",), max_delay=3,
+             steps=480, why="a quarter of one batch random tokens with shuffled targets: the loss 1.67× its median"),
+    Scenario("lm-lr-blowup", "gpt", "adamw", fault="lr-high", fault_step=200, lr_factor=20.0,
+             label_noise=0.2, expect=("LossRising", "UpdateRatioHigh"), max_delay=12,
+             steps=400, why="a schedule bug: the lr ×20 at step 200 of 400; the loss climbs 1.5× over a dozen steps"),
+    Scenario("lm-blowup-start", "gpt", "adamw", fault="lr-high", fault_step=1, lr_factor=1000.0,
+             expect=("EarlyLossExplosion",), max_delay=10, steps=60,
+             why="lr 3.0 from step 1: the loss is thrown far above the first loss at once"),
+    Scenario("leak-no-limit", "mlp", "adamw", fault="leak", fault_step=40, leak_mib=10.0,
+             leak_budget_mib=0.0, expect=("OOMRisk", "MemoryCritical"), max_delay=200, steps=250,
+             why="10 MiB kept every step, no container limit: the machine's memory is the limit "
+                 "(a forecast waits for a rise of 1/20 of the headroom: 1.2 GiB here)"),
+    Scenario("leak-loose-limit", "mlp", "adamw", fault="leak", fault_step=40, leak_mib=6.0,
+             leak_budget_mib=0.0, watch={"memory_capacity_bytes": 4 * 2**30}, expect=("OOMRisk", "MemoryCritical"),
+             max_delay=120, steps=170, why="6 MiB a step under a 4 GiB limit, far below half of it "
+                                           "(a trend needs 12 memory samples: 120 steps)"),
     *(_clean(m, o) for m in MODELS for o in OPTIMIZERS),
+    # long clean runs of kinds the matrix does not hold (1,200 steps each)
+    Scenario("clean-lm-long", "gpt", "adamw", steps=1200, label_noise=0.2, schedule="warmup-cosine",
+             why="a transformer LM with warmup and cosine decay, 20 % noisy targets"),
+    Scenario("clean-noisy-labels-long", "cnn", "sgd", steps=1200, label_noise=0.3, batch=8,
+             why="a CNN on 30 % random labels at batch 8: a noisy small-batch loss"),
+    Scenario("clean-regression-step-long", "mlp", "sgd", steps=1200, schedule="step",
+             why="SGD regression with a step schedule (lr ×0.1 at steps 400 and 800)"),
     *(Scenario(f"clean-mlp-{o}", "mlp", o, steps=300, why=f"mlp trained with {o}: no warning or critical alert")
       for o in MORE_OPTIMIZERS),
 )

@@ -81,12 +81,14 @@ class Task:
         name: ``mlp``, ``cnn`` or ``gpt``.
         seed: seeds the model's initialisation and the batches.
         batch: samples per batch.
+        label_noise: the fraction of targets replaced by a random class or token (cnn,
+            gpt): a noisy-label classifier, a language model with a real loss floor.
     """
 
-    def __init__(self, name: ModelName, seed: int = 0, batch: int = 16) -> None:
+    def __init__(self, name: ModelName, seed: int = 0, batch: int = 16, label_noise: float = 0.0) -> None:
         if name not in MODELS:
             raise ValueError(f"model: expected one of {', '.join(MODELS)}, got {name!r}")
-        self.name, self.batch_size = name, batch
+        self.name, self.batch_size, self.label_noise = name, batch, label_noise
         torch.manual_seed(seed)
         self.gen = torch.Generator().manual_seed(seed + 1)
         self.model: nn.Module
@@ -117,8 +119,30 @@ class Task:
             for i, q in enumerate(y.tolist()):
                 r, c = 6 * (q // 2), 6 * (q % 2)
                 x[i, 0, r + 1 : r + 5, c + 1 : c + 5] += 2.0
-            return x, y
-        return synthetic_batch(g, n, 16, 64)
+            return x, self._noisy(y, 4)
+        x, y = synthetic_batch(g, n, 16, 64)
+        return x, self._noisy(y, 64)
+
+    def _noisy(self, y: torch.Tensor, classes: int) -> torch.Tensor:
+        if self.label_noise <= 0.0:
+            return y
+        flip = torch.rand(y.shape, generator=self.gen) < self.label_noise
+        return torch.where(flip, torch.randint(0, classes, y.shape, generator=self.gen), y)
+
+    def garbage(self, x: torch.Tensor, y: torch.Tensor, fraction: float) -> Batch:
+        """A bad batch: the first ``fraction`` of its rows replaced by noise (random tokens
+        with shuffled targets for the gpt, random labels for the cnn, targets of the
+        wrong sign for the mlp), the rest intact."""
+        g, k = self.gen, max(1, int(round(fraction * len(x))))
+        x, y = x.clone(), y.clone()
+        if self.name == "gpt":
+            x[:k] = torch.randint(0, 64, x[:k].shape, generator=g)
+            y[:k] = y[:k].flatten()[torch.randperm(y[:k].numel(), generator=g)].view_as(y[:k])
+        elif self.name == "cnn":
+            y[:k] = torch.randint(0, 4, y[:k].shape, generator=g)
+        else:
+            y[:k] = -y[:k]
+        return x, y
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The task's loss: MSE (mlp) or cross-entropy (cnn, gpt)."""

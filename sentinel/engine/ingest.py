@@ -11,6 +11,7 @@ from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.environment import env_labels
+from sentinel.engine.guard import ingest_guard
 from sentinel.engine.optimizer import ingest_health, ingest_optimizers
 from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
 from sentinel.engine.schedule import SchedulePeaks
@@ -77,6 +78,8 @@ class Ingestor:
             self._step(f, add, base, ctx)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
             self._scalars(f["scalars"], add, base, ctx)
+        if "guard" in f:  # the step guard's note (issue 21)
+            ingest_guard(self.store, f, add, base, ctx)
         self.store.add_rows(rows, step, t)
         return ctx
 

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sentinel.engine.guard import valid as guard_note_valid
+
 MAX_STEP = 2**53
 """Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
 _NUM = (int, float)
@@ -239,7 +241,7 @@ def _scalars(f: dict[str, Any], limits: Limits, dropped: Dropped) -> None:
 def _schema_ok(key: str, value: Any) -> bool:
     """Whether a field that failed its test at least had the right shape (a range problem)."""
     shape = {"lr": list, "sat": list, "mem": dict, "state_bytes": dict, "amp": dict, "shard": str,
-             "exc": str, "reply": str, "ddp": bool,
+             "exc": str, "reply": str, "ddp": bool, "status": int,
              "tags": dict, "cmd": str}.get(key)
     if shape is not None:
         return type(value) is shape
@@ -294,7 +296,9 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "errors": lambda v, _: _count(v),
     "dropped": lambda v, _: _count(v),
     "exc": lambda v, _: type(v) is str and len(v) <= 200,
+    "status": lambda v, _: type(v) is int and -1 <= v <= 255,
     "reply": lambda v, _: type(v) is str and len(v) <= 200,
+    "guard": guard_note_valid,  # the step guard's note (sentinel/engine/guard.py)
 }
 
 

@@ -13,6 +13,7 @@ import math
 import sqlite3
 from typing import Any
 
+from sentinel.history import skips
 from sentinel.history import attempts
 from sentinel.history.attempts import RunRow, starts_new
 from sentinel.history.values import COLUMNS, group_blob, local_only, optimizer_of, sample, tags_of, transition_row
@@ -106,6 +107,8 @@ class BatchWriter:
             return r
         if kind == "step":
             r.last[rank] = step
+        if isinstance(f.get("guard"), dict):  # the step guard's note (issue 21)
+            skips.record(db, r.id, f)
         for key, conv, col in (("tags", tags_of, "tags"), ("optim", optimizer_of, "optimizer")):
             if key in f:
                 value = conv(f[key])

@@ -13,7 +13,8 @@ Tables:
   float32, 3 × groups);
 - ``loss_records``: every step at which the loss reached a new minimum (exact "steps to
   target" for any target, whatever thinning did to ``samples``);
-- ``alerts``: every alert transition.
+- ``alerts``: every alert transition;
+- ``skips``: the steps the step guard kept out of the weights (:mod:`sentinel.history.skips`).
 
 A file is never recreated: an older one is migrated step by step (:data:`MIGRATIONS`), a
 newer one (from a later sentinel) is refused, which the recorder turns into "no history".
@@ -25,7 +26,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 3
+from sentinel.history.skips import SCHEMA as SKIPS_SCHEMA
+
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE runs (
@@ -137,6 +140,8 @@ MIGRATIONS: dict[int, str] = {
     # v2: the environment record (a frame's ``env`` map), shown by the report
     2: "ALTER TABLE runs ADD COLUMN env TEXT;",
     3: _V3,
+    # v4: the step guard's skip list (sentinel/history/skips.py)
+    4: SKIPS_SCHEMA,
 }
 """``version → script`` that brings a file from ``version - 1`` to ``version``."""
 

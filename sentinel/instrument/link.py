@@ -270,3 +270,12 @@ def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
                     type(exc).__name__, str(exc)[:200])
         log.debug("sentinel: the engine failed to start", exc_info=True)
         return NullSender(), None, None
+
+
+def config_guard(path: str) -> Any:
+    """``actions.guard`` of the config file at ``path`` as ``watch(guard=...)`` takes it (None:
+    off). The config side is imported here, at the link, as :func:`connect` does."""
+    from sentinel.config import load_config
+
+    cfg, _ = load_config(path)
+    return cfg.actions.guard.to_options()

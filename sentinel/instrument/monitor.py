@@ -15,6 +15,7 @@ import torch
 from sentinel.instrument import clip, losses, probes, registry
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
+from sentinel.instrument.guard import make_guard
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
@@ -158,6 +159,7 @@ class Monitor(Reporter):
         if sender is None:
             sender, self.engine, self.url = connect(o)
         self.sender: Sender = sender
+        self.guard = make_guard(self)  # issue 21: the step guard (opt-in); None when off, nothing hooked
         try:
             for k, opt in enumerate(self.optimizers):
                 self._opt_handles.append(self._hook_optimizer(k, opt))
@@ -244,6 +246,8 @@ class Monitor(Reporter):
         if self._hand_read:  # the last backward()'s step
             self._hand_read = False
             self.boundary.run("report", self._finalize)
+        if self.guard is not None:  # the guard: the last verdicts reach the engine
+            self.boundary.run("guard", self.guard.flush)
         self.boundary.run("report", self._submit_open)
         self.boundary.run("emit", self._emit_ready, True)
         bye: dict[str, Any] = {"kind": "bye", "step": self.steps, "t": time.time()}
@@ -384,6 +388,8 @@ class Monitor(Reporter):
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
             t0 = time.perf_counter()
             self.boundary.run("messages", self._messages)
+            if self.guard is not None:  # the guard: act on read-back verdicts (halt, host-side restores)
+                self.boundary.run("guard", self.guard.before_step, k)
             if self._halt is not None:  # opt-in stop action: deliberately raised into the loop
                 raise TrainingHalted(self._halt)
             if self._open is not None:  # no log() since the last step: send it without a loss
@@ -409,7 +415,7 @@ class Monitor(Reporter):
         # torch passes step()'s own arguments, the optimizer first: (opt, closure?)
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
         if not callable(closure):
-            self._grad_stats(k, step)
+            self._guard_grads(k, step, self._grad_stats(k, step))
             return None
         self._closure_done[k] = False
 
@@ -418,7 +424,7 @@ class Monitor(Reporter):
             if not self._closure_done.get(k, True):
                 self._closure_done[k] = True
                 with torch.no_grad():
-                    self.boundary.run("grad", self._grad_stats, k, step)
+                    self._guard_grads(k, step, self.boundary.run("grad", self._grad_stats, k, step))
                 if self._losses is not None:
                     self._losses.freeze()  # LBFGS re-evaluates: the first loss is the step's
             return out
@@ -431,6 +437,8 @@ class Monitor(Reporter):
         def post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             t0 = time.perf_counter()
             step = self.steps + 1
+            if self.guard is not None:  # the guard: undo a skipped step
+                self.boundary.run("guard", self.guard.after_step, k, opt)
             if self._closure_done.pop(k, True) is False:  # the optimizer never called the closure
                 self.boundary.run("grad", self._grad_stats, k, step)
             if self.cadence.update_due(step):
@@ -449,7 +457,7 @@ class Monitor(Reporter):
             segs = self._segs.setdefault(dev, {})
             segs[name] = segs[name] + t if name in segs else t
 
-    def _grad_stats(self, k: int, step: int) -> None:
+    def _grad_stats(self, k: int, step: int) -> dict[torch.device, torch.Tensor]:
         grouped = self.layout.tensors[k]
         sums, l1, count = grouped.grad_sums(l1=self.cadence.health_due(step))
         if not sums:  # read, and no parameter has a gradient: a norm of 0, said so
@@ -458,6 +466,13 @@ class Monitor(Reporter):
         if count:
             self._add("grad_l1", {d: t.sum().reshape(1) for d, t in l1.items()})
             self._grad_count += count
+        return sums
+
+    def _guard_grads(self, k: int, step: int, sums: dict[torch.device, torch.Tensor] | None) -> None:
+        """The guard judges the step from the sums just read (issue 21)."""
+        if self.guard is not None and sums is not None:
+            clip_norm = next((s["clip_norm"] for s in self._segs.values() if "clip_norm" in s), None)
+            self.boundary.run("guard", self.guard.after_grads, k, self.optimizers[k], step, sums, clip_norm)
 
     def _update_stats(self, k: int) -> None:
         snap = self.layout.snapshots[k]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from sentinel.instrument.guardopts import parse_guard
 
 DEFAULT_LISTEN = "127.0.0.1:9400"
 
@@ -70,9 +73,14 @@ class WatchOptions:
     ``SENTINEL_TAGS`` (a JSON map, as ``sentinel run --tag`` sets it) adds to them."""
     tags_every: int = 100
     """Step frames carry the tags at the first step and then every N steps."""
+    guard: Any = None
+    """The step guard (opt-in): True, or a map of
+    :class:`~sentinel.instrument.guardopts.GuardOptions` fields; ``SENTINEL_GUARD`` (``1`` or
+    a JSON map, as ``sentinel run`` sets it from ``actions.guard``). None: off."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.guard = parse_guard(self.guard)
         if not self.run:
             self.run = default_run_name()
         if isinstance(self.group_depth, str) and self.group_depth != "auto":
@@ -128,12 +136,39 @@ def env_tags(value: str | None) -> dict[str, str]:
 
 
 def launcher_run_name() -> str:
-    """The run id a launcher gave every rank (``SENTINEL_RUN``, torchrun's, Slurm's), or ''."""
-    for var in ("SENTINEL_RUN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+    """The run id a launcher gave every rank (``SENTINEL_RUN``, torchrun's, Slurm's), or ''.
+
+    Under Slurm it is the job id, and ``JOBID_INDEX`` for a task of an array job (as
+    ``squeue`` shows it), so every task of an array is its own run."""
+    for var in ("SENTINEL_RUN", "TORCHELASTIC_RUN_ID"):
         value = os.environ.get(var)
         if value and value != "none":
             return value
-    return ""
+    return slurm_job_name(os.environ)
+
+
+def slurm_job_name(env: Mapping[str, str]) -> str:
+    """``SLURM_JOB_ID``, or ``ARRAY_JOB_ID_TASK_ID`` in an array job; '' outside Slurm."""
+    array, index = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and index:
+        return f"{array}_{index}"
+    return env.get("SLURM_JOB_ID", "")
+
+
+def slurm_tags(env: Mapping[str, str]) -> dict[str, str]:
+    """The Slurm job id (array: ``ID_INDEX``), step id and node name, as run tags
+    (``slurm_job``, ``slurm_step``, ``slurm_node``); {} outside Slurm."""
+    job = slurm_job_name(env)
+    if not job:
+        return {}
+    out = {"slurm_job": job}
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    if step:
+        out["slurm_step"] = step
+    node = env.get("SLURMD_NODENAME") or env.get("SLURM_NODENAME")
+    if node:
+        out["slurm_node"] = node
+    return {k: v[:MAX_TAG_VALUE] for k, v in out.items()}
 
 
 def default_run_name() -> str:

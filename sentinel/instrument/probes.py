@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from sentinel.instrument import cgroup
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -58,18 +60,9 @@ def host_memory() -> dict[str, float]:
 
 
 def _cgroup_limit() -> int | None:
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                raw = f.read().strip()
-        except OSError:
-            continue
-        if raw.isdigit() and int(raw) < 2**60:
-            return int(raw)
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+    """The process's own cgroup limit (nested, v1 or v2), else the machine's memory."""
+    found = cgroup.effective_limit()
+    return found[0] if found else None
 
 
 _TOTALS: dict[int, int] = {}

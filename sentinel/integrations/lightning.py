@@ -18,6 +18,12 @@ starts and closes the monitor when it ends (or raises). What it adds to the zero
   They are taken from the values ``self.log`` stored, not from ``trainer.callback_metrics``,
   whose progress-bar entries are converted with ``.item()`` (a host sync on CUDA).
 
+- **The step guard's skip list** (``guard=True`` or ``actions.guard``): the guard learns
+  each step's ``(epoch, batch_idx)`` (the last batch of an accumulation window), and the
+  callback keeps the skipped ones in its checkpoint state (``state_dict``), so a run
+  restarted from the checkpoint finds them in :attr:`SentinelCallback.skips` and can
+  leave those batches out (:meth:`SentinelCallback.skipped`).
+
 Gradient statistics need nothing from Lightning: the monitor hooks the real optimizer
 under its ``LightningOptimizer`` and reads the gradients the step applies, also when
 Lightning runs forward and backward in a closure inside ``optimizer.step``.
@@ -60,6 +66,35 @@ class SentinelCallback(Callback):  # type: ignore[misc]
         self._loss: torch.Tensor | None = None
         self._micro = 0
         self._global_step = 0
+        self._epochs: dict[int, int] = {}  # batch step -> epoch, for the skip list
+        self.skips: list[dict[str, Any]] = []
+        """The steps the guard skipped, ``{"step", "epoch", "batch", "reason"}``, this fit's
+        and those of the checkpoint it resumed from."""
+
+    def skipped(self, epoch: int, batch_idx: int) -> bool:
+        """Whether the guard skipped the step of this batch (in this run or before the
+        restart), e.g. for a ``training_step`` that returns None for a known bad batch."""
+        return any(s["epoch"] == epoch and s["batch"] == batch_idx for s in self.skips)
+
+    def state_dict(self) -> dict[str, Any]:
+        self._collect()
+        return {"guard_skips": list(self.skips)} if self.skips else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        skips = state_dict.get("guard_skips")
+        if isinstance(skips, list):
+            self.skips = [dict(s) for s in skips if isinstance(s, dict)]
+
+    def _collect(self) -> None:
+        """Add the guard's skips known so far to :attr:`skips`."""
+        guard = getattr(self.monitor, "guard", None)
+        if guard is None:
+            return
+        seen = {s["step"] for s in self.skips}
+        for step, note in zip(guard.steps, guard.skips):
+            if step not in seen:
+                self.skips.append({"step": step, "epoch": self._epochs.get(step), "batch": note.batch,
+                                   "reason": note.reason})
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -78,6 +113,15 @@ class SentinelCallback(Callback):  # type: ignore[misc]
         self._global_step = trainer.global_step
         if trainer.global_step:
             self.monitor.sync_step(trainer.global_step)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        guard = getattr(self.monitor, "guard", None)
+        if guard is not None:  # the step guard's skip list: which batch this step trains on
+            guard.note_batch(batch_idx)
+            self._epochs[trainer.global_step + 1] = trainer.current_epoch
+            if len(self._epochs) > 4096:
+                self._epochs.pop(next(iter(self._epochs)))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
@@ -112,9 +156,11 @@ class SentinelCallback(Callback):  # type: ignore[misc]
             self._close(None)
 
     def _close(self, error: BaseException | None) -> None:
-        mon, self.monitor = self.monitor, None
+        mon = self.monitor
         if mon is not None:
             mon.close(error)
+            self._collect()  # close() read the last verdicts back
+        self.monitor = None
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:

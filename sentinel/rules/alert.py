@@ -4,6 +4,7 @@ transitions the life cycle makes of it. :mod:`sentinel.rules.lifecycle` decides 
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,24 @@ class _Series:
     last: Verdict | None = None  # the latest failing verdict
     step: int = 0
     first_step: int = 0  # the step of the first failing verdict of the current streak
+    first_value: float = math.nan  # ... and its value
+    worst_value: float = math.nan  # the value furthest past the threshold in the streak
+    worst_step: int = 0
+
+    def record(self, v: Verdict, step: int, first: bool) -> None:
+        """Keep the first and the worst value of the streak (worse: further on the
+        firing side of the threshold, up for a ceiling, down for a floor)."""
+        if first:
+            self.first_step, self.first_value = step, v.value
+            self.worst_step, self.worst_value = step, v.value
+        elif _worse(v.value, self.worst_value, v.value >= v.threshold):
+            self.worst_step, self.worst_value = step, v.value
+
+
+def _worse(a: float, b: float, up: bool) -> bool:
+    if a != a:
+        return False
+    return b != b or (a > b if up else a < b)
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,17 @@ class Transition:
         }
 
 
+def _value_spec(template: str) -> str:
+    """The format spec the summary gives ``{value}`` (``.4g`` when it gives none)."""
+    try:
+        for _, name, spec, _ in string.Formatter().parse(template):
+            if name == "value" and spec:
+                return spec
+    except ValueError:
+        pass
+    return ".4g"
+
+
 def _num(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else x
 
@@ -145,6 +175,9 @@ class Alert:
     threshold: float = math.nan
     baseline: float | None = None
     detail: str = ""
+    started_value: float | None = None
+    worst_value: float = math.nan
+    worst_step: int = 0
     series: dict[SeriesKey, _Series] = field(default_factory=dict)
     _active_since: float | None = None
     _seen_pending: bool = False
@@ -161,8 +194,10 @@ class Alert:
 
     @property
     def summary(self) -> str:
-        """The rule's summary template rendered with the current fields; ``{step}`` is
-        ``started_step`` once the alert fired, so the text names where the trouble began."""
+        """The rule's summary template rendered with the current fields. Once the alert
+        fired, ``{step}`` is ``started_step`` and ``{value}`` the value at that step, so the
+        text names where the trouble began with what it was then; when later verdicts
+        differ, the worst and the latest value follow, each with its step."""
         where = compact_ranks(self.ranks)
         if self.groups:
             where += f" ({compact_groups(self.groups)})"
@@ -172,7 +207,7 @@ class Alert:
             "job": self.job,
             "run": self.run,
             "step": self.step if self.started_step is None else self.started_step,
-            "value": self.value,
+            "value": self.value if self.started_value is None else self.started_value,
             "threshold": self.threshold,
             "baseline": math.nan if self.baseline is None else self.baseline,
             "detail": self.detail,
@@ -181,9 +216,32 @@ class Alert:
             "where": where,
         }
         try:
-            return self.rule.summary.format(**fields)
+            text = self.rule.summary.format(**fields)
         except (ValueError, TypeError, KeyError, IndexError):  # validated at load; belt and braces
-            return f"{self.rule.name} on {where}: {self.value:g} (threshold {self.threshold:g})"
+            text = f"{self.rule.name} on {where}: {self.value:g} (threshold {self.threshold:g})"
+        return text + self.history()
+
+    def history(self) -> str:
+        """``; worst W at step S, latest L at step T`` once the alert fired and later
+        verdicts moved on from the first one (empty otherwise)."""
+        if self.started_step is None or self.step == self.started_step:
+            return ""
+        start = self.started_value
+        if self.value == start and self.worst_value in (start, self.value):
+            return ""  # nothing moved: the start says it all
+        spec = _value_spec(self.rule.summary)
+
+        def fmt(x: float) -> str:
+            try:
+                return format(x, spec)
+            except (ValueError, TypeError):
+                return f"{x:.4g}"
+        parts = []
+        if (self.worst_value == self.worst_value and self.worst_step not in (self.started_step, self.step)
+                and self.worst_value not in (start, self.value)):
+            parts.append(f"worst {fmt(self.worst_value)} at step {self.worst_step}")
+        parts.append(f"latest {fmt(self.value)} at step {self.step}")
+        return "; " + ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         """The HTTP API's view: alertname, severity, state, job, run, ranks, groups, step,
@@ -204,7 +262,10 @@ class Alert:
             "threshold": _num(self.threshold),
             "summary": self.summary,
             "started_step": self.started_step,
+            "started_value": _num(self.started_value),
             "started_at": self.started_at,
+            "worst_step": self.worst_step if self.started_step is not None else None,
+            "worst_value": _num(self.worst_value) if self.started_step is not None else None,
             "last_step": self.step,
             "last_value": _num(self.value),
             "resolved_at": self.resolved_at,
@@ -219,6 +280,11 @@ class Alert:
         s = self._touched
         if s is not None and s.active and s.last is not None and s.step >= self.step:
             self.step, self.value, self.threshold, self.baseline = s.step, s.last.value, s.last.threshold, s.last.baseline
+            self._worst(s)
+
+    def _worst(self, s: _Series) -> None:
+        if s.last is not None and _worse(s.worst_value, self.worst_value, s.last.value >= s.last.threshold):
+            self.worst_value, self.worst_step = s.worst_value, s.worst_step
 
     def _refresh(self, series: Sequence[_Series]) -> None:
         self._dirty = False
@@ -237,6 +303,7 @@ class Alert:
                     details[s.last.detail] = None
                 if latest is None or s.step > latest.step:
                     latest = s
+                self._worst(s)
         self.ranks = tuple(sorted(ranks))
         self.groups = tuple(groups)
         self.detail = ", ".join(details)

@@ -71,6 +71,8 @@ class Context:
         lr_fraction: the rank's learning rate over its peak (the highest it reported, or
             its scheduler's initial/max lr; the largest over param groups), None when
             unknown: how far a schedule has taken the lr (sentinel/engine/schedule.py).
+        lr_change_step: the last step at which the learning rate changed by more than
+            the engine's factor, or None (for detectors that judge what followed it).
     """
 
     step: int
@@ -83,6 +85,7 @@ class Context:
     note: str = ""
     memo: dict[str, Any] | None = None
     lr_fraction: float | None = None
+    lr_change_step: int | None = None
 
 
 class Params(BaseModel):

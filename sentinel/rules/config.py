@@ -111,6 +111,9 @@ class Rule(BaseModel):
         every_steps: evaluate at most every this many steps (for heavy detectors).
             ``for_steps``/``resolve_after`` count evaluations, not steps.
         lr_grace_steps: no evaluation for this many steps from a learning-rate change.
+        lr_for_steps: for this many steps from a learning-rate change, one failing
+            verdict is enough (``for_steps`` 1): the instrument samples every step right
+            after a jump, and a rate raised far too high shows at once (0: off).
         schedule_floor: no evaluation while the learning rate is below this fraction of
             its peak by a schedule's doing (the end of a decay, the start of a warmup); 0:
             always evaluated. For rules that a small scheduled lr explains.
@@ -144,6 +147,7 @@ class Rule(BaseModel):
     until_steps: NonNegativeInt = 0
     every_steps: PositiveInt = 1
     lr_grace_steps: NonNegativeInt = 0
+    lr_for_steps: NonNegativeInt = 0
     schedule_floor: NonNegativeFloat = 0.0
     lr_resets_baseline: bool = True
     group_wait_seconds: NonNegativeFloat = 2.0

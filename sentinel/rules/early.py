@@ -11,7 +11,10 @@ unseen. This one judges only the samples of steps ``1..until`` and needs no base
 - ``growth``: the value rose at every one of the last ``count`` samples, by ``factor``
   overall (gradient norms growing step over step);
 - ``rise``: from ``at_step`` on, the level (median of the last ``chunk`` samples) has
-  risen to ``factor`` times the starting level (median of the first ``chunk``);
+  risen to ``factor`` times the starting level: with ``start: first`` the first sample,
+  the loss of the model before any update was applied (a loss that blows up at step 1
+  puts the blow-up into the median of the first samples, and a median start hides it),
+  with ``start: median`` the median of the first ``chunk``;
 - ``stall``: from ``at_step`` on, the loss has not fallen by ``min_drop``: the fall of the
   least-squares trend of log(loss) since step 1, judged only when its standard error is
   below ``min_drop`` (a noisy loss gives no verdict).
@@ -52,6 +55,10 @@ class EarlyParams(Params):
         at_step: for ``rise``/``stall``: judged once a sample at or after this step exists.
         chunk: for ``rise``/``stall``: samples per level (median).
         min_drop: for ``stall``: the level must be at least this fraction below the start.
+        start: for ``rise``/``stall``: the starting level is the ``first`` sample or the
+            ``median`` of the first ``chunk``.
+        level: for ``rise``: the current level is the ``median`` or the ``min`` of the last
+            ``chunk`` samples (``min``: every one of them has risen).
         rebound: for ``jumps``: a jump counts only when it reaches this fraction of the
             starting level (median of the first 3 samples): a loss thrown back towards
             where it began, not a noisy batch near its floor (a small-batch MSE there
@@ -67,6 +74,8 @@ class EarlyParams(Params):
     chunk: PositiveInt = 5
     min_drop: float = Field(default=0.01, ge=0.0, lt=1.0)
     rebound: float = Field(default=0.0, ge=0.0)
+    start: Literal["median", "first"] = "median"
+    level: Literal["median", "min"] = "median"
 
     def samples(self) -> int:
         return self.until + 1
@@ -111,17 +120,22 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
         detail = f"rose at each of the last {p.count} steps, {grown:.3g}× in all"
         return Verdict(grown >= p.factor, float(run), float(p.count), detail=detail)
     # rise / stall: from at_step on, the level against the start
-    if steps[-1] < p.at_step or len(vals) < 2 * p.chunk:
+    need = p.chunk + 1 if p.start == "first" else 2 * p.chunk  # the first sample, then a chunk
+    if steps[-1] < p.at_step or len(vals) < need:
         return None
     pairs = [(s, v) for s, v in zip(steps, vals) if math.isfinite(v)]
-    if len(pairs) < 2 * p.chunk:
+    if len(pairs) < need:
         return None
     fin = [v for _, v in pairs]
-    start, level = median(fin[: p.chunk]), median(fin[-p.chunk :])
+    start = fin[0] if p.start == "first" else median(fin[: p.chunk])
+    level = min(fin[-p.chunk :]) if p.level == "min" else median(fin[-p.chunk :])
     if not start > 0:
         return None
     ratio = level / start
-    detail = f"level {level:.4g} at step {steps[-1]} vs {start:.4g} at the start ({ratio:.3g}×)"
+    first = f"{start:.4g} at step {pairs[0][0]}" if p.start == "first" else f"{start:.4g} at the start"
+    worst_step, worst = max(pairs, key=lambda sv: sv[1])
+    detail = (f"level {level:.4g} at step {steps[-1]} vs {first} ({ratio:.3g}×; "
+              f"highest {worst:.4g} at step {worst_step})")
     if p.check == "rise":
         return Verdict(ratio >= p.factor, ratio, p.factor, baseline=start, detail=detail)
     return _stall(pairs, p, start, detail)

@@ -166,6 +166,8 @@ class RuleEngine:
                 idle = None if held is not None else c.spec.idle
                 quiet = None if held is not None else c.spec.quiet
                 since = max(c.rule.warmup_steps, (lr_change or 0) if c.rule.lr_resets_baseline else 0)
+                lr_for = c.rule.lr_for_steps
+                one = 1 if lr_for and lr_change is not None and lr_change <= step < lr_change + lr_for else None
                 sampled = False
                 for series_labels, extra, series in sel.series:
                     last = series.last()
@@ -201,6 +203,7 @@ class RuleEngine:
                             c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped, note
                         )
                         cctx.lr_fraction = lr_fraction
+                        cctx.lr_change_step = lr_change
                         if c.spec.quiet is not None:
                             if memo is None:
                                 memo = memos[(c.idx, series_labels)] = {}
@@ -209,7 +212,7 @@ class RuleEngine:
                             cctx.memo = memo
                         verdict = c.spec.fn(window, params, cctx)
                         self.evaluations += 1
-                    life.observe(c.rule, job, run, rank, extra, verdict, step, now)
+                    life.observe(c.rule, job, run, rank, extra, verdict, step, now, one)
                 if sampled and c.every > 1:
                     judged[c.idx] = (step, frame)
                 touched.append(name)

@@ -54,6 +54,7 @@ class Lifecycle:
         verdict: Verdict | None,
         step: int,
         now: float,
+        for_steps: int | None = None,
     ) -> None:
         """Record one verdict for one series; call :meth:`settle` after a frame's verdicts.
 
@@ -61,6 +62,8 @@ class Lifecycle:
             extra: the series' labels beyond job/run/rank; a ``group`` among them is
                 listed in the alert's groups.
             verdict: None leaves the series as it was.
+            for_steps: overrides the rule's ``for_steps`` for this verdict (right after
+                a learning-rate change, see ``Rule.lr_for_steps``).
         """
         if verdict is None:
             return
@@ -77,14 +80,13 @@ class Lifecycle:
                 group = next((v for k, v in extra if k == "group"), None)
                 s = alert.series[skey] = _Series(rank, group)
                 alert._dirty = True
-            if s.fails == 0:
-                s.first_step = step
+            s.record(verdict, step, s.fails == 0)
             s.fails += 1
             s.oks = 0
             s.last = verdict
             s.step = step
             alert._touched = s
-            if not s.active and s.fails >= max(1, rule.for_steps):
+            if not s.active and s.fails >= max(1, rule.for_steps if for_steps is None else for_steps):
                 s.active = alert._dirty = True
         elif s is not None:
             s.fails = 0
@@ -228,6 +230,9 @@ class Lifecycle:
         a.started_at = now
         held = [s.first_step for s in a.series.values() if s.active] or [s.first_step for s in a.series.values()]
         a.started_step = min(held) if held else a.step
+        pool = [s for s in a.series.values() if s.active] or list(a.series.values())
+        first = min(pool, key=lambda s: s.first_step, default=None)
+        a.started_value = first.first_value if first is not None else a.value
         return self._transition(a, "pending" if a._seen_pending else "inactive", now)
 
     def _resolve(self, key: AlertKey, a: Alert, now: float) -> Transition:

@@ -13,9 +13,11 @@ from sentinel.rules import (
     oscillation,
     plateau,
     scheduled,
+    skip,
     spike,
     stall,
     threshold,
+    trend,
 )
 from sentinel.rules.base import DetectorSpec
 
@@ -31,7 +33,9 @@ DETECTORS: dict[str, DetectorSpec] = {
     "forecast": DetectorSpec(forecast.detect, forecast.ForecastParams),
     "drop": DetectorSpec(drop.detect, drop.DropParams),
     "early": DetectorSpec(early.detect, early.EarlyParams),
+    "skip": DetectorSpec(skip.detect, skip.SkipParams, idle=skip.idle),
     "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
     "exited": DetectorSpec(exited.detect, exited.ExitedParams),
+    "trend": DetectorSpec(trend.detect, trend.TrendParams),
 }
 """Every detector kind a rule may name."""

@@ -27,11 +27,15 @@ class StoreCollector(Collector):
         store: the series store.
         extra: called at each scrape for more ``(name, kind, labels, value)`` rows, e.g.
             the engine's own health and the firing alerts.
+        select: filters the store's rows at each scrape (an export profile).
     """
 
-    def __init__(self, store: Store, extra: Callable[[], Iterable[Row]] | None = None) -> None:
+    def __init__(self, store: Store, extra: Callable[[], Iterable[Row]] | None = None,
+                 select: Callable[[Iterable[Row]], Iterable[Row]] | None = None) -> None:
         self.store = store
         self.extra = extra
+        self.select = select
+        """Filters the store's rows (``serve/profile.py``: the ``fleet`` profile); None keeps all."""
         # rendered label sets and family headers, reused across scrapes: at 64 ranks x 64
         # groups, building them per sample is most of a scrape's time
         self._label_text: dict[Labels, tuple[tuple[str, ...], str] | None] = {}
@@ -136,7 +140,7 @@ class StoreCollector(Collector):
         return out
 
     def _rows(self) -> Iterator[Row]:
-        yield from self.store.snapshot()
+        yield from (self.store.snapshot() if self.select is None else self.select(self.store.snapshot()))
         if self.extra is not None:
             yield from self.extra()
 

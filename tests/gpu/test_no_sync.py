@@ -45,7 +45,7 @@ def test_training_under_sync_debug_mode_error() -> None:
     _train(None, model, opt, 2, sync_check=False)  # warm-up: lazy state allocation syncs inside torch
     mon, sender = make_monitor(model, opt, update_every=2, state_every=3, health_every=2, memory_every=2)
     _train(mon, model, opt, 12, sync_check=True)
-    assert mon.errors == 0, mon.guard.failures  # a sync inside a probe would raise and be counted
+    assert mon.errors == 0, mon.boundary.failures  # a sync inside a probe would raise and be counted
     mon.close()
     steps = sender.steps()
     assert len(steps) >= 11  # all but at most the in-flight ones were read without waiting
@@ -81,7 +81,7 @@ def test_holding_the_batch_for_a_capture_never_syncs(tmp_path: Path) -> None:
     mon, _ = make_monitor(model, opt)
     mon.capture.arm({"kind": "arm", "rank": 0, "steps": 3})
     _train(mon, model, opt, 6, sync_check=True)
-    assert mon.errors == 0, mon.guard.failures
+    assert mon.errors == 0, mon.boundary.failures
     assert list(mon.capture.held) == [4, 5, 6]
     mon.capture.take({"kind": "capture", "ranks": [0], "step": 6, "folder": str(tmp_path), "max_bytes": 2**20})
     mon.close()  # waits for the writer

@@ -73,22 +73,33 @@ class Scraped:
                     end=f"{time.time():.3f}", step="1")
 
 
-@pytest.fixture(scope="module")
-def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
+# both export profiles (serve/profile.py): the dashboards and rules must work in each; the
+# fleet one is switched on by the config file for the torchrun job, by the environment for the demo
+@pytest.fixture(scope="module", params=["full", pytest.param("fleet", marks=pytest.mark.slow)])
+def scraped(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Scraped]:
+    import os
+
     tmp = tmp_path_factory.mktemp("promdash")
     release = tmp / "release"
     start = time.time()
     torchrun = str(Path(sys.executable).with_name("torchrun"))
+    config = None
+    if request.param == "fleet":
+        config = str(tmp / "fleet.yaml")
+        Path(config).write_text("profile: fleet\n")
     ddp, ddp_url = _start([torchrun, "--standalone", "--nproc-per-node", "2",
-                           str(SCRIPTS / "ddp_amp_train.py"), str(DDP_STEPS), str(release)])
+                           str(SCRIPTS / "ddp_amp_train.py"), str(DDP_STEPS), str(release)], config)
     demo_port = _free_port()
     demo = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "demo", "--fault", "nan", "--steps", "200",
                              "--fault-step", "120", "--delay", "0.03", "--listen", f"127.0.0.1:{demo_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "SENTINEL_PROFILE": request.param})
     prom_port = _free_port()
     targets = [ddp_url.removeprefix("http://"), f"127.0.0.1:{demo_port}"]
     # honor_labels: job, run and rank are the training job's, as the dashboards expect
+    rule_files = json.dumps([str(ROOT / "alerts" / f) for f in ("sentinel.rules.yml", "sentinel.job.rules.yml")])
     prom = start_prometheus(tmp, "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                            f"rule_files: {rule_files}\n"
                             "scrape_configs: [{job_name: sentinel, honor_labels: true, "
                             f"static_configs: [{{targets: {json.dumps(targets)}}}]}}]\n", prom_port)
     base = f"http://127.0.0.1:{prom_port}"
@@ -113,7 +124,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
                  timeout=60, what="Prometheus to hold the last step of both torchrun ranks")
         wait_for(lambda: result('sentinel_rank_step_time_ratio{job="train"}'), timeout=60,
                  what="the straggler comparison")
-        wait_for(lambda: demo.poll() is not None, timeout=150, what="the demo to finish")
+        wait_for(lambda: demo.poll() is not None, timeout=400, what="the demo to finish")
         wait_for(lambda: result('max_over_time(sentinel_step{job="demo"}[10m]) >= 150'), timeout=30,
                  what="Prometheus to hold the demo's late steps")
         [run] = {m["metric"]["run"] for m in result('sentinel_step{job="train"}')}
@@ -199,3 +210,23 @@ def test_the_alert_annotation_marks_the_nan(scraped: Scraped) -> None:
     [(_, expr)] = [q for q in panel_queries(_dashboards()["overview"]) if q[0].startswith("annotation")]
     body = scraped.range(_substitute(expr, "demo", "demo-nan"))
     assert {m["metric"]["alertname"] for m in body["data"]["result"]} >= {"TrainingNonFinite"}
+
+
+def test_the_job_wide_recording_rules_hold_both_jobs(scraped: Scraped) -> None:
+    """alerts/sentinel.job.rules.yml over what the daemons export, in either profile."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "alerts" / "sentinel.job.rules.yml").read_text())
+    records = [r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r]
+    assert len(records) >= 8
+    for name in records:
+        body = wait_for(lambda: (b := scraped.range(name)) and b["data"]["result"] and b, timeout=30, what=name)
+        runs = {m["metric"]["run"] for m in body["data"]["result"]}
+        assert {"demo-nan", scraped.ddp_run} <= runs, (name, runs)
+    [ddp] = scraped.range(f'job_run:sentinel_ranks:count{{run="{scraped.ddp_run}"}}')["data"]["result"]
+    assert ddp["values"][-1][1] == "2"
+    # the replicated DDP norm: any rank's, in both profiles
+    norms = scraped.range(f'job_run:sentinel_grad_norm:l2{{run="{scraped.ddp_run}"}} '
+                          f'- on (job, run) max by (job, run) (sentinel_grad_norm{{run="{scraped.ddp_run}"}})')
+    # (while training, a rule evaluation and the raw series may be a step apart; once it holds still, equal)
+    assert norms["data"]["result"] and float(norms["data"]["result"][0]["values"][-1][1]) == 0.0

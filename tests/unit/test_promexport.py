@@ -43,3 +43,16 @@ def test_promtool_checks_and_tests_the_committed_rules() -> None:
                           capture_output=True, text=True, timeout=60)
     assert test.returncode == 0, test.stdout + test.stderr
     assert "SUCCESS" in test.stdout
+
+
+def test_the_memory_forecast_exports_with_the_packs_horizon() -> None:
+    # OOMRisk forecasts at any use (issue 20): PromQL extrapolates the base of the memory
+    # used (its 10-minute minimum, which a short sawtooth returns to) over the horizon
+    pack = load_pack({"rules": {"OOMRisk": {"params": {"horizon_seconds": 600}}}})
+    rules = {r["alert"]: r for r in yaml.safe_load(export_prometheus(pack))["groups"][0]["rules"]}
+    expr = rules["OOMRisk"]["expr"]
+    assert expr.startswith("sentinel_memory_used_bytes / sentinel_memory_capacity_bytes > 0.8 or ")
+    assert "predict_linear(min_over_time(sentinel_memory_used_bytes[10m])[30m:1m], 600)" in expr
+    off = load_pack({"rules": {"OOMRisk": {"params": {"min_ratio": 1.0}}}})
+    rules = {r["alert"]: r for r in yaml.safe_load(export_prometheus(off))["groups"][0]["rules"]}
+    assert "predict_linear" not in rules["OOMRisk"]["expr"]

@@ -60,7 +60,7 @@ def sgd_loss(n: int, rel: float = 0.08, start: float = 2.0, tau: float = 800.0) 
 def test_registry_names_every_kind() -> None:
     assert set(DETECTORS) == {
         "threshold", "band", "nonfinite", "spike", "divergence", "oscillation", "plateau",
-        "forecast", "drop", "stall", "exited", "early", "scheduled",
+        "forecast", "drop", "stall", "exited", "early", "scheduled", "skip", "trend",
     }  # fmt: skip
     assert [k for k, s in DETECTORS.items() if s.time_based] == ["stall"]
 
@@ -483,3 +483,16 @@ def test_spike_quiet_answers_for_a_steady_series_and_defers_near_the_threshold()
     assert quiet(1.02, p, memo, 1) and quiet(1.02, p, memo, 5)
     assert not quiet(3.5, p, memo, 1)  # past 3x the baseline: only a full evaluation can tell
     assert not quiet(1.02, p, memo, 20)  # the old baseline says nothing any more
+
+
+@pytest.mark.parametrize(("counts", "min_consecutive", "fires"),
+                         [([0, 1], 1, True), ([1, 0], 1, False), ([1, 2], 3, False), ([1, 2, 3], 3, True)])
+def test_skip_fires_on_skips_in_a_row(counts: list[float], min_consecutive: int, fires: bool) -> None:
+    """The step guard's rules (StepSkipped: 1, StepsSkippedRepeatedly: 3)."""
+    from sentinel.rules import skip
+
+    w = Window(np.arange(len(counts)), np.arange(len(counts), dtype=float), np.array(counts, dtype=float))
+    v = skip.detect(w, skip.SkipParams(min_consecutive=min_consecutive),
+                    Context(step=len(counts), now=0.0, note="step 9 skipped (spike)"))
+    assert v is not None and v.firing is fires
+    assert v.detail == ("step 9 skipped (spike)" if fires else "")

@@ -201,7 +201,8 @@ def test_memory_leak_fires_oom_risk() -> None:
         v["sentinel_memory_used_bytes"] = 6e9 + 5e6 * step  # ~10 MB/s at 0.5 s/step
 
     out = Sim(ranks=1).run(0, 300, fault=leak)
-    assert fired(out) == ["OOMRisk"]
+    # first the warning; by step 300 the capacity is ~4 minutes away: critical too
+    assert fired(out) == ["OOMRisk", "MemoryCritical"]
     assert "full in ~" in out[0].summary
 
 

@@ -37,7 +37,7 @@ for i in range(steps):
     scaler.update()
     mon.log(loss=loss)
 print(f"rank {rank} trained", flush=True)
-deadline = time.monotonic() + 120
+deadline = time.monotonic() + 300
 while not os.path.exists(wait_file) and time.monotonic() < deadline:
     time.sleep(0.05)
 mon.close()

@@ -1,7 +1,8 @@
 """DDP with gloo on CPU, no sentinel import. argv: steps, a file to wait for before exiting,
 and optionally a fault on rank 1: ``perturb`` (its gradients are scaled after the
 all-reduce from step 10 on: a desynchronised replica) or ``slow`` (it loads each batch
-30 ms slower: a straggler)."""
+30 ms slower: a straggler), or ``nan`` (rank 0's last batch holds a NaN: the all-reduce
+makes every rank's gradients NaN)."""
 
 import os
 import sys
@@ -24,6 +25,8 @@ for i in range(steps):
     x = torch.randn(16, 8, generator=gen)
     if fault == "slow" and rank == 1:
         time.sleep(0.03)
+    if fault == "nan" and rank == 0 and i == steps - 1:
+        x[0, 0] = float("nan")
     loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
     opt.zero_grad()
     loss.backward()

@@ -1,0 +1,118 @@
+"""``sentinel run -- CMD`` attached to a node's daemon: one daemon for all the ranks of a node.
+
+Under Slurm, ``srun -n 8 sentinel run -- python train.py`` would otherwise start eight
+daemons on a node (the second on a random port). When ``SENTINEL_SOCKET`` names the socket
+of a daemon that is listening (``sentinel daemon`` started by the batch script or a
+prolog, the sidecar of a pod, the systemd unit), ``sentinel run`` starts none: CMD is
+instrumented to report to that daemon, and when CMD exits non-zero the exit status and
+its reason in words (``scancel``, the time limit: :mod:`sentinel.slurm`) go to the daemon
+in a ``bye`` frame for this task's rank, so ``TrainingCrashed`` says why.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from types import FrameType
+
+from sentinel import wire
+from sentinel.instrument.options import default_run_name
+
+
+def attached_socket(env: Mapping[str, str]) -> str | None:
+    """``SENTINEL_SOCKET`` if a daemon listens on it, else None (``sentinel run`` then
+    starts its own). A path that is not a socket, or one nobody reads, is not used."""
+    path = env.get("SENTINEL_SOCKET")
+    if not path:
+        return None
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EACCES):
+            return None
+        raise
+    finally:
+        probe.close()
+    return path
+
+
+def task_rank(env: Mapping[str, str]) -> tuple[int, int]:
+    """This task's ``(rank, world)`` from the launcher (``RANK``, else ``SLURM_PROCID``)."""
+    for rk, ws in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if env.get(rk, "").isdigit():
+            world = env.get(ws, "1")
+            return int(env[rk]), int(world) if world.isdigit() else 1
+    return 0, 1
+
+
+def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str]) -> int:
+    """Run ``cmd`` instrumented to the daemon at ``socket_path``; return its exit status
+    (128 + N for signal N). SIGINT/SIGTERM are forwarded to it."""
+    from sentinel.run import child_env
+
+    env = child_env(socket_path, os.environ.get("SENTINEL_URL", ""), tags=tags)
+    if not env.get("SENTINEL_URL"):
+        del env["SENTINEL_URL"]
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        print(f"sentinel: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        try:  # not proc.send_signal: its poll() would reap CMD before waitid() below reads it
+            os.kill(proc.pid, signum)  # a zombie ignores it; the pid is not reused before the reap
+        except OSError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # the status without reaping: until the bye frame is sent CMD stays a zombie, which
+        # the daemon counts as alive, so its own "process gone" verdict cannot come first
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if info is None:  # cannot happen without WNOHANG; read it from the reap instead
+        rc = proc.wait()
+        status = 128 - rc if rc < 0 else rc
+    else:
+        status = info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+    try:
+        _report(status, cmd, proc.pid, env, socket_path)
+    finally:
+        proc.wait()
+    return status
+
+
+def _report(status: int, cmd: list[str], pid: int, env: dict[str, str], socket_path: str) -> None:
+    """Send a non-zero exit of ``cmd`` to the daemon, with the reason in words."""
+    from sentinel.slurm import end_reason
+
+    if status:
+        reason = end_reason(status, env)
+        who = f"{os.path.basename(cmd[0])} (pid {pid})" + (f" ({reason})" if reason else "")
+        rank, world = task_rank(env)
+        frame = {"kind": "bye", "job": env.get("SENTINEL_JOB", "train"), "run": env.get("SENTINEL_RUN") or
+                 default_run_name(), "rank": rank, "world": world, "step": 0, "t": time.time(),
+                 "status": min(status, 255), "exc": who[:200]}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            try:
+                s.sendto(wire.encode(frame), socket_path)
+            except OSError as exc:  # the daemon went away meanwhile: say so, never fail CMD's status
+                print(f"sentinel: could not report the exit to {socket_path}: {exc.strerror}", file=sys.stderr)
+        if reason:
+            print(f"sentinel: {who} exited with status {status}", file=sys.stderr)

@@ -1,0 +1,110 @@
+"""``trend``: the series has been rising steadily, well outside its own noise.
+
+A loss that climbs over a dozen steps never jumps 3× in one step (no spike) and takes
+long to reach twice its best level (no divergence), yet a schedule bug that multiplies
+the learning rate by a few hundred does exactly that. This detector judges a *segment*
+of recent samples:
+
+- the level rose: the median of its last ``chunk`` samples is at least ``factor`` times
+  the median of its first ``chunk`` (medians, so one bad batch at either end is not a
+  rise);
+- the rise is steady and well outside the noise: the least-squares slope of log(value)
+  over the segment is at least ``z`` standard errors above zero (a flat noisy loss has
+  |t| above 5 about once in a million windows; a climb of 1.3× over 40 noisy steps is
+  t ≈ 10 and more).
+
+The segment is the last ``window`` samples; right after a learning-rate change
+(``ctx.lr_change_step``) it is the samples since ``chunk`` steps before the change, judged
+from ``lr_min`` samples after it with ``lr_z``: a rise that starts as the rate jumped is
+seen within a few steps, and the verdict names the change.
+
+Cost: a median of ``chunk`` values at each end first; the regression (one numpy pass over
+``window`` values) only when the level has risen.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import Field, PositiveInt, model_validator
+
+from sentinel.store import Window
+from sentinel.rules.base import Context, Params, Verdict, median, since
+
+
+class TrendParams(Params):
+    """Parameters of :func:`detect`.
+
+    Attributes:
+        window: samples of the segment (without a recent learning-rate change).
+        chunk: samples per level at each end of the segment (medians).
+        factor: the last level must be at least this many times the first.
+        z: the slope's t-statistic (log scale) must be at least this.
+        lr_min: after a learning-rate change: judged from this many samples after it.
+        lr_z: the t-statistic needed after a learning-rate change.
+    """
+
+    window: int = Field(default=40, ge=6)
+    chunk: PositiveInt = 5
+    factor: float = Field(default=1.3, gt=1.0)
+    z: float = Field(default=6.0, gt=0.0)
+    lr_min: PositiveInt = 6
+    lr_z: float = Field(default=4.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _fits(self) -> TrendParams:
+        if 2 * self.chunk > self.window:
+            raise ValueError("window must hold two chunks")
+        return self
+
+    def samples(self) -> int:
+        return self.window + self.chunk
+
+
+def detect(window: Window, params: TrendParams, ctx: Context) -> Verdict | None:
+    """Fire when the segment's level rose ``factor``× with a slope ``z`` errors above 0.
+
+    Returns:
+        None with too few positive finite samples. The value is the last level, the
+        threshold ``factor ×`` the first level, the baseline the first level.
+    """
+    w = since(window, ctx.since_step)
+    steps, vals = w.steps.tolist(), w.values.tolist()
+    p = params
+    lr = ctx.lr_change_step
+    after_lr = lr is not None and sum(1 for s in steps if s >= lr) <= p.window
+    if after_lr:
+        assert lr is not None
+        i = next((j for j, s in enumerate(steps) if s >= lr), len(steps))
+        if len(steps) - i < p.lr_min:
+            after_lr = False  # too soon to judge the change; the plain window still is
+        else:
+            steps, vals = steps[max(0, i - p.chunk):], vals[max(0, i - p.chunk):]
+    if not after_lr:
+        steps, vals = steps[-p.window:], vals[-p.window:]
+        if len(vals) < p.window:
+            return None
+    if len(vals) < 2 * p.chunk or not all(v > 0 and math.isfinite(v) for v in vals):
+        return None
+    first, last = median(vals[: p.chunk]), median(vals[-p.chunk :])
+    threshold = p.factor * first
+    if last < threshold:  # the common case: no rise, no regression
+        return Verdict(False, last, threshold, baseline=first)
+    y = np.log(np.asarray(vals, dtype=np.float64))
+    x = np.asarray(steps, dtype=np.float64)
+    xc = x - x.mean()
+    sxx = float(xc @ xc)
+    if sxx <= 0:
+        return None
+    slope = float(xc @ (y - y.mean())) / sxx
+    resid = y - y.mean() - slope * xc
+    se = math.sqrt(max(float(resid @ resid), 1e-300) / max(1, len(x) - 2) / sxx)
+    t = slope / se
+    top = max(range(len(vals)), key=vals.__getitem__)
+    span = steps[-1] - steps[0]
+    what = (f"rose {last / first:.3g}× in {span} steps since the learning rate changed at step {lr}"
+            if after_lr else f"rose {last / first:.3g}× over the last {span} steps")
+    detail = (f"{what}: from {vals[0]:.4g} at step {steps[0]} to {vals[-1]:.4g} at step {steps[-1]}, "
+              f"highest {vals[top]:.4g} at step {steps[top]}; slope {t:.1f} standard errors above flat")
+    return Verdict(t >= (p.lr_z if after_lr else p.z), last, threshold, baseline=first, detail=detail)

@@ -1,0 +1,88 @@
+"""What Slurm says about the job a command ran in: why it was ended, in words.
+
+Slurm ends a job's tasks with SIGTERM and, ``KillWait`` seconds later, SIGKILL, both for
+``scancel`` and for a job that reached its time limit; only the controller knows which. So
+when a command under ``sentinel run`` dies by one of those signals inside a Slurm job, the
+job's state is read from ``scontrol show job`` (well inside ``KillWait``) and the crash
+message names the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping
+
+from sentinel.instrument.options import slurm_job_name
+
+_STATES = {
+    "DEADLINE": "the Slurm job reached its deadline",
+    "PREEMPTED": "the Slurm job was preempted",
+    "NODE_FAIL": "a node of the Slurm job failed",
+    "OUT_OF_MEMORY": "the Slurm job ran out of its memory allocation",
+    "BOOT_FAIL": "a node of the Slurm job failed to boot",
+}
+
+
+def job_fields(job_id: str, env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[str, str]:
+    """``scontrol show job -o JOB`` as ``{field: value}``; {} when it cannot be read."""
+    scontrol = shutil.which("scontrol")
+    if not scontrol or not job_id:
+        return {}
+    try:
+        out = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
+                             timeout=timeout, env=dict(os.environ if env is None else env)).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    fields: dict[str, str] = {}
+    for item in out.split():
+        key, sep, value = item.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def seconds(value: str) -> float | None:
+    """A Slurm duration (``[D-]HH:MM:SS``, ``MM:SS``, ``MM``) in seconds; None for
+    ``UNLIMITED``, ``INVALID`` and the like."""
+    days, _, rest = value.rpartition("-")
+    parts = rest.split(":")
+    if not (days.isdigit() or not days) or not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    nums = [int(p) for p in parts]
+    if len(nums) == 1:
+        nums = [0, nums[0], 0]  # a bare number is minutes
+    elif len(nums) == 2:
+        nums = [0, *nums]
+    return (int(days or 0) * 24 + nums[0]) * 3600 + nums[1] * 60 + nums[2]
+
+
+def end_reason(status: int, env: Mapping[str, str] | None = None) -> str:
+    """Why Slurm ended a command that exited with ``status`` (``128 + N`` for signal N),
+    e.g. ``"the Slurm job 12 was cancelled (scancel)"``; '' outside Slurm, for other
+    statuses, or when the controller cannot be asked.
+
+    While Slurm kills a job's tasks the job is ``COMPLETING`` for ``scancel`` and for the
+    time limit alike; a run time at or past the limit tells the time limit.
+    """
+    env = os.environ if env is None else env
+    job = slurm_job_name(env)
+    if not job or status - 128 not in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGUSR1):
+        return ""
+    fields = job_fields(env.get("SLURM_JOB_ID", job), env)
+    state = fields.get("JobState", "").split("+")[0]
+    if not state:
+        return ""
+    limit, ran = seconds(fields.get("TimeLimit", "")), seconds(fields.get("RunTime", ""))
+    if state == "TIMEOUT" or (state in ("COMPLETING", "CANCELLED") and limit is not None and ran is not None
+                              and ran >= limit):
+        return (f"the Slurm job {job} reached its time limit (TimeLimit={fields['TimeLimit']}; "
+                "SIGTERM, then SIGKILL after KillWait)")
+    if state in ("COMPLETING", "CANCELLED"):
+        return f"the Slurm job {job} was cancelled (scancel)"
+    if state in _STATES:
+        return _STATES[state].replace("Slurm job", f"Slurm job {job}")
+    sig = signal.Signals(status - 128).name
+    return f"{sig} while the Slurm job {job} is {state} (scancel --signal, or a signal from outside Slurm)"

@@ -1,0 +1,102 @@
+"""The step guard end to end (issue 21): from the config (``actions.guard``) through the
+embedded engine and through ``sentinel run`` (zero-code, plain and DDP under torchrun),
+into the alerts, the capture of the skipped step's batch, the history and ``sentinel skips``.
+
+Real parts only: CPU training, the engine service in a thread or `sentinel run`'s daemon,
+SQLite on disk, torchrun with gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import sentinel
+from tests.helpers import MLP, write_config
+
+pytestmark = pytest.mark.integration
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sentinel.cli", *args], capture_output=True, text=True,
+                          timeout=180, env=env)
+
+
+def test_config_guard_skips_alerts_captures_and_lists_the_batch(tmp_path: Path) -> None:
+    history = tmp_path / "h.sqlite"
+    root = tmp_path / "captures"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05},
+                       actions={"guard": {"enabled": True, "warmup": 3}, "capture_on": ["StepSkipped"],
+                                "capture_dir": str(root)})
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(0)
+    fed = {}
+    alerts: list[dict] = []
+    with sentinel.watch(model, opt, run="g-embedded", listen="127.0.0.1:0", config=cfg, engine="thread",
+                        on_alert=alerts.append) as mon:
+        assert mon.guard is not None  # from actions.guard
+        for step in range(1, 13):
+            x = torch.randn(8, 16, generator=gen)
+            if step == 7:
+                x[3, 5] = float("inf")  # a corrupt sample
+            fed[step] = x.clone()
+            mon.guard.note_batch(100 + step)
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mon.log(loss=loss)
+            assert mon.engine.flush()
+    assert mon.guard.steps == [7]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    skipped = [a for a in alerts if a["alertname"] == "StepSkipped" and a["state_to"] == "firing"]
+    assert len(skipped) == 1 and skipped[0]["severity"] == "info" and skipped[0]["step"] == 7
+    assert "batch 107" in skipped[0]["summary"]
+    folder = next(p for p in root.glob("*/g-embedded/*-step7-StepSkipped"))
+    saved = json.loads((folder / "inputs.rank0.json").read_text())
+    assert saved["step"] == 7 and saved["exact"]
+    inputs = torch.load(folder / "inputs.rank0.pt", weights_only=True)
+    assert torch.equal(inputs["args.0"], fed[7])
+    out = cli("skips", "g-embedded", "--db", str(history))
+    assert out.returncode == 0, out.stderr
+    assert "1 skipped step(s)" in out.stdout and "skip steps: 7" in out.stdout and "skip batches: 107" in out.stdout
+    assert "nonfinite" in out.stdout
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sentinel_run_guards_a_zero_code_script_exactly(tmp_path: Path, ranks: int) -> None:
+    """``actions.guard`` reaches the zero-code monitors of every rank; DDP's all-reduce gives
+    each rank the NaN, each skips, and every rank ends bit for bit where a run that left
+    step K out ends (its scheduler too)."""
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05},
+                       actions={"guard": {"enabled": True}})
+    script = [str(SCRIPTS / "guard_train.py"), "12", "6"]
+    launcher = ([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", str(ranks)]
+                if ranks > 1 else [sys.executable])
+    env = dict(os.environ, SENTINEL_RUN=f"g-run-{ranks}")
+    env.pop("SENTINEL_GUARD", None)
+    ref = subprocess.run([*launcher, *script, str(tmp_path / "ref"), "reference"], capture_output=True, text=True,
+                         timeout=180)
+    assert ref.returncode == 0, ref.stderr
+    res = cli("run", "--config", cfg, "--listen", "127.0.0.1:0", "--", *launcher, *script, str(tmp_path / "got"),
+              env=env)
+    assert res.returncode == 0, res.stderr
+    for r in range(ranks):
+        want = torch.load(tmp_path / f"ref.rank{r}.pt", weights_only=True)
+        got = torch.load(tmp_path / f"got.rank{r}.pt", weights_only=True)
+        assert all(torch.equal(want[n], got[n]) for n in want), f"rank {r}"
+    out = cli("skips", f"g-run-{ranks}", "--db", str(history))
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("6 ")]
+    assert len(lines) == ranks and all("nonfinite" in ln for ln in lines), out.stdout
+    assert "skip batches: not exposed" in out.stdout

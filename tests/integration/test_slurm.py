@@ -1,0 +1,172 @@
+"""Sentinel under a real Slurm (Debian's slurm-wlm and munge): a one-node cluster the tests
+start themselves (tests/slurm.py). ``srun -n 2 sentinel run -- python train.py`` reports
+both tasks to the node's one daemon, the run is named from the job id (an array task:
+``ID_INDEX``) with the job id, step id and node name as labels on the run and its alerts;
+``deploy/slurm/sentinel.sbatch`` starts that daemon itself; ``scancel`` and the time limit
+reach ``TrainingCrashed`` with the reason in words."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sentinel.history.query import find_run
+from tests.helpers import Receiver, end_process, wait_for, write_config
+from tests.slurm import SlurmCluster, why_not
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "scripts"
+SBATCH = ROOT / "deploy" / "slurm" / "sentinel.sbatch"
+SENTINEL = f"{sys.executable} -m sentinel.cli"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), kill_wait=8)
+    try:
+        cluster.start()
+    except RuntimeError as exc:
+        pytest.skip(f"Slurm cannot start here: {str(exc).splitlines()[0][:200]}")
+    cluster.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    yield cluster
+    cluster.stop()
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _node_daemon(slurm: SlurmCluster, tmp: Path, config: str | None = None) -> tuple[subprocess.Popen[str], str, str]:
+    """`sentinel daemon` on this node, as a prolog or the systemd unit would run it."""
+    sock = tmp / "node" / "engine.sock"
+    cmd = [sys.executable, "-m", "sentinel.cli", "daemon", "--listen", "127.0.0.1:0", "--socket", str(sock)]
+    proc = subprocess.Popen(cmd + (["--config", config] if config else []), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=slurm.env)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    m = re.search(r"SENTINEL_SOCKET=(\S+) SENTINEL_URL=(\S+)", line)
+    assert m, line
+    return proc, m.group(1), m.group(2)
+
+
+def test_srun_tasks_report_to_the_nodes_one_daemon_named_and_labelled_by_the_job(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    release.touch()
+    daemon, sock, url = _node_daemon(slurm, tmp_path)
+    try:
+        env = {**slurm.env, "SENTINEL_SOCKET": sock, "SENTINEL_URL": url}
+        out = subprocess.run(["srun", "-n", "2", *SENTINEL.split(), "run", "--", sys.executable,
+                              str(SCRIPTS / "plain_train.py"), "20", str(release)],
+                             env=env, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr
+        assert "metrics at" not in out.stderr  # no task started a daemon of its own
+        def both() -> str | None:
+            t = _metrics(url)
+            return t if len(re.findall(r"sentinel_step\{.*\} 20\.0", t)) == 2 else None
+
+        text = wait_for(both, timeout=30, what="both tasks' step 20 on the node's daemon")
+        ranks = dict(re.findall(r'sentinel_step\{job="train",rank="(\d)",run="([^"]+)"\} 20\.0', text))
+        assert set(ranks) == {"0", "1"} and ranks["0"] == ranks["1"]  # ranks from SLURM_PROCID, one run
+        job = ranks["0"]
+        assert job.isdigit() and f"JobId={job} " in slurm.command("scontrol", "show", "job", job).stdout
+        info = re.search(r"sentinel_run_info\{([^}]*)\} 1\.0", text)
+        assert info is not None
+        assert {"slurm_job": job, "slurm_step": "0", "slurm_node": slurm.node}.items() <= \
+            dict(re.findall(r'(\w+)="([^"]*)"', info.group(1))).items()
+    finally:
+        end_process(daemon)
+
+
+def _sbatch(slurm: SlurmCluster, tmp: Path, config: str, *args: str, wait: bool = True,
+            script: list[str] | None = None) -> tuple[str, Path]:
+    out = tmp / "job.out"
+    env = {**slurm.env, "SENTINEL": SENTINEL, "SENTINEL_CONFIG": config, "SENTINEL_LISTEN": "127.0.0.1:0",
+           "SENTINEL_DRAIN": "5"}
+    env.pop("SENTINEL_SOCKET", None)
+    cmd = ["sbatch", "--parsable", "-n", "2", f"--output={out}", *(["--wait"] if wait else []), *args, str(SBATCH),
+           *(script or [])]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.stdout.strip(), res.stderr + (out.read_text() if out.exists() else "")
+    return res.stdout.strip().split(";")[0], out
+
+
+def test_sbatch_script_starts_one_daemon_for_the_array_tasks_ranks(slurm: SlurmCluster, tmp_path: Path) -> None:
+    release = tmp_path / "release"  # touched once both ranks trained: they end together, as one run
+    db = tmp_path / "history.sqlite"
+    config = write_config(tmp_path, history={"path": str(db)})
+    job, out = _sbatch(slurm, tmp_path, config, "--array=3", wait=False,
+                       script=[sys.executable, str(SCRIPTS / "plain_train.py"), "15", str(release)])
+    try:
+        wait_for(lambda: out.exists() and out.read_text().count("trained") == 2, timeout=120, what="both ranks trained")
+        release.touch()
+        wait_for(lambda: not slurm.command("squeue", "-h", "-j", job).stdout.strip(), timeout=60, what="the job's end")
+    finally:
+        slurm.command("scancel", job)
+    log = out.read_text()
+    assert log.count("sentinel daemon: export SENTINEL_SOCKET=") == 1, log  # one daemon for both ranks
+    assert log.count("trained") == 2, log
+    run = wait_for(lambda: find_run(sqlite3.connect(db), f"{job}_3"), timeout=30, what="the array task's run")
+    assert run.ranks == 2 and run.tags.get("slurm_job") == f"{job}_3" and run.tags.get("slurm_node") == slurm.node
+
+
+# 10 steps, then it waits (for the kill: the time limit's comes up to a minute or more late)
+_TRAIN_THEN_WAIT = """
+import time, torch
+from torch import nn
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(10):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+print("trained", flush=True)
+time.sleep(900)
+"""
+
+
+def _crash_notice(receiver: Receiver) -> str:
+    bodies = [str(b.get("title", "")) + "\n" + str(b.get("message", "")) for b in receiver.bodies]
+    return next((b for b in bodies if "TrainingCrashed" in b or "crashed" in b.lower()), "")
+
+
+def _killed_job(slurm: SlurmCluster, tmp_path: Path, receiver: Receiver, *sbatch_args: str,
+                kill: bool) -> tuple[str, str]:
+    config = write_config(tmp_path, notify={"urls": [receiver.url]}, history={"path": str(tmp_path / "h.sqlite")})
+    job, out = _sbatch(slurm, tmp_path, config, *sbatch_args, wait=False,
+                       script=[sys.executable, "-c", _TRAIN_THEN_WAIT])
+    try:
+        wait_for(lambda: out.exists() and out.read_text().count("trained") == 2, timeout=120,
+                 what="both ranks trained")
+        if kill:
+            assert slurm.command("scancel", job).returncode == 0
+        body = wait_for(lambda: _crash_notice(receiver), timeout=240,
+                        what="TrainingCrashed\n" + (out.read_text() if out.exists() else ""))
+        return job, body
+    finally:
+        slurm.command("scancel", job)
+
+
+def test_scancel_is_reported_by_training_crashed_with_the_reason(
+        slurm: SlurmCluster, tmp_path: Path, receiver: Receiver) -> None:
+    job, body = _killed_job(slurm, tmp_path, receiver, kill=True)
+    assert f"the Slurm job {job} was cancelled (scancel)" in body, body
+    assert "SIGTERM" in body and f"slurm_job={job}" in body and f"slurm_node={slurm.node}" in body
+
+
+@pytest.mark.slow
+def test_the_time_limit_is_reported_by_training_crashed_with_the_reason(
+        slurm: SlurmCluster, tmp_path: Path, receiver: Receiver) -> None:
+    job, body = _killed_job(slurm, tmp_path, receiver, "--time=0:05", kill=False)
+    assert f"the Slurm job {job} reached its time limit" in body, body

@@ -1,0 +1,266 @@
+"""The step guard's behaviour around the exact skip: max_consecutive, GradScaler, closures,
+the off switch, and the trail (counter, StepSkipped/StepsSkippedRepeatedly/GuardExhausted
+alerts from a real engine)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import sentinel
+from sentinel.instrument.monitor import TrainingHalted
+from sentinel.rules.alert import Transition
+from sentinel.store import labels_of
+from tests.helpers import MLP, make_monitor
+
+
+def _loop(mon: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, bad: set[int],
+          scaler: Any = None) -> list[float]:
+    """Steps 1..steps; the gradients of the steps in ``bad`` get a NaN. Returns the first
+    weight after each step."""
+    gen = torch.Generator().manual_seed(0)
+    seen = []
+    for step in range(1, steps + 1):
+        x = torch.randn(8, 16, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if step in bad:
+            model.layers[1][0].weight.grad[0, 0] = float("nan")
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        mon.log(loss=loss)
+        seen.append(float(model.head.weight[0, 0].detach()))
+    return seen
+
+
+def _transitions(sender: Any) -> list[Transition]:
+    out: list[Transition] = []
+    sender.engine.listeners.append(out.append)
+    return out
+
+
+def test_skips_are_counted_alerted_and_listed() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, guard={"warmup": 3}, job="j", run="r")
+    fired = _transitions(sender)
+    _loop(mon, model, opt, 12, bad={5, 8, 9, 10})
+    mon.close()
+    assert mon.guard.steps == [5, 8, 9, 10]
+    notes = [f for f in sender.frames if "guard" in f]
+    assert [(f["step"], f["guard"]["skipped"]) for f in notes] == [
+        (5, True), (6, False), (8, True), (9, True), (10, True), (11, False)]
+    assert notes[0]["guard"]["groups"] == ["layers.1"] and notes[0]["guard"]["reason"] == "nonfinite"
+    store = sender.engine.store
+    assert store.counter("sentinel_guard_skipped_total", labels_of(job="j", run="r", rank=0, reason="nonfinite")) == 4
+    assert store.counter("sentinel_guard_skipped_total", labels_of(job="j", run="r", rank=0, reason="spike")) == 0
+    firing = [(t.alertname, t.severity, t.step) for t in fired if t.state_to == "firing"
+              and t.alertname in ("StepSkipped", "StepsSkippedRepeatedly", "GuardExhausted")]
+    assert firing == [("StepSkipped", "info", 5), ("StepSkipped", "info", 8),
+                      ("StepsSkippedRepeatedly", "warning", 10)]
+    first = next(t for t in fired if t.alertname == "StepSkipped")
+    assert "step 5 skipped (nonfinite)" in first.summary and first.groups == ("layers.1",)
+    assert "batch index not exposed" in first.summary
+
+
+def test_spike_alert_says_the_norm_and_its_bound() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, guard={"warmup": 3})
+    fired = _transitions(sender)
+
+    def spike(i: int) -> None:
+        if i == 7:
+            for p in model.parameters():
+                p.grad.mul_(1e3)
+    from tests.helpers import train_steps
+
+    train_steps(model, opt, 10, mon, before_step=spike)
+    mon.close()
+    assert mon.guard.steps == [8] and mon.guard.skipped["spike"] == 1
+    alert = next(t for t in fired if t.alertname == "StepSkipped")
+    assert "step 8 skipped (spike): gradient norm" in alert.summary and "> bound" in alert.summary
+
+
+def test_max_consecutive_halt_raises_with_the_skipped_steps_kept_out() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, guard={"max_consecutive": 3, "warmup": 3})
+    fired = _transitions(sender)
+    with pytest.raises(TrainingHalted, match="3 steps skipped in a row"):
+        _loop(mon, model, opt, 12, bad=set(range(4, 13)))
+    mon.close()
+    assert mon.guard.steps == [4, 5, 6]
+    assert torch.isfinite(torch.cat([p.detach().reshape(-1) for p in model.parameters()])).all()
+    assert [(t.alertname, t.step) for t in fired if t.state_to == "firing" and t.severity == "critical"
+            and t.alertname == "GuardExhausted"] == [("GuardExhausted", 6)]
+
+
+def test_max_consecutive_through_lets_the_steps_through() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, guard={"max_consecutive": 2, "on_exhausted": "through", "warmup": 3})
+    _loop(mon, model, opt, 8, bad={4, 5, 6})
+    mon.close()
+    assert mon.guard.steps == [4, 5]
+    assert not torch.isfinite(model.layers[1][0].weight).all()  # step 6's NaN went in, as asked
+    # ... and the NaN weights make every later gradient NaN: let through as well
+    assert mon.guard.through == 3
+    assert [(f["step"], f["guard"]["outcome"]) for f in sender.frames if "guard" in f and f["guard"]["outcome"]] == [
+        (6, "through"), (7, "through"), (8, "through")]
+
+
+def test_an_amp_overflow_is_never_a_guard_skip() -> None:
+    """A GradScaler (fused Adam takes its found_inf; CPU scaler, fp32 here) finds the inf
+    itself: its skip, its scale backoff, and no guard skip."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    mon, sender = make_monitor(model, opt, guard={"warmup": 3})
+    mon.scaler = scaler
+
+    def overflow_at(step: int) -> None:
+        pass
+    gen = torch.Generator().manual_seed(0)
+    for step in range(1, 8):
+        x = torch.randn(8, 16, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        if step == 5:
+            model.head.weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        mon.log(loss=loss)
+    mon.close()
+    assert mon.guard.steps == [] and mon.guard.skipped == {"nonfinite": 0, "spike": 0}
+    assert scaler.get_scale() == 2.0**9  # the scaler's own backoff happened
+    assert not any("guard" in f for f in sender.frames)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_guard_skip_leaves_the_grad_scaler_scale_and_growth_as_they_were(fused: bool) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    mon, _ = make_monitor(model, opt, guard={"warmup": 3})
+    mon.scaler = scaler
+    scales = []
+    gen = torch.Generator().manual_seed(0)
+    for step in range(1, 9):
+        x = torch.randn(8, 16, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        if step == 6:  # a spike the scaler does not see: finite, far above the median
+            for p in model.parameters():
+                p.grad.mul_(1e4)
+        scaler.step(opt)
+        scaler.update()
+        scales.append((scaler.get_scale(), int(scaler._growth_tracker)))
+    mon.close()
+    assert mon.guard.steps == [6]
+    assert scales[5] == scales[4]  # step 6 skipped: neither the scale nor its growth counter moved
+    assert "update" not in vars(scaler)  # nothing of the guard left on the scaler
+
+
+def test_closure_optimizers_are_judged_after_the_closure() -> None:
+    """LBFGS calls the closure inside step(): the guard decides on the gradients it made."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    mon, _ = make_monitor(model, opt, guard={"warmup": 3})
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 16, generator=gen)
+    for step in range(1, 7):
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            loss.backward()
+            if step == 4:
+                model.head.bias.grad.fill_(float("nan"))
+            return loss
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step(closure)
+        if step == 4:
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    mon.close()
+    assert mon.guard.steps == [4] and mon.guard.methods[0] == "sync"
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_with_the_guard_off_nothing_new_is_hooked() -> None:
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    mon, _ = make_monitor(model, opt)
+    assert mon.guard is None
+    with_guard, _ = make_monitor(MLP(), torch.optim.SGD(MLP().parameters(), lr=0.1), guard=True)
+    assert with_guard.guard is not None
+    hooks = (len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks))
+    mon.close()
+    with_guard.close()
+    model2 = MLP()
+    opt2 = torch.optim.Adam(model2.parameters(), lr=1e-3, fused=True)
+    m2 = sentinel.watch(model2, opt2, engine="off", guard=True)
+    assert (len(opt2._optimizer_step_pre_hooks), len(opt2._optimizer_step_post_hooks)) == hooks
+    m2.close()
+    assert not hasattr(opt2, "found_inf")
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ('{"factor": 5}', True), ("0", False), ("", False)])
+def test_sentinel_guard_environment(monkeypatch: pytest.MonkeyPatch, value: str, on: bool) -> None:
+    from sentinel.instrument.options import from_kwargs
+
+    monkeypatch.setenv("SENTINEL_GUARD", value)
+    g = from_kwargs({}).guard
+    assert (g is not None) == on
+    if value.startswith("{"):
+        assert g.factor == 5
+
+
+def test_bad_guard_options_are_loud() -> None:
+    from sentinel.instrument.options import from_kwargs
+
+    with pytest.raises(ValueError, match="guard.factor"):
+        from_kwargs({"guard": {"factor": 0.5}})
+    with pytest.raises(ValueError, match="unknown option"):
+        from_kwargs({"guard": {"facter": 5}})
+
+
+def test_the_readme_call_forms_and_config(tmp_path: Any) -> None:
+    """The Guard section's forms, as written there."""
+    import yaml
+
+    from sentinel.config import load_config
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = sentinel.watch(model, opt, guard={"factor": 20, "max_consecutive": 4, "on_exhausted": "through"},
+                         engine="off")
+    assert (mon.guard.options.factor, mon.guard.options.max_consecutive, mon.guard.options.on_exhausted) == (
+        20, 4, "through")
+    mon.close()
+    doc = yaml.safe_load("""
+actions:
+  guard: {enabled: true, nonfinite: true, spike: true, factor: 10, window: 50, warmup: 20,
+          max_consecutive: 8, on_exhausted: halt}    # halt | through
+  capture_on: [StepSkipped]                          # also save the skipped step's batch
+""")
+    cfg, _ = load_config(doc)
+    assert cfg.actions.guard.to_options() == {"nonfinite": True, "spike": True, "factor": 10.0, "window": 50,
+                                              "warmup": 20, "max_consecutive": 8, "on_exhausted": "halt",
+                                              "method": "auto", "snapshot_bytes": 2 * 2**30}
+    with pytest.raises(Exception, match="actions.guard.on_exhausted"):
+        load_config({"actions": {"guard": {"enabled": True, "on_exhausted": "maybe"}}})
