@@ -67,7 +67,8 @@ class Node:
 def _prometheus(tmp: Path, nodes: list[Node], am: Alertmanager | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     cfg: dict[str, Any] = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        # a scrape may take over a second on a loaded 2-core machine: the timeout is the interval
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"},
         "rule_files": [str(ALERTS / "sentinel.rules.yml"), str(ALERTS / "sentinel.job.rules.yml")],
         "scrape_configs": [{"job_name": "sentinel", "honor_labels": True,
                             "static_configs": [{"targets": [n.target for n in nodes]}]}]}
