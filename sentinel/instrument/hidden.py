@@ -83,7 +83,7 @@ class HiddenHandle:
         hid = self.handle.id
         self.handle = None
         for attr in _DICTS[self.kind]:
-            d = getattr(self.module, attr, None)
+            d = self.module.__dict__.get(attr)
             if isinstance(d, HookDict):
                 d.hidden.discard(hid)
                 if not d.hidden:
@@ -96,14 +96,16 @@ def _restore(module: torch.nn.Module, attr: str, d: HookDict) -> None:
         return  # the script registered hooks meanwhile; their handles point here: keep it
     d.base.clear()
     d.base.update(d)
-    setattr(module, attr, d.base)
+    module.__dict__[attr] = d.base
 
 
 def _hookdict(module: torch.nn.Module, attr: str) -> HookDict:
-    d = getattr(module, attr)
+    d = module.__dict__[attr]
     if not isinstance(d, HookDict):
         d = HookDict(d)
-        setattr(module, attr, d)
+        # in the module's own __dict__, where nn.Module keeps it: a wrapper that forwards
+        # setattr (torch.compile's OptimizedModule, to the module it compiles) is not asked
+        module.__dict__[attr] = d
     return d
 
 
@@ -122,5 +124,5 @@ def register(module: torch.nn.Module, kind: str, fn: Callable[..., Any], *,
     else:
         handle = module.register_forward_hook(fn, with_kwargs=with_kwargs)
     for attr in _DICTS[kind]:
-        getattr(module, attr).hidden.add(handle.id)
+        module.__dict__[attr].hidden.add(handle.id)
     return HiddenHandle(module, kind, handle)
