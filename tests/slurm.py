@@ -135,12 +135,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
 
     def stop(self) -> None:
         """Stop every daemon this cluster started, newest first (by PID)."""
+        from tests.helpers import end_process
+
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            end_process(proc)
         self.procs.clear()

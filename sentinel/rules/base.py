@@ -149,3 +149,17 @@ def median(values: Sequence[float]) -> float:
 def finite(values: Sequence[float]) -> list[float]:
     """The finite values, in order."""
     return [v for v in values if math.isfinite(v)]
+
+
+def log_trend(steps: Sequence[float], values: Sequence[float]) -> tuple[float, float] | None:
+    """The least-squares slope of log(value) per step and its standard error (values > 0);
+    None when the steps do not spread."""
+    x = np.asarray(steps, dtype=np.float64)
+    y = np.log(np.asarray(values, dtype=np.float64))
+    xc = x - x.mean()
+    sxx = float(xc @ xc)
+    if sxx <= 0:
+        return None
+    slope = float(xc @ (y - y.mean())) / sxx
+    resid = y - y.mean() - slope * xc
+    return slope, math.sqrt(max(float(resid @ resid), 1e-300) / max(1, len(x) - 2) / sxx)

@@ -32,12 +32,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import numpy as np
 
 from pydantic import Field, PositiveInt
 
 from sentinel.store import Window
-from sentinel.rules.base import Context, Params, Verdict, median
+from sentinel.rules.base import Context, Params, Verdict, log_trend, median
 
 Check = Literal["jumps", "above", "growth", "rise", "stall"]
 
@@ -148,16 +147,12 @@ def _stall(pairs: list[tuple[int, float]], p: EarlyParams, start: float, detail:
     none; a flat, noisy loss is left to LossPlateau."""
     if any(v <= 0 for _, v in pairs):
         return None
-    x = np.asarray([s for s, _ in pairs], dtype=np.float64)
-    y = np.log(np.asarray([v for _, v in pairs], dtype=np.float64))
-    xc = x - x.mean()
-    sxx = float(xc @ xc)
-    if sxx <= 0:
+    fit = log_trend([s for s, _ in pairs], [v for _, v in pairs])
+    if fit is None:
         return None
-    slope = float(xc @ (y - y.mean())) / sxx
-    resid = y - y.mean() - slope * xc
-    span = float(x[-1] - x[0])
-    se = math.sqrt(float(resid @ resid) / max(1, len(x) - 2) / sxx) * span
+    slope, se = fit
+    span = float(pairs[-1][0] - pairs[0][0])
+    se *= span
     fall = 1.0 - math.exp(slope * span)
     if se > p.min_drop:
         return None  # too noisy to say

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from pydantic import Field, PositiveInt, model_validator
 
 from sentinel.store import Window
-from sentinel.rules.base import Context, Params, Verdict, median, since
+from sentinel.rules.base import Context, Params, Verdict, log_trend, median, since
 
 
 class TrendParams(Params):
@@ -91,16 +90,10 @@ def detect(window: Window, params: TrendParams, ctx: Context) -> Verdict | None:
     threshold = p.factor * first
     if last < threshold:  # the common case: no rise, no regression
         return Verdict(False, last, threshold, baseline=first)
-    y = np.log(np.asarray(vals, dtype=np.float64))
-    x = np.asarray(steps, dtype=np.float64)
-    xc = x - x.mean()
-    sxx = float(xc @ xc)
-    if sxx <= 0:
+    fit = log_trend(steps, vals)
+    if fit is None:
         return None
-    slope = float(xc @ (y - y.mean())) / sxx
-    resid = y - y.mean() - slope * xc
-    se = math.sqrt(max(float(resid @ resid), 1e-300) / max(1, len(x) - 2) / sxx)
-    t = slope / se
+    t = fit[0] / fit[1]
     top = max(range(len(vals)), key=vals.__getitem__)
     span = steps[-1] - steps[0]
     what = (f"rose {last / first:.3g}× in {span} steps since the learning rate changed at step {lr}"
