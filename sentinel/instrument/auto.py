@@ -76,14 +76,22 @@ class _HandWatch:
         self.calls = 0
         self.param: Any = None  # a weakref to a parameter the first backward() reached
         self.first: tuple[list[torch.Tensor], torch.Tensor] | None = None  # its leaves' grad norms
+        self._leaves: list[torch.Tensor] = []  # what the first backward() reached, until it returns
         self.done = False
+
+    def _finish(self) -> None:
+        """Decided either way: off the backward() path for the rest of the process."""
+        from sentinel.instrument import losses
+
+        self.done, self.first, self._leaves = True, None, []
+        losses.backward_listeners.discard(self)
 
     def before_backward(self, loss: Any) -> None:
         from sentinel.instrument import registry
 
         # an optimizer attached, watched or stepping (a closure's backward() calls run inside the step)
         if self.done or _optimizer_seen or registry.any_optimizer():
-            self.done, self.first = True, None
+            self._finish()
             return
         try:
             self.calls += 1
@@ -94,14 +102,14 @@ class _HandWatch:
                 return
             p = self.param() if self.param is not None else None
             if p is None:
-                self.done = True  # nothing trainable reached: nothing to watch
+                self._finish()  # nothing trainable reached: nothing to watch
                 return
             if p.grad is None or self.calls >= HAND_AFTER:  # reset between backward() calls: a step each
-                self.done = True
-                first, self.first = self.first, None
+                first = self.first
+                self._finish()
                 _attach_hand(p, self.calls - 1, first if self.calls == 2 else None)
         except Exception:
-            self.done = True
+            self._finish()
             log.warning("sentinel: could not watch a loop without an optimizer; training continues", exc_info=True)
 
     def after_backward(self) -> None:
@@ -110,7 +118,7 @@ class _HandWatch:
         if self.calls != 1 or self.done or self.first is not None:
             return
         try:
-            leaves, self._leaves = getattr(self, "_leaves", []), []
+            leaves, self._leaves = self._leaves, []
             with torch.no_grad():
                 have = [t for t in leaves if t.grad is not None]
                 if have:

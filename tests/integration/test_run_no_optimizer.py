@@ -40,3 +40,25 @@ def test_a_loop_without_an_optimizer_is_watched_and_said_so(tmp_path: Path) -> N
     alerts = db.execute("SELECT alertname, severity, step FROM alerts ORDER BY id").fetchall()
     assert alerts[0] == ("TrainingNonFinite", "critical", 8), alerts
     assert json.dumps(alerts)  # plain values
+
+
+_WITH_OPTIMIZER = r"""
+import torch
+from sentinel.instrument import auto, losses
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+print(auto._hand_watch in losses.backward_listeners, auto._hand_watch.done)
+"""
+
+
+def test_a_loop_with_an_optimizer_takes_the_look_for_one_off_the_backward_path(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", _WITH_OPTIMIZER], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "False True"  # decided at the second backward(), then gone
+    assert "no optimizer" not in out.stderr
