@@ -2,7 +2,7 @@
 
 Every task of the step runs ``sentinel run``. On each node the step's tasks meet in one
 private folder named by the user, the job, the step and the node
-(``<tmp>/sentinel-<uid>-slurm-<job>.<step>-<node>``, 0700, made and checked by
+(``/tmp/sentinel-<uid>-slurm-<job>.<step>-<node>``, 0700, made and checked by
 :func:`sentinel.daemon.folder.private_folder`):
 
 - the task that wins an exclusive ``flock`` on ``elect`` there is the **starter**: it
@@ -46,15 +46,22 @@ _MAX_UNIX_PATH = 107  # sun_path holds 108 bytes, the last a NUL
 
 
 def step_folder(env: Mapping[str, str]) -> str | None:
-    """The node's meeting folder of this Slurm step, or None outside a step (``srun``
-    sets ``SLURM_JOB_ID`` and ``SLURM_STEP_ID``) or where its socket path would be too long."""
+    """The node's meeting folder of this Slurm step, or None: outside a step (``srun``
+    sets ``SLURM_JOB_ID`` and ``SLURM_STEP_ID``), in a process that is neither a task of
+    the step nor a task's child (``SLURM_TASK_PID``: e.g. a test suite run by ``srun``,
+    whose ``sentinel run`` commands are no ranks of that step), or where the socket path would be
+    too long.
+
+    The folder is in ``/tmp``, not ``$TMPDIR``: slurmstepd (22.05) sets ``TMPDIR`` for a
+    node's first task only, so the tasks of one node would not meet there."""
     job = env.get("SLURM_JOB_ID", "")
     step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
-    if not job or not step:
+    if not job or not step or env.get("SLURM_TASK_PID") not in (str(os.getpid()), str(os.getppid())):
         return None
     node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"sentinel-{os.getuid()}-slurm-{job}.{step}-{node}")[:80]
-    folder = os.path.join(tempfile.gettempdir(), name)
+    base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+    folder = os.path.join(base, name)
     return folder if len(os.path.join(folder, SOCKET).encode()) <= _MAX_UNIX_PATH else None
 
 
