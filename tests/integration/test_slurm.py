@@ -237,3 +237,30 @@ def test_the_time_limit_is_reported_by_training_crashed_with_the_reason(
         slurm: SlurmCluster, tmp_path: Path, receiver: Receiver) -> None:
     job, body = _killed_job(slurm, tmp_path, receiver, "--time=0:05", kill=False)
     assert f"the Slurm job {job} reached its time limit" in body, body
+
+
+@pytest.mark.slow
+def test_scancel_of_an_srun_with_no_daemon_is_reported_by_the_daemon_its_tasks_started(
+        slurm: SlurmCluster, tmp_path: Path, receiver: Receiver) -> None:
+    config = write_config(tmp_path, notify={"urls": [receiver.url]}, history={"path": str(tmp_path / "h.sqlite")})
+    env = {k: v for k, v in slurm.env.items() if k not in ("SENTINEL_SOCKET", "SENTINEL_URL")}
+    proc = subprocess.Popen(["srun", "-n", "2", *SENTINEL.split(), "run", "--config", config, "--listen",
+                             "127.0.0.1:0", "--", sys.executable, "-c", _TRAIN_THEN_WAIT],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    err: list[str] = []
+    for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=lambda s=stream, k=sink: k.extend(s), daemon=True).start()  # type: ignore[misc]
+    job = ""
+    try:
+        wait_for(lambda: "".join(out).count("trained") == 2, timeout=180, what="both ranks trained\n" + "".join(err))
+        job = slurm.command("squeue", "-h", "-o", "%i").stdout.split()[0]
+        assert slurm.command("scancel", job).returncode == 0
+        body = wait_for(lambda: _crash_notice(receiver), timeout=120, what="TrainingCrashed\n" + "".join(err))
+        proc.wait(timeout=60)
+    finally:
+        if job:
+            slurm.command("scancel", job)
+        end_process(proc)  # type: ignore[arg-type]
+    assert f"the Slurm job {job} was cancelled (scancel)" in body, body
+    assert "".join(err).count("metrics at") == 1, "".join(err)
