@@ -1,8 +1,8 @@
 """``sentinel run -- CMD`` attached to a node's daemon: one daemon for all the ranks of a node.
 
-Under Slurm, ``srun -n 8 sentinel run -- python train.py`` would otherwise start eight
-daemons on a node (the second on a random port). When ``SENTINEL_SOCKET`` names the socket
-of a daemon that is listening (``sentinel daemon`` started by the batch script or a
+Under Slurm, ``srun -n 8 sentinel run -- python train.py`` starts one daemon per node,
+and the node's other tasks attach to it (:mod:`sentinel.nodeshare`). When
+``SENTINEL_SOCKET`` names the socket of a daemon that is listening (``sentinel daemon`` started by the batch script or a
 prolog, the sidecar of a pod, the systemd unit), ``sentinel run`` starts none: CMD is
 instrumented to report to that daemon, and when CMD exits non-zero the exit status and
 its reason in words (``scancel``, the time limit: :mod:`sentinel.slurm`) go to the daemon
@@ -58,12 +58,13 @@ def task_rank(env: Mapping[str, str]) -> tuple[int, int]:
     return 0, 1
 
 
-def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str]) -> int:
-    """Run ``cmd`` instrumented to the daemon at ``socket_path``; return its exit status
-    (128 + N for signal N). SIGINT/SIGTERM are forwarded to it."""
+def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str], url: str | None = None) -> int:
+    """Run ``cmd`` instrumented to the daemon at ``socket_path`` (its address ``url``, else
+    ``SENTINEL_URL``); return its exit status (128 + N for signal N). SIGINT/SIGTERM are
+    forwarded to it."""
     from sentinel.run import child_env
 
-    env = child_env(socket_path, os.environ.get("SENTINEL_URL", ""), tags=tags)
+    env = child_env(socket_path, url or os.environ.get("SENTINEL_URL", ""), tags=tags)
     if not env.get("SENTINEL_URL"):
         del env["SENTINEL_URL"]
     try:

@@ -12,12 +12,16 @@ import subprocess
 import sys
 import tempfile
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import sentinel_hooks
 from sentinel.config import SentinelConfig
 from sentinel.daemon.daemon import Daemon
 from sentinel.instrument.options import MAX_TAGS, default_run_name, env_tags, slurm_tags
 from sentinel.rules.config import RulePack
+
+if TYPE_CHECKING:
+    from sentinel.nodeshare import NodeShare
 
 log = logging.getLogger("sentinel")
 
@@ -56,23 +60,43 @@ def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: 
     socket_path = attached_socket(os.environ)
     if socket_path is not None:
         return run_attached(cmd, socket_path, tags or {})
+    from sentinel.nodeshare import claim
+
+    share = claim(os.environ)  # the tasks of a Slurm step on this node: one starts the daemon
+    if share is not None and not share.starter:
+        status = 1
+        try:
+            status = run_attached(cmd, share.socket_path, tags or {}, url=share.url)
+        finally:
+            share.leave(status)
+        return status
+    if share is not None:
+        try:
+            return _run(cmd, config, pack, listen, share.socket_path, tags or {}, share)
+        finally:
+            share.close()
     folder = tempfile.mkdtemp(prefix="sentinel-run-")  # 0700, a fresh name: nothing to plant
     try:
-        return _run(cmd, config, pack, listen, folder, tags or {})
+        return _run(cmd, config, pack, listen, os.path.join(folder, "engine.sock"), tags or {})
     finally:  # every exit path: sockets a crashed rank left, and the folder itself
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, folder: str,
-         tags: dict[str, str]) -> int:
-    daemon = Daemon(config, pack, listen, os.path.join(folder, "engine.sock"))
+def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, socket_path: str,
+         tags: dict[str, str], share: NodeShare | None = None) -> int:
+    daemon = Daemon(config, pack, listen, socket_path)
     try:
-        return _supervise(cmd, daemon, tags)
+        if share is not None:
+            share.publish(daemon.url)
+        return _supervise(cmd, daemon, tags, share)
     finally:
         daemon.stop()
 
 
-def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str]) -> int:
+def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: NodeShare | None = None) -> int:
+    """Run ``cmd`` under ``daemon``; with ``share``, the daemon also serves the node's
+    other tasks of the Slurm step, and lives until the last of them ended: the run's
+    recorded exit status is then the highest of the node's tasks' (what ``srun`` reports)."""
     print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
     env = child_env(daemon.socket_path, daemon.url, tags=tags)
     guard = daemon.service.config.actions.guard.to_options()  # actions.guard: the zero-code monitors'
@@ -95,8 +119,11 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str]) -> int:
             proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    others: list[int] = []
     try:
         rc = proc.wait()
+        if share is not None:  # signals still forwarded: scancel reaches CMD, not this daemon
+            others = share.wait_for_others()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -104,7 +131,7 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str]) -> int:
     daemon.listener.close()  # every frame CMD sent is in, and ingested, before judging the exit
     daemon.service.flush()
     if history is not None:
-        history.run_ended(job, env["SENTINEL_RUN"], status)
+        history.run_ended(job, env["SENTINEL_RUN"], max([status, *others]))
     if status:
         from sentinel.slurm import end_reason
 

@@ -1,6 +1,7 @@
 """Sentinel under a real Slurm (Debian's slurm-wlm and munge): a one-node cluster the tests
 start themselves (tests/slurm.py). ``srun -n 2 sentinel run -- python train.py`` reports
-both tasks to the node's one daemon, the run is named from the job id (an array task:
+both tasks to the node's one daemon (one the tasks start themselves, or one already
+running), the run is named from the job id (an array task:
 ``ID_INDEX``) with the job id, step id and node name as labels on the run and its alerts;
 ``deploy/slurm/sentinel.sbatch`` starts that daemon itself; ``scancel`` and the time limit
 reach ``TrainingCrashed`` with the reason in words."""
@@ -12,6 +13,8 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +91,70 @@ def test_srun_tasks_report_to_the_nodes_one_daemon_named_and_labelled_by_the_job
             dict(re.findall(r'(\w+)="([^"]*)"', info.group(1))).items()
     finally:
         end_process(daemon)
+
+
+# 20 steps, "trained", then it waits for the release file; the task of SLURM_PROCID 1 exits
+# with the status given (the job's, as srun reports the highest of its tasks')
+_TRAIN_THEN_EXIT = """
+import os, sys, time, torch
+from torch import nn
+release, status = sys.argv[1], int(sys.argv[2])
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(20):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+print("trained", flush=True)
+deadline = time.monotonic() + 240
+while not os.path.exists(release) and time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(status if os.environ["SLURM_PROCID"] == "1" else 0)
+"""
+
+
+@pytest.mark.parametrize("status", [0, pytest.param(3, marks=pytest.mark.slow)])
+def test_srun_with_no_daemon_starts_one_for_the_nodes_tasks_until_the_last_ends(
+        slurm: SlurmCluster, tmp_path: Path, status: int) -> None:
+    release = tmp_path / "release"
+    db = tmp_path / "history.sqlite"
+    config = write_config(tmp_path, history={"path": str(db)})
+    started = time.time() - 1
+    env = {k: v for k, v in slurm.env.items() if k not in ("SENTINEL_SOCKET", "SENTINEL_URL")}
+    proc = subprocess.Popen(["srun", "-n", "2", *SENTINEL.split(), "run", "--config", config, "--listen",
+                             "127.0.0.1:0", "--", sys.executable, "-c", _TRAIN_THEN_EXIT, str(release), str(status)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        url = wait_for(lambda: next((m.group(1) for line in list(err)
+                                     if (m := re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line))), None),
+                       timeout=120, what="the daemon's address")
+
+        def both() -> str | None:
+            t = _metrics(url)
+            return t if len(re.findall(r"sentinel_step\{.*\} 20\.0", t)) == 2 else None
+
+        text = wait_for(both, timeout=120, what="both tasks' step 20 on one daemon\n" + "".join(err))
+        ranks = dict(re.findall(r'sentinel_step\{job="train",rank="(\d)",run="([^"]+)"\} 20\.0', text))
+        assert set(ranks) == {"0", "1"} and ranks["0"] == ranks["1"]
+        job = ranks["0"]
+        release.touch()
+        proc.wait(timeout=120)
+    finally:
+        release.touch()
+        end_process(proc)
+    reader.join(10)
+    log = "".join(err)
+    assert proc.returncode == status, log  # srun's status: the job's
+    assert log.count("metrics at") == 1, log  # one daemon for both tasks of the node
+    assert "starts one of its own" not in log and "starts a daemon of its own" not in log, log
+    run = wait_for(lambda: find_run(sqlite3.connect(db), job), timeout=30, what="the job's run in the history")
+    assert run.ranks == 2 and run.exit_status == status, (run, log)
+    assert run.state == ("finished" if status == 0 else "crashed"), (run, log)
+    assert run.tags.get("slurm_job") == job and run.tags.get("slurm_node") == slurm.node
+    left = [f for f in Path("/tmp").glob(f"sentinel-{os.getuid()}-slurm-{job}.*") if f.stat().st_mtime >= started]
+    assert not left  # the folder is removed
 
 
 def _sbatch(slurm: SlurmCluster, tmp: Path, config: str, *args: str, wait: bool = True,
@@ -170,3 +237,30 @@ def test_the_time_limit_is_reported_by_training_crashed_with_the_reason(
         slurm: SlurmCluster, tmp_path: Path, receiver: Receiver) -> None:
     job, body = _killed_job(slurm, tmp_path, receiver, "--time=0:05", kill=False)
     assert f"the Slurm job {job} reached its time limit" in body, body
+
+
+@pytest.mark.slow
+def test_scancel_of_an_srun_with_no_daemon_is_reported_by_the_daemon_its_tasks_started(
+        slurm: SlurmCluster, tmp_path: Path, receiver: Receiver) -> None:
+    config = write_config(tmp_path, notify={"urls": [receiver.url]}, history={"path": str(tmp_path / "h.sqlite")})
+    env = {k: v for k, v in slurm.env.items() if k not in ("SENTINEL_SOCKET", "SENTINEL_URL")}
+    proc = subprocess.Popen(["srun", "-n", "2", *SENTINEL.split(), "run", "--config", config, "--listen",
+                             "127.0.0.1:0", "--", sys.executable, "-c", _TRAIN_THEN_WAIT],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    err: list[str] = []
+    for stream, sink in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=lambda s=stream, k=sink: k.extend(s), daemon=True).start()  # type: ignore[misc]
+    job = ""
+    try:
+        wait_for(lambda: "".join(out).count("trained") == 2, timeout=180, what="both ranks trained\n" + "".join(err))
+        job = slurm.command("squeue", "-h", "-o", "%i").stdout.split()[0]
+        assert slurm.command("scancel", job).returncode == 0
+        body = wait_for(lambda: _crash_notice(receiver), timeout=120, what="TrainingCrashed\n" + "".join(err))
+        proc.wait(timeout=60)
+    finally:
+        if job:
+            slurm.command("scancel", job)
+        end_process(proc)  # type: ignore[arg-type]
+    assert f"the Slurm job {job} was cancelled (scancel)" in body, body
+    assert "".join(err).count("metrics at") == 1, "".join(err)
