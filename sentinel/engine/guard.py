@@ -11,6 +11,9 @@ at the first applied step after skips, and at the ``max_consecutive`` outcome) c
   judge it;
 - ``sentinel_guard_exhausted``: 1 where ``max_consecutive`` was reached (the run halted,
   or steps were let through), else 0; ``GuardExhausted`` (critical) judges it;
+- ``guard_skipped`` in the rules' context of any frame of a skipped step
+  (:func:`kept_out`): ``TrainingNonFinite`` does not fire for the gradients and the loss
+  of a step that never reached the weights (``StepSkipped`` says it instead);
 - the rules' context: ``note`` says the step, the reason, the norm against its bound and
   the batch; ``nonfinite_groups["guard"]`` the groups that held the non-finite values.
 """
@@ -50,6 +53,14 @@ def describe(note: GuardNote, step: int) -> str:
     if note.outcome == "halt":
         what += "; training halted (max_consecutive)"
     return what
+
+
+def kept_out(store: Store, base: Labels, step: int) -> bool:
+    """Whether the guard kept step ``step`` of this rank out of the weights: the rank's guard
+    note at that step (on this frame, or on one before it: the instrument sends a step's
+    note before its report) says it was skipped."""
+    last = store.last("sentinel_guard_consecutive_skips", base)
+    return last is not None and last[0] == step and last[2] > 0
 
 
 def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base: Labels,

@@ -28,7 +28,10 @@ The learning-rate schedulers stepping the optimizer (found once, at its first gu
 step) are put back before the next step, and a ``GradScaler``'s scale and growth counter
 after its ``update()``. Each verdict is read back asynchronously (pinned memory and an
 event); the host then counts, sends a :class:`~sentinel.wire.GuardNote` at the judged
-step, and acts on ``max_consecutive``.
+step (always before that step's report leaves, :meth:`Guard.notes_upto`, so the engine
+knows a skipped step's non-finite values never reached the weights), and acts on
+``max_consecutive``. A note also goes at the first judged step, so that the engine's guard
+series start at 0 (a Prometheus ``increase()`` then sees the first skip).
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ class Guard:
         """Steps let through past ``max_consecutive`` (``on_exhausted: through``)."""
         self.methods: dict[int, str] = {}
         """The method used per optimizer index at its last step."""
+        self._noted = False  # a note was sent (the first goes at the first judged step)
 
     # -- the monitor's calls ----------------------------------------------------------------
 
@@ -261,6 +265,14 @@ class Guard:
             self._act(self._pending.pop(0))
             i += 1
 
+    def notes_upto(self, step: int) -> None:
+        """Act on the verdicts of the steps up to ``step`` (their notes go out) before the
+        monitor sends the reports of those steps, so the engine knows a step was kept out
+        when it judges that step's non-finite values. A report read back means its steps'
+        verdicts are too (their copies were queued earlier on the same stream): no wait."""
+        while self._pending and self._pending[0].step <= step:
+            self._act(self._pending.pop(0))
+
     def flush(self) -> None:
         """Wait for every verdict and act on it (at ``close()``); nothing of the guard is
         left on an optimizer (a ``found_inf`` of a step that never reached its post-hook)."""
@@ -334,6 +346,8 @@ class Guard:
             if st is not None and st.last_consecutive:
                 st.last_consecutive = 0
                 self._note(v, GuardNote(False, "", norm, bound, (), 0, "", v.batch, v.method))
+            elif not self._noted:  # the first judged step: the engine's guard series start at 0
+                self._note(v, GuardNote(False, "", norm, bound, (), 0, "", v.batch, v.method))
             return
         if st is not None:
             st.last_consecutive = int(consec)
@@ -354,6 +368,7 @@ class Guard:
         self._note(v, note)
 
     def _note(self, v: _Verdict, note: GuardNote) -> None:
+        self._noted = True
         self._send({"kind": "log", "step": v.step, "t": time.time(), "guard": note.to_wire()})
 
 
