@@ -11,6 +11,12 @@ at the first applied step after skips, and at the ``max_consecutive`` outcome) c
   judge it;
 - ``sentinel_guard_exhausted``: 1 where ``max_consecutive`` was reached (the run halted,
   or steps were let through), else 0; ``GuardExhausted`` (critical) judges it;
+- for a cluster Prometheus, which sees only what a scrape finds (a run of skips may end
+  between two scrapes): ``sentinel_guard_skip_run_length``, the skips in a row of the
+  latest run of skips, kept after it ends, and ``sentinel_guard_exhausted_total``, the
+  steps judged at ``max_consecutive``; the exported ``StepsSkippedRepeatedly`` and
+  ``GuardExhausted`` judge them (:mod:`sentinel.rules.promexport`). The instrument's first
+  note (at the first judged step) makes every guard series start at 0;
 - ``guard_skipped`` in the rules' context of any frame of a skipped step
   (:func:`kept_out`): ``TrainingNonFinite`` does not fire for the gradients and the loss
   of a step that never reached the weights (``StepSkipped`` says it instead);
@@ -71,7 +77,10 @@ def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base
         labels = tuple(sorted(base + (("reason", reason),)))
         store.inc("sentinel_guard_skipped_total", labels, 1.0 if note.skipped and note.reason == reason else 0.0)
     add("sentinel_guard_consecutive_skips", float(note.consecutive if note.skipped else 0))
+    if note.skipped or store.last("sentinel_guard_skip_run_length", base) is None:
+        add("sentinel_guard_skip_run_length", float(note.consecutive if note.skipped else 0))
     add("sentinel_guard_exhausted", 1.0 if note.outcome else 0.0)
+    store.inc("sentinel_guard_exhausted_total", base, 1.0 if note.outcome else 0.0)
     ctx["note"] = describe(note, int(f["step"]))
     if note.groups:
         ctx["nonfinite_groups"]["guard"] = list(note.groups)
