@@ -60,7 +60,11 @@ def _skips(r: Rule) -> str:
 
 # rule name → (expr from the rule, `for`)
 _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
-    "TrainingNonFinite": (lambda r: "increase(sentinel_nonfinite_total[5m]) > 0", "0m"),
+    # the step guard's kept-out NaN is not a page (StepSkipped says it); a NaN let through
+    # past max_consecutive within those 5 minutes is GuardExhausted's, a critical
+    "TrainingNonFinite": (lambda r: 'increase(sentinel_nonfinite_total{source="param"}[5m]) > 0 or '
+                          '(increase(sentinel_nonfinite_total{source!="param"}[5m]) > 0 unless on (job, run, rank) '
+                          'increase(sentinel_guard_skipped_total{reason="nonfinite"}[5m]) > 0)', "0m"),
     "TrainingStalled": (lambda r: "time() - sentinel_last_step_timestamp_seconds > "
                         + _num(float(getattr(r.params, "min_seconds", 600.0))), "0m"),
     "OOMRisk": (lambda r: _memory(r, 0.8), "5m"),
@@ -192,6 +196,22 @@ def promtool_tests(pack: RulePack, rule_file: str = "../sentinel.rules.yml") -> 
                     {"exp_labels": {**exported["StepsSkippedRepeatedly"]["labels"], "job": "train", "run": "r1",
                                     "rank": "0"}, "exp_annotations": ann}]},
                 {"eval_time": "10m", "alertname": "StepsSkippedRepeatedly", "exp_alerts": []}]})
+    if "TrainingNonFinite" in exported and "sentinel_guard_skipped_total" in exported["TrainingNonFinite"]["expr"]:
+        # the guard on: a NaN in the gradients and the loss of a step it kept out is quiet;
+        # later a NaN it did not skip (a parameter, here) fires
+        ann = dict(exported["TrainingNonFinite"]["annotations"])
+        ann["summary"] = ann["summary"].replace("{{ $labels.run }}", "r1").replace("{{ $labels.rank }}", "0")
+        tests.append({"interval": "1m", "input_series": [
+            {"series": f'sentinel_nonfinite_total{{{_L},source="grad"}}', "values": "0 0 1 1 1 1 1 1 1 1 1 1"},
+            {"series": f'sentinel_nonfinite_total{{{_L},source="loss"}}', "values": "0 0 1 1 1 1 1 1 1 1 1 1"},
+            {"series": f'sentinel_nonfinite_total{{{_L},source="param"}}', "values": "0 0 0 0 0 0 0 0 0 0 1 1"},
+            {"series": f'sentinel_guard_skipped_total{{{_L},reason="nonfinite"}}', "values": "0 0 1 1 1 1 1 1 1 1 1 1"},
+            {"series": f'sentinel_guard_skipped_total{{{_L},reason="spike"}}', "values": "0x11"}],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "TrainingNonFinite", "exp_alerts": []},
+                {"eval_time": "11m", "alertname": "TrainingNonFinite", "exp_alerts": [
+                    {"exp_labels": {**exported["TrainingNonFinite"]["labels"], "job": "train", "run": "r1",
+                                    "rank": "0", "source": "param"}, "exp_annotations": ann}]}]})
     tests.append({"interval": "1m", "input_series": [
         {"series": 'sentinel_alert_firing{alertname="LossSpike",severity="warning",job="train",run="r1"}',
          "values": "0 1 1 0"}], "alert_rule_test": [
