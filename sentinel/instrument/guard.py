@@ -20,7 +20,8 @@ How the flag keeps the step out (per optimizer, :func:`choose`):
   protocol) and skip the update on the device, step counters included. Nothing extra.
 - ``select``: :class:`~sentinel.instrument.guardstate.DeviceSelect`, a device-side
   snapshot and select; Python numbers and other-device state are put back once the flag
-  is on the host (at the latest at the next step, before the optimizer reads them).
+  is on the host (at the latest at the next step, before the optimizer reads them, or at
+  an ``optimizer.state_dict()`` before that: a pre-hook waits for the flag then).
 - ``sync``: the flag is read on the host (a sync on an accelerator, free on the CPU);
   a skipped step is copied before and put back after (no memory on applied steps).
 
@@ -36,6 +37,7 @@ series start at 0 (a Prometheus ``increase()`` then sees the first skip).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -108,6 +110,7 @@ class _OptState:
     sched_undo: bool = False
     opt: Any = None
     last_consecutive: int = 0  # as the host last read it
+    settle: Any = None  # the state_dict() pre-hook's handle (select: put host-side values back first)
     verdict: _Verdict | None = None  # this step's, until its post-hook
 
 
@@ -217,6 +220,8 @@ class Guard:
                 st.select = DeviceSelect(dev, o.snapshot_bytes)
             if st.select.take(opt):
                 host = HostCopy(opt, dev)
+                if st.settle is None:  # a state_dict() before the flag is read: read it, put back
+                    st.settle = opt.register_state_dict_pre_hook(functools.partial(self._settle, k))
             else:
                 method = "sync"
         if method == "sync":
@@ -277,6 +282,9 @@ class Guard:
         """Wait for every verdict and act on it (at ``close()``); nothing of the guard is
         left on an optimizer (a ``found_inf`` of a step that never reached its post-hook)."""
         for st in self._opts.values():
+            if st.settle is not None:
+                st.settle.remove()
+                st.settle = None
             if st.plan is not None and st.plan[0] == "fused" and st.opt is not None:
                 if st.found_inf_given is not None:
                     st.opt.found_inf = st.found_inf_given
@@ -287,6 +295,16 @@ class Guard:
             self._act(self._pending.pop(0))
 
     # -- internals --------------------------------------------------------------------------
+
+    def _settle(self, k: int, _opt: Any = None) -> None:
+        """``optimizer.state_dict()`` on the select path: wait for optimizer ``k``'s verdicts
+        and put back what a skipped step left on the host (its Python numbers and
+        other-device step counters), so the state taken is the applied steps'. A wait at a
+        checkpoint only; never raises into the script's call."""
+        try:
+            self.poll(wait_for=k)
+        except Exception as exc:  # the boundary of a user's call
+            log.warning("sentinel guard: settling before state_dict() failed: %s", type(exc).__name__)
 
     def _record(self, k: int, step: int, values: Tensor, method: str) -> _Verdict:
         event = None

@@ -376,3 +376,52 @@ def test_the_engine_judges_a_nan_by_the_guards_note_of_that_step(note_step: int 
         eng.feed(wire.encode(frame))
     nonfinite = [t.step for t in fired if t.alertname == "TrainingNonFinite" and t.state_to == "firing"]
     assert nonfinite == ([5] if pages else [])
+
+
+class _Counted(torch.optim.Optimizer):
+    """A hand-written optimizer (as public code writes them) whose step counter is a Python
+    int in its state: the select path puts it back on the host once the flag is read."""
+
+    def __init__(self, params: Any, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                st["step"] = st.get("step", 0) + 1
+                p.add_(p.grad, alpha=-g["lr"])
+
+
+def test_a_state_dict_between_a_skipped_step_and_the_next_has_the_applied_steps_counters(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator the select path's flag reaches the host up to a step late; a
+    ``state_dict()`` taken before then waits for it (a pre-hook, only on that path) and
+    shows the counters of the applied steps, not one ahead. Here the flag never says it is
+    ready by itself, as on a busy device."""
+    from sentinel.instrument import guard as guard_mod
+
+    monkeypatch.setattr(guard_mod._Verdict, "ready", lambda self: False)
+    torch.manual_seed(0)
+    model = MLP()
+    opt = _Counted(model.parameters())
+    mon, _ = make_monitor(model, opt, guard={"warmup": 3, "method": "select"})
+    gen = torch.Generator().manual_seed(0)
+    taken = []
+    for step in range(1, 6):
+        x = torch.randn(8, 16, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        if step == 3:
+            model.head.weight.grad[0, 0] = float("nan")
+        opt.step()
+        taken.append(opt.state_dict()["state"][0]["step"])  # a checkpoint right after the step
+        mon.log(loss=loss)
+    assert mon.guard.methods[0] == "select" and mon.guard.steps == [3]
+    assert taken == [1, 2, 2, 3, 4]
+    mon.close()
+    assert not opt._optimizer_state_dict_pre_hooks  # nothing of the guard left on the optimizer
