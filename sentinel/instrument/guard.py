@@ -90,7 +90,7 @@ class _Verdict:
 
     def get(self) -> list[float]:
         if self.read is None:
-            if self.event is not None:
+            if self.event is not None and not self.event.query():  # complete: no wait, no sync call
                 self.event.synchronize()
             self.read = [float(x) for x in self.values.tolist()]
         return self.read
@@ -270,13 +270,16 @@ class Guard:
             self._act(self._pending.pop(0))
             i += 1
 
-    def notes_upto(self, step: int) -> None:
-        """Act on the verdicts of the steps up to ``step`` (their notes go out) before the
-        monitor sends the reports of those steps, so the engine knows a step was kept out
-        when it judges that step's non-finite values. A report read back means its steps'
-        verdicts are too (their copies were queued earlier on the same stream): no wait."""
-        while self._pending and self._pending[0].step <= step:
+    def notes_upto(self, step: int | None) -> None:
+        """Before the monitor sends reports read back: act on the verdicts of the steps up
+        to ``step`` (the latest step report among them), so their notes go first and the
+        engine knows a step was kept out when it judges that step's non-finite values; then
+        on any other verdict read back so far. A step report read back from the device means
+        its verdict is too (its copy was queued before the report's, on the same stream): no
+        wait. ``None`` (only ``log()`` frames, which may hold host values alone): no wait."""
+        while step is not None and self._pending and self._pending[0].step <= step:
             self._act(self._pending.pop(0))
+        self.poll()
 
     def flush(self) -> None:
         """Wait for every verdict and act on it (at ``close()``); nothing of the guard is

@@ -85,7 +85,8 @@ class Reporter:
     def _emit_ready(self, wait: bool) -> None:
         ready = self._readback.poll(wait)
         if ready and self.guard is not None:  # the guard's notes of these steps go first (issue 21)
-            self.boundary.run("guard", self.guard.notes_upto, max(int(m["step"]) for m, _ in ready))
+            steps = [int(m["step"]) for m, _ in ready if m.get("kind") == "step"]
+            self.boundary.run("guard", self.guard.notes_upto, max(steps, default=None))
         for meta, values in ready:
             self.boundary.run("emit", self._emit, meta, values)
 
