@@ -1,7 +1,8 @@
 """The step guard's notes, engine side: counters, the series its rules judge, the rules' words.
 
 A training process with the guard on sends a ``log`` frame at each step it skipped (and
-at the first applied step after skips, and at the ``max_consecutive`` outcome) carrying a
+at its first judged step, at the first applied step after skips, and at the
+``max_consecutive`` outcome), before that step's report, carrying a
 :class:`~sentinel.wire.GuardNote`. From it:
 
 - ``sentinel_guard_skipped_total{reason}``: skipped steps, by reason (``nonfinite``,
