@@ -270,16 +270,16 @@ class Guard:
             self._act(self._pending.pop(0))
             i += 1
 
-    def notes_upto(self, step: int | None) -> None:
+    def notes_upto(self, step: int) -> None:
         """Before the monitor sends reports read back: act on the verdicts of the steps up
         to ``step`` (the latest step report among them), so their notes go first and the
-        engine knows a step was kept out when it judges that step's non-finite values; then
-        on any other verdict read back so far. A step report read back from the device means
-        its verdict is too (its copy was queued before the report's, on the same stream): no
-        wait. ``None`` (only ``log()`` frames, which may hold host values alone): no wait."""
-        while step is not None and self._pending and self._pending[0].step <= step:
+        engine knows a step was kept out when it judges that step's non-finite values. A
+        step report read back from the device means its verdict is too (its copy was queued
+        before the report's, on the same stream): no wait. Those steps are over (a report
+        is made after its steps' post-hooks), so acting now undoes nothing half-way; a
+        step's ``log()`` frames leave after its report (the readback keeps their order)."""
+        while self._pending and self._pending[0].step <= step:
             self._act(self._pending.pop(0))
-        self.poll()
 
     def flush(self) -> None:
         """Wait for every verdict and act on it (at ``close()``); nothing of the guard is

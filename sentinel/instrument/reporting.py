@@ -86,7 +86,8 @@ class Reporter:
         ready = self._readback.poll(wait)
         if ready and self.guard is not None:  # the guard's notes of these steps go first (issue 21)
             steps = [int(m["step"]) for m, _ in ready if m.get("kind") == "step"]
-            self.boundary.run("guard", self.guard.notes_upto, max(steps, default=None))
+            if steps:
+                self.boundary.run("guard", self.guard.notes_upto, max(steps))
         for meta, values in ready:
             self.boundary.run("emit", self._emit, meta, values)
 
