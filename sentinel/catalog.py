@@ -122,6 +122,10 @@ CATALOG: dict[str, Spec] = {
         G, "Steps the step guard skipped in a row, at a step it judged (0: applied after skips)."),
     "sentinel_guard_exhausted": Spec(
         G, "1 where the step guard reached max_consecutive (the run halted or steps were let through)."),
+    "sentinel_guard_skip_run_length": Spec(
+        G, "Steps skipped in a row in the step guard's latest run of skips (kept after the run ends)."),
+    "sentinel_guard_exhausted_total": Spec(
+        C, "Steps the step guard judged at max_consecutive: the one that halted the run, or each one let through."),
     "sentinel_amp_skipped_steps_total": Spec(C, "Optimizer steps skipped by GradScaler for inf/NaN grads."),
     "sentinel_instrument_errors_total": Spec(C, "Exceptions caught inside sentinel's training hooks."),
     "sentinel_frames_dropped_total": Spec(C, "Frames the training process could not deliver."),

@@ -46,8 +46,9 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
 ``scalars_dropped``? values ``Monitor.log`` dropped so far (monotonic)
 ``dropped``?       frames dropped by the sender so far (monotonic)
 ``guard``?         on a ``log`` frame at the step it judged: the step guard's
-                   :class:`GuardNote` (a skip, the end of a run of skips, or the
-                   ``max_consecutive`` outcome)
+                   :class:`GuardNote` (a skip, the end of a run of skips, the
+                   ``max_consecutive`` outcome, or the first judged step), sent
+                   before that step's report
 ``status``?        on ``"bye"`` only: the exit status a launcher saw (``sentinel run``
                    attached to a node's daemon), ``128 + N`` for signal ``N``; ``exc``
                    then says who ended and why, in words

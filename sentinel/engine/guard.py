@@ -1,7 +1,8 @@
 """The step guard's notes, engine side: counters, the series its rules judge, the rules' words.
 
 A training process with the guard on sends a ``log`` frame at each step it skipped (and
-at the first applied step after skips, and at the ``max_consecutive`` outcome) carrying a
+at its first judged step, at the first applied step after skips, and at the
+``max_consecutive`` outcome), before that step's report, carrying a
 :class:`~sentinel.wire.GuardNote`. From it:
 
 - ``sentinel_guard_skipped_total{reason}``: skipped steps, by reason (``nonfinite``,
@@ -11,6 +12,15 @@ at the first applied step after skips, and at the ``max_consecutive`` outcome) c
   judge it;
 - ``sentinel_guard_exhausted``: 1 where ``max_consecutive`` was reached (the run halted,
   or steps were let through), else 0; ``GuardExhausted`` (critical) judges it;
+- for a cluster Prometheus, which sees only what a scrape finds (a run of skips may end
+  between two scrapes): ``sentinel_guard_skip_run_length``, the skips in a row of the
+  latest run of skips, kept after it ends, and ``sentinel_guard_exhausted_total``, the
+  steps judged at ``max_consecutive``; the exported ``StepsSkippedRepeatedly`` and
+  ``GuardExhausted`` judge them (:mod:`sentinel.rules.promexport`). The instrument's first
+  note (at the first judged step) makes every guard series start at 0;
+- ``guard_skipped`` in the rules' context of any frame of a skipped step
+  (:func:`kept_out`): ``TrainingNonFinite`` does not fire for the gradients and the loss
+  of a step that never reached the weights (``StepSkipped`` says it instead);
 - the rules' context: ``note`` says the step, the reason, the norm against its bound and
   the batch; ``nonfinite_groups["guard"]`` the groups that held the non-finite values.
 """
@@ -52,6 +62,14 @@ def describe(note: GuardNote, step: int) -> str:
     return what
 
 
+def kept_out(store: Store, base: Labels, step: int) -> bool:
+    """Whether the guard kept step ``step`` of this rank out of the weights: the rank's guard
+    note at that step (on this frame, or on one before it: the instrument sends a step's
+    note before its report) says it was skipped."""
+    last = store.last("sentinel_guard_consecutive_skips", base)
+    return last is not None and last[0] == step and last[2] > 0
+
+
 def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base: Labels,
                  ctx: dict[str, Any]) -> GuardNote:
     """Record a frame's guard note (checked by :func:`valid` already)."""
@@ -60,7 +78,10 @@ def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base
         labels = tuple(sorted(base + (("reason", reason),)))
         store.inc("sentinel_guard_skipped_total", labels, 1.0 if note.skipped and note.reason == reason else 0.0)
     add("sentinel_guard_consecutive_skips", float(note.consecutive if note.skipped else 0))
+    if note.skipped or store.last("sentinel_guard_skip_run_length", base) is None:
+        add("sentinel_guard_skip_run_length", float(note.consecutive if note.skipped else 0))
     add("sentinel_guard_exhausted", 1.0 if note.outcome else 0.0)
+    store.inc("sentinel_guard_exhausted_total", base, 1.0 if note.outcome else 0.0)
     ctx["note"] = describe(note, int(f["step"]))
     if note.groups:
         ctx["nonfinite_groups"]["guard"] = list(note.groups)

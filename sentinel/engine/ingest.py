@@ -11,7 +11,7 @@ from sentinel.engine.crossrank import CrossRank
 from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.environment import env_labels
-from sentinel.engine.guard import ingest_guard
+from sentinel.engine.guard import ingest_guard, kept_out
 from sentinel.engine.optimizer import ingest_health, ingest_optimizers
 from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
 from sentinel.engine.schedule import SchedulePeaks
@@ -81,6 +81,8 @@ class Ingestor:
         if "guard" in f:  # the step guard's note (issue 21)
             ingest_guard(self.store, f, add, base, ctx)
         self.store.add_rows(rows, step, t)
+        if ctx["nonfinite_groups"]:  # non-finite: did the step guard keep this step out? (issue 21)
+            ctx["guard_skipped"] = kept_out(self.store, base, step)
         return ctx
 
     def forget(self, job: str, run: str) -> None:

@@ -20,7 +20,8 @@ How the flag keeps the step out (per optimizer, :func:`choose`):
   protocol) and skip the update on the device, step counters included. Nothing extra.
 - ``select``: :class:`~sentinel.instrument.guardstate.DeviceSelect`, a device-side
   snapshot and select; Python numbers and other-device state are put back once the flag
-  is on the host (at the latest at the next step, before the optimizer reads them).
+  is on the host (at the latest at the next step, before the optimizer reads them, or at
+  an ``optimizer.state_dict()`` before that: a pre-hook waits for the flag then).
 - ``sync``: the flag is read on the host (a sync on an accelerator, free on the CPU);
   a skipped step is copied before and put back after (no memory on applied steps).
 
@@ -28,11 +29,15 @@ The learning-rate schedulers stepping the optimizer (found once, at its first gu
 step) are put back before the next step, and a ``GradScaler``'s scale and growth counter
 after its ``update()``. Each verdict is read back asynchronously (pinned memory and an
 event); the host then counts, sends a :class:`~sentinel.wire.GuardNote` at the judged
-step, and acts on ``max_consecutive``.
+step (always before that step's report leaves, :meth:`Guard.notes_upto`, so the engine
+knows a skipped step's non-finite values never reached the weights), and acts on
+``max_consecutive``. A note also goes at the first judged step, so that the engine's guard
+series start at 0 (a Prometheus ``increase()`` then sees the first skip).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -85,7 +90,7 @@ class _Verdict:
 
     def get(self) -> list[float]:
         if self.read is None:
-            if self.event is not None:
+            if self.event is not None and not self.event.query():  # complete: no wait, no sync call
                 self.event.synchronize()
             self.read = [float(x) for x in self.values.tolist()]
         return self.read
@@ -105,6 +110,7 @@ class _OptState:
     sched_undo: bool = False
     opt: Any = None
     last_consecutive: int = 0  # as the host last read it
+    settle: Any = None  # the state_dict() pre-hook's handle (select: put host-side values back first)
     verdict: _Verdict | None = None  # this step's, until its post-hook
 
 
@@ -137,6 +143,7 @@ class Guard:
         """Steps let through past ``max_consecutive`` (``on_exhausted: through``)."""
         self.methods: dict[int, str] = {}
         """The method used per optimizer index at its last step."""
+        self._noted = False  # a note was sent (the first goes at the first judged step)
 
     # -- the monitor's calls ----------------------------------------------------------------
 
@@ -213,6 +220,8 @@ class Guard:
                 st.select = DeviceSelect(dev, o.snapshot_bytes)
             if st.select.take(opt):
                 host = HostCopy(opt, dev)
+                if st.settle is None:  # a state_dict() before the flag is read: read it, put back
+                    st.settle = opt.register_state_dict_pre_hook(functools.partial(self._settle, k))
             else:
                 method = "sync"
         if method == "sync":
@@ -261,10 +270,24 @@ class Guard:
             self._act(self._pending.pop(0))
             i += 1
 
+    def notes_upto(self, step: int) -> None:
+        """Before the monitor sends reports read back: act on the verdicts of the steps up
+        to ``step`` (the latest step report among them), so their notes go first and the
+        engine knows a step was kept out when it judges that step's non-finite values. A
+        step report read back from the device means its verdict is too (its copy was queued
+        before the report's, on the same stream): no wait. Those steps are over (a report
+        is made after its steps' post-hooks), so acting now undoes nothing half-way; a
+        step's ``log()`` frames leave after its report (the readback keeps their order)."""
+        while self._pending and self._pending[0].step <= step:
+            self._act(self._pending.pop(0))
+
     def flush(self) -> None:
         """Wait for every verdict and act on it (at ``close()``); nothing of the guard is
         left on an optimizer (a ``found_inf`` of a step that never reached its post-hook)."""
         for st in self._opts.values():
+            if st.settle is not None:
+                st.settle.remove()
+                st.settle = None
             if st.plan is not None and st.plan[0] == "fused" and st.opt is not None:
                 if st.found_inf_given is not None:
                     st.opt.found_inf = st.found_inf_given
@@ -275,6 +298,16 @@ class Guard:
             self._act(self._pending.pop(0))
 
     # -- internals --------------------------------------------------------------------------
+
+    def _settle(self, k: int, _opt: Any = None) -> None:
+        """``optimizer.state_dict()`` on the select path: wait for optimizer ``k``'s verdicts
+        and put back what a skipped step left on the host (its Python numbers and
+        other-device step counters), so the state taken is the applied steps'. A wait at a
+        checkpoint only; never raises into the script's call."""
+        try:
+            self.poll(wait_for=k)
+        except Exception as exc:  # the boundary of a user's call
+            log.warning("sentinel guard: settling before state_dict() failed: %s", type(exc).__name__)
 
     def _record(self, k: int, step: int, values: Tensor, method: str) -> _Verdict:
         event = None
@@ -334,6 +367,8 @@ class Guard:
             if st is not None and st.last_consecutive:
                 st.last_consecutive = 0
                 self._note(v, GuardNote(False, "", norm, bound, (), 0, "", v.batch, v.method))
+            elif not self._noted:  # the first judged step: the engine's guard series start at 0
+                self._note(v, GuardNote(False, "", norm, bound, (), 0, "", v.batch, v.method))
             return
         if st is not None:
             st.last_consecutive = int(consec)
@@ -354,6 +389,7 @@ class Guard:
         self._note(v, note)
 
     def _note(self, v: _Verdict, note: GuardNote) -> None:
+        self._noted = True
         self._send({"kind": "log", "step": v.step, "t": time.time(), "guard": note.to_wire()})
 
 

@@ -35,6 +35,7 @@ class Reporter:
     world: int
     on_alert: list[Any]
     capture: InputCapture
+    guard: Any  # the step guard (sentinel.instrument.guard.Guard) or None
     _open: tuple[dict[str, Any], Segs, Scalars] | None
     _readback: Readback
     _names: NameBudget
@@ -82,7 +83,12 @@ class Reporter:
     # -- emission -------------------------------------------------------------------------
 
     def _emit_ready(self, wait: bool) -> None:
-        for meta, values in self._readback.poll(wait):
+        ready = self._readback.poll(wait)
+        if ready and self.guard is not None:  # the guard's notes of these steps go first (issue 21)
+            steps = [int(m["step"]) for m, _ in ready if m.get("kind") == "step"]
+            if steps:
+                self.boundary.run("guard", self.guard.notes_upto, max(steps))
+        for meta, values in ready:
             self.boundary.run("emit", self._emit, meta, values)
 
     def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:

@@ -64,6 +64,7 @@ class Context:
         series: the labels of the evaluated series beyond job/run/rank (e.g. ``source``).
         nonfinite_groups: ``{source: [group, ...]}`` as passed by the engine.
         amp_skipped: the AMP scaler skipped a step since the previous frame of this rank.
+        guard_skipped: the step guard kept this step out of the weights (its note said so).
         note: a phrase the engine attaches to this evaluation (e.g. a dead rank's last
             values), for detectors that print it.
         memo: a per-series dict a detector with a ``quiet`` shortcut may leave notes in
@@ -82,6 +83,7 @@ class Context:
     series: Mapping[str, str] = field(default_factory=dict)
     nonfinite_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
     amp_skipped: bool = False
+    guard_skipped: bool = False
     note: str = ""
     memo: dict[str, Any] | None = None
     lr_fraction: float | None = None

@@ -118,6 +118,7 @@ class RuleEngine:
         lr_fraction: float | None = ctx.get("lr_fraction")
         nonfinite: Mapping[str, Sequence[str]] = ctx.get("nonfinite_groups") or {}
         note: str = ctx.get("note") or ""
+        guard_skipped = bool(ctx.get("guard_skipped"))  # the step guard kept this step out
         written: frozenset[str] | None = ctx.get("written")
         store, life = self.store, self._life
         with self._lock:
@@ -204,6 +205,7 @@ class RuleEngine:
                         )
                         cctx.lr_fraction = lr_fraction
                         cctx.lr_change_step = lr_change
+                        cctx.guard_skipped = guard_skipped
                         if c.spec.quiet is not None:
                             if memo is None:
                                 memo = memos[(c.idx, series_labels)] = {}

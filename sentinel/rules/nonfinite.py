@@ -20,10 +20,13 @@ class NonFiniteParams(Params):
         ignore_on_amp_skip: sources whose non-finite values are expected when the AMP
             scaler skipped the step: an fp16 overflow in the gradients is how
             ``GradScaler`` finds its scale, and the step is not applied.
+        ignore_on_guard_skip: sources whose non-finite values never reached the weights
+            when the step guard skipped the step (``StepSkipped`` reports it, as info).
         max_groups: at most this many group names are carried into the alert.
     """
 
     ignore_on_amp_skip: list[str] = ["grad"]
+    ignore_on_guard_skip: list[str] = ["grad", "loss"]
     max_groups: int = 8
 
 
@@ -45,6 +48,8 @@ def detect(window: Window, params: NonFiniteParams, ctx: Context) -> Verdict | N
     source = ctx.series.get("source", "")
     bad = flag != 0.0 or math.isnan(flag)
     if bad and ctx.amp_skipped and source in params.ignore_on_amp_skip:
+        bad = False
+    if bad and ctx.guard_skipped and source in params.ignore_on_guard_skip:
         bad = False
     groups: tuple[str, ...] = ()
     if bad:

@@ -46,9 +46,25 @@ def _memory(r: Rule, ratio: float) -> str:
             f"{_num(horizon)}) > sentinel_memory_capacity_bytes")
 
 
+def _skips(r: Rule) -> str:
+    """The step guard's skips (``skip`` rules): every skip from its counter; N in a row from
+    the latest run's length, while the guard skipped steps in the last 5 minutes (the
+    engine's gauge of skips in a row falls back to 0 at the next applied step, often
+    before a scrape sees it)."""
+    n = int(getattr(r.params, "min_consecutive", 1))
+    if n <= 1:
+        return "increase(sentinel_guard_skipped_total[5m]) > 0"
+    return (f"sentinel_guard_skip_run_length >= {n} and on (job, run, rank) "
+            "sum by (job, run, rank) (increase(sentinel_guard_skipped_total[5m])) > 0")
+
+
 # rule name → (expr from the rule, `for`)
 _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
-    "TrainingNonFinite": (lambda r: "increase(sentinel_nonfinite_total[5m]) > 0", "0m"),
+    # the step guard's kept-out NaN is not a page (StepSkipped says it); a NaN let through
+    # past max_consecutive within those 5 minutes is GuardExhausted's, a critical
+    "TrainingNonFinite": (lambda r: 'increase(sentinel_nonfinite_total{source="param"}[5m]) > 0 or '
+                          '(increase(sentinel_nonfinite_total{source!="param"}[5m]) > 0 unless on (job, run, rank) '
+                          'increase(sentinel_guard_skipped_total{reason="nonfinite"}[5m]) > 0)', "0m"),
     "TrainingStalled": (lambda r: "time() - sentinel_last_step_timestamp_seconds > "
                         + _num(float(getattr(r.params, "min_seconds", 600.0))), "0m"),
     "OOMRisk": (lambda r: _memory(r, 0.8), "5m"),
@@ -62,6 +78,10 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     "GPUOverheating": (lambda r: f"sentinel_gpu_temperature_celsius > {_num(_threshold(r))}", "2m"),
     "GPUXidError": (lambda r: "increase(sentinel_gpu_xid_errors_total[5m]) > 0", "0m"),
     "GPUEccErrors": (lambda r: "increase(sentinel_gpu_ecc_errors_total[5m]) > 0", "0m"),
+    # the step guard (issue 21): counters, so a skip between two scrapes is still seen
+    "StepSkipped": (_skips, "0m"),
+    "StepsSkippedRepeatedly": (_skips, "0m"),
+    "GuardExhausted": (lambda r: "increase(sentinel_guard_exhausted_total[5m]) > 0", "0m"),
 }
 
 
@@ -126,6 +146,15 @@ _SCENARIOS: dict[str, tuple[list[dict[str, str]], str, dict[str, str]]] = {
                         {"job": "train", "run": "r1", "rank": "0"}),
     "GPUXidError": ([{"series": f"sentinel_gpu_xid_errors_total{{{_G}}}", "values": "0 0 1 1"}], "3m",
                     {"job": "node", "run": "host1", "gpu": "0", "UUID": "GPU-1"}),
+    "StepSkipped": ([{"series": f'sentinel_guard_skipped_total{{{_L},reason="nonfinite"}}', "values": "0 0 0 1 1"},
+                     {"series": f'sentinel_guard_skipped_total{{{_L},reason="spike"}}', "values": "0x4"}],
+                    "4m", {"job": "train", "run": "r1", "rank": "0", "reason": "nonfinite"}),
+    "StepsSkippedRepeatedly": ([{"series": f"sentinel_guard_skip_run_length{{{_L}}}", "values": "0 1 2 1 3"},
+                                {"series": f'sentinel_guard_skipped_total{{{_L},reason="spike"}}',
+                                 "values": "0 1 3 4 7"}],
+                               "4m", {"job": "train", "run": "r1", "rank": "0"}),
+    "GuardExhausted": ([{"series": f"sentinel_guard_exhausted_total{{{_L}}}", "values": "0 0 0 1 1"}], "4m",
+                       {"job": "train", "run": "r1", "rank": "0"}),
 }
 
 
@@ -154,6 +183,35 @@ def promtool_tests(pack: RulePack, rule_file: str = "../sentinel.rules.yml") -> 
             {"eval_time": "43m", "alertname": "OOMRisk", "exp_alerts": [
                 {"exp_labels": {**exported["OOMRisk"]["labels"], "job": "train", "run": "r1", "rank": "0"},
                  "exp_annotations": ann}]}]})
+    if "StepsSkippedRepeatedly" in exported and " and on " in exported["StepsSkippedRepeatedly"]["expr"]:
+        # the latest run of skips was long, and the guard has skipped nothing since: quiet
+        # 5 minutes after the last skip, though the run's length is still there
+        ann = dict(exported["StepsSkippedRepeatedly"]["annotations"])
+        ann["summary"] = ann["summary"].replace("{{ $labels.run }}", "r1").replace("{{ $labels.rank }}", "0")
+        tests.append({"interval": "1m", "input_series": [
+            {"series": f"sentinel_guard_skip_run_length{{{_L}}}", "values": "0 5x20"},
+            {"series": f'sentinel_guard_skipped_total{{{_L},reason="nonfinite"}}', "values": "0 5x20"}],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "StepsSkippedRepeatedly", "exp_alerts": [
+                    {"exp_labels": {**exported["StepsSkippedRepeatedly"]["labels"], "job": "train", "run": "r1",
+                                    "rank": "0"}, "exp_annotations": ann}]},
+                {"eval_time": "10m", "alertname": "StepsSkippedRepeatedly", "exp_alerts": []}]})
+    if "TrainingNonFinite" in exported and "sentinel_guard_skipped_total" in exported["TrainingNonFinite"]["expr"]:
+        # the guard on: a NaN in the gradients and the loss of a step it kept out is quiet;
+        # later a NaN it did not skip (a parameter, here) fires
+        ann = dict(exported["TrainingNonFinite"]["annotations"])
+        ann["summary"] = ann["summary"].replace("{{ $labels.run }}", "r1").replace("{{ $labels.rank }}", "0")
+        tests.append({"interval": "1m", "input_series": [
+            {"series": f'sentinel_nonfinite_total{{{_L},source="grad"}}', "values": "0 0 1 1 1 1 1 1 1 1 1 1"},
+            {"series": f'sentinel_nonfinite_total{{{_L},source="loss"}}', "values": "0 0 1 1 1 1 1 1 1 1 1 1"},
+            {"series": f'sentinel_nonfinite_total{{{_L},source="param"}}', "values": "0 0 0 0 0 0 0 0 0 0 1 1"},
+            {"series": f'sentinel_guard_skipped_total{{{_L},reason="nonfinite"}}', "values": "0 0 1 1 1 1 1 1 1 1 1 1"},
+            {"series": f'sentinel_guard_skipped_total{{{_L},reason="spike"}}', "values": "0x11"}],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "TrainingNonFinite", "exp_alerts": []},
+                {"eval_time": "11m", "alertname": "TrainingNonFinite", "exp_alerts": [
+                    {"exp_labels": {**exported["TrainingNonFinite"]["labels"], "job": "train", "run": "r1",
+                                    "rank": "0", "source": "param"}, "exp_annotations": ann}]}]})
     tests.append({"interval": "1m", "input_series": [
         {"series": 'sentinel_alert_firing{alertname="LossSpike",severity="warning",job="train",run="r1"}',
          "values": "0 1 1 0"}], "alert_rule_test": [

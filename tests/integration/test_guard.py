@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 import sentinel
 from tests.helpers import MLP, write_config
@@ -56,7 +59,18 @@ def test_config_guard_skips_alerts_captures_and_lists_the_batch(tmp_path: Path) 
             opt.step()
             mon.log(loss=loss)
             assert mon.engine.flush()
+        with urllib.request.urlopen(f"{mon.url}/metrics", timeout=10) as r:  # what a cluster Prometheus reads
+            metrics = {(s.name, s.labels.get("reason", "")): s.value
+                       for fam in text_string_to_metric_families(r.read().decode()) for s in fam.samples
+                       if s.name.startswith("sentinel_guard") or s.name == "sentinel_nonfinite_total"}
     assert mon.guard.steps == [7]
+    # the exported rules' series (alerts/sentinel.rules.yml): one skip, a run of 1, no outcome
+    assert metrics[("sentinel_guard_skipped_total", "nonfinite")] == 1
+    assert metrics[("sentinel_guard_skip_run_length", "")] == 1 and metrics[("sentinel_guard_exhausted_total", "")] == 0
+    # the Inf in the batch made the loss and the gradients non-finite: counted, not paged,
+    # since the step never reached the weights (StepSkipped, info, says so)
+    assert metrics[("sentinel_nonfinite_total", "")] >= 1
+    assert not [a for a in alerts if a["alertname"] == "TrainingNonFinite"]
     assert all(torch.isfinite(p).all() for p in model.parameters())
     skipped = [a for a in alerts if a["alertname"] == "StepSkipped" and a["state_to"] == "firing"]
     assert len(skipped) == 1 and skipped[0]["severity"] == "info" and skipped[0]["step"] == 7
@@ -100,3 +114,8 @@ def test_sentinel_run_guards_a_zero_code_script_exactly(tmp_path: Path, ranks: i
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("6 ")]
     assert len(lines) == ranks and all("nonfinite" in ln for ln in lines), out.stdout
     assert "skip batches: not exposed" in out.stdout
+    # the daemon's verdicts, as stored: the kept-out NaN is an info, not a page
+    with sqlite3.connect(history) as db:
+        fired = set(db.execute("SELECT alertname, severity, step FROM alerts WHERE state_to = 'firing'"))
+    assert ("StepSkipped", "info", 6) in fired, fired
+    assert not [a for a in fired if a[0] == "TrainingNonFinite"], fired

@@ -56,8 +56,8 @@ def test_skips_are_counted_alerted_and_listed() -> None:
     assert mon.guard.steps == [5, 8, 9, 10]
     notes = [f for f in sender.frames if "guard" in f]
     assert [(f["step"], f["guard"]["skipped"]) for f in notes] == [
-        (5, True), (6, False), (8, True), (9, True), (10, True), (11, False)]
-    assert notes[0]["guard"]["groups"] == ["layers.1"] and notes[0]["guard"]["reason"] == "nonfinite"
+        (1, False), (5, True), (6, False), (8, True), (9, True), (10, True), (11, False)]
+    assert notes[1]["guard"]["groups"] == ["layers.1"] and notes[1]["guard"]["reason"] == "nonfinite"
     store = sender.engine.store
     assert store.counter("sentinel_guard_skipped_total", labels_of(job="j", run="r", rank=0, reason="nonfinite")) == 4
     assert store.counter("sentinel_guard_skipped_total", labels_of(job="j", run="r", rank=0, reason="spike")) == 0
@@ -146,7 +146,7 @@ def test_an_amp_overflow_is_never_a_guard_skip() -> None:
     mon.close()
     assert mon.guard.steps == [] and mon.guard.skipped == {"nonfinite": 0, "spike": 0}
     assert scaler.get_scale() == 2.0**9  # the scaler's own backoff happened
-    assert not any("guard" in f for f in sender.frames)
+    assert not any(f["guard"]["skipped"] or f["guard"]["outcome"] for f in sender.frames if "guard" in f)
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -264,3 +264,164 @@ actions:
                                               "method": "auto", "snapshot_bytes": 2 * 2**30}
     with pytest.raises(Exception, match="actions.guard.on_exhausted"):
         load_config({"actions": {"guard": {"enabled": True, "on_exhausted": "maybe"}}})
+
+
+# -- a NaN the guard kept out does not page (TrainingNonFinite); one it let through does ------
+
+def _nan_run(guard: Any, bad: set[int], steps: int = 10, nan_input: bool = False) -> tuple[Any, list[Transition]]:
+    """A guarded (or not) run whose steps in ``bad`` get a NaN gradient (``nan_input``: a NaN
+    in the batch, so the loss is NaN too). Returns the sender and the firing transitions."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, guard=guard)
+    fired = _transitions(sender)
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for step in range(1, steps + 1):
+            x = torch.randn(8, 16, generator=gen)
+            if nan_input and step in bad:
+                x[2, 3] = float("nan")
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).nan_to_num())
+            opt.zero_grad()
+            loss.backward()
+            if step in bad and not nan_input:
+                model.layers[1][0].weight.grad[0, 0] = float("nan")
+            opt.step()
+            mon.log(loss=loss)
+    except TrainingHalted:
+        pass
+    mon.close()
+    return sender, [t for t in fired if t.state_to == "firing"]
+
+
+def _firing(fired: list[Transition], name: str) -> list[tuple[str, int]]:
+    return [(t.severity, t.step) for t in fired if t.alertname == name]
+
+
+@pytest.mark.parametrize("nan_input", [False, True])
+def test_a_nan_the_guard_kept_out_is_info_not_a_page(nan_input: bool) -> None:
+    """The skipped step's NaN (in the gradients; with a NaN in the batch, in the loss too)
+    raises StepSkipped (info) and not TrainingNonFinite (critical): it never reached the
+    weights. The counter of non-finite values still counts it."""
+    sender, fired = _nan_run({"warmup": 3}, bad={5}, nan_input=nan_input)
+    assert _firing(fired, "StepSkipped") == [("info", 5)]
+    assert _firing(fired, "TrainingNonFinite") == []
+    step5 = next(f for f in sender.frames if f["kind"] == "step" and f["step"] == 5)
+    assert (step5["scalars"]["loss"] != step5["scalars"]["loss"]) == nan_input  # the loss was NaN
+    store = sender.engine.store
+    assert store.counter("sentinel_nonfinite_total", labels_of(job=sender.frames[0]["job"], run=sender.frames[0]["run"],
+                                                               rank=0, source="grad")) == 1
+
+
+def test_repeated_skips_escalate_without_paging_for_the_nan() -> None:
+    """Skips in a row: StepsSkippedRepeatedly (warning) at 3, GuardExhausted (critical) at
+    max_consecutive (halt); no TrainingNonFinite for any of the skipped steps."""
+    _, fired = _nan_run({"warmup": 3, "max_consecutive": 4}, bad=set(range(4, 11)))
+    assert _firing(fired, "StepSkipped") == [("info", 4)]
+    assert _firing(fired, "StepsSkippedRepeatedly") == [("warning", 6)]
+    assert _firing(fired, "GuardExhausted") == [("critical", 7)]
+    assert _firing(fired, "TrainingNonFinite") == []
+
+
+@pytest.mark.parametrize(("guard", "bad", "step"), [
+    (None, {5}, 5),                                                    # the guard off
+    ({"warmup": 3, "nonfinite": False}, {5}, 5),                       # on, but not for NaNs
+    ({"warmup": 3, "max_consecutive": 2, "on_exhausted": "through"}, {4, 5, 6}, 6),  # let through
+])
+def test_a_nan_the_guard_let_through_still_pages(guard: Any, bad: set[int], step: int) -> None:
+    _, fired = _nan_run(guard, bad=bad)
+    assert _firing(fired, "TrainingNonFinite")[:1] == [("critical", step)]
+
+
+def test_a_note_read_back_late_still_goes_before_its_steps_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator a verdict is read back asynchronously, like the report: when the
+    report of a step leaves, the guard's notes up to that step leave first (no wait: they
+    were queued before it). Here a verdict never says it is ready by itself."""
+    from sentinel.instrument import guard as guard_mod
+
+    monkeypatch.setattr(guard_mod._Verdict, "ready", lambda self: False)
+    sender, fired = _nan_run({"warmup": 3}, bad={5})
+    order = [(f["kind"], f["step"]) for f in sender.frames if f["kind"] != "step" or f["step"] in (5, 6)]
+    assert order.index(("log", 5)) < order.index(("step", 5))
+    assert _firing(fired, "StepSkipped") == [("info", 5)] and _firing(fired, "TrainingNonFinite") == []
+
+
+@pytest.mark.parametrize(("note_step", "where", "pages"), [
+    (5, "before", False),   # the note in its own frame, before the step's report
+    (5, "on", False),       # the note on the step's own frame
+    (4, "before", True),    # a note of another step says nothing of this one
+    (None, "", True),       # no guard
+])
+def test_the_engine_judges_a_nan_by_the_guards_note_of_that_step(note_step: int | None, where: str,
+                                                                  pages: bool) -> None:
+    from sentinel import wire
+    from sentinel.engine.engine import Engine
+    from sentinel.wire import GuardNote
+
+    eng = Engine()
+    fired: list[Transition] = []
+    eng.listeners.append(fired.append)
+    ident = {"job": "j", "run": "r", "rank": 0, "world": 1}
+    note = GuardNote(True, "nonfinite", float("nan"), float("nan"), ("layers.1",), 1).to_wire()
+    for step in range(1, 7):
+        frame = {"kind": "step", "step": step, "t": float(step), "groups": ["a", "b"],
+                 "grad_sumsq": [1.0, float("nan") if step == 5 else 1.0], **ident}
+        if note_step == step and where == "before":
+            eng.feed(wire.encode({"kind": "log", "step": step, "t": float(step), "guard": note, **ident}))
+        if note_step == step and where == "on":
+            frame["guard"] = note
+        if step == 4 and note_step == 4:
+            eng.feed(wire.encode({"kind": "log", "step": step, "t": float(step), "guard": note, **ident}))
+        eng.feed(wire.encode(frame))
+    nonfinite = [t.step for t in fired if t.alertname == "TrainingNonFinite" and t.state_to == "firing"]
+    assert nonfinite == ([5] if pages else [])
+
+
+class _Counted(torch.optim.Optimizer):
+    """A hand-written optimizer (as public code writes them) whose step counter is a Python
+    int in its state: the select path puts it back on the host once the flag is read."""
+
+    def __init__(self, params: Any, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                st["step"] = st.get("step", 0) + 1
+                p.add_(p.grad, alpha=-g["lr"])
+
+
+def test_a_state_dict_between_a_skipped_step_and_the_next_has_the_applied_steps_counters(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator the select path's flag reaches the host up to a step late; a
+    ``state_dict()`` taken before then waits for it (a pre-hook, only on that path) and
+    shows the counters of the applied steps, not one ahead. Here the flag never says it is
+    ready by itself, as on a busy device."""
+    from sentinel.instrument import guard as guard_mod
+
+    monkeypatch.setattr(guard_mod._Verdict, "ready", lambda self: False)
+    torch.manual_seed(0)
+    model = MLP()
+    opt = _Counted(model.parameters())
+    mon, _ = make_monitor(model, opt, guard={"warmup": 3, "method": "select"})
+    gen = torch.Generator().manual_seed(0)
+    taken = []
+    for step in range(1, 6):
+        x = torch.randn(8, 16, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        if step == 3:
+            model.head.weight.grad[0, 0] = float("nan")
+        opt.step()
+        taken.append(opt.state_dict()["state"][0]["step"])  # a checkpoint right after the step
+        mon.log(loss=loss)
+    assert mon.guard.methods[0] == "select" and mon.guard.steps == [3]
+    assert taken == [1, 2, 2, 3, 4]
+    mon.close()
+    assert not opt._optimizer_state_dict_pre_hooks  # nothing of the guard left on the optimizer
