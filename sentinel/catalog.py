@@ -1,6 +1,9 @@
 """Every exported metric: its type, help text and extra labels. Names are a contract.
 
-All series carry ``job``, ``run`` and ``rank`` besides the extra labels listed here.
+All series carry ``job``, ``run`` and ``rank`` besides the extra labels listed here. In a
+process that steps several optimizers (a GAN's two), each optimizer is its own stream and
+every series of a stream carries ``optimizer`` too: ``"0"``, ``"1"``, ... in the order their
+monitors were made (the optimizer records say each one's ``class``).
 Counter names end in ``_total`` (the exporter strips it for prometheus_client).
 """
 
@@ -91,21 +94,21 @@ CATALOG: dict[str, Spec] = {
          "cudnn_deterministic", "cudnn_benchmark")),
     "sentinel_optimizer_info": Spec(
         G, "1 per optimizer the rank steps: its class, position and lowest parameter dtype.",
-        ("optimizer", "index", "dtype")),
+        ("class", "index", "dtype")),
     "sentinel_optimizer_hyperparameter": Spec(
         G, "An optimizer's hyperparameter (lr, beta1, beta2, eps, weight_decay, momentum), reduced over "
            "its param groups (smallest beta1/momentum/eps, largest beta2/weight_decay/lr).",
-        ("optimizer", "index", "name")),
-    "sentinel_optimizer_beta1": Spec(G, "An optimizer's smallest beta1 (first-moment decay).", ("optimizer", "index")),
+        ("class", "index", "name")),
+    "sentinel_optimizer_beta1": Spec(G, "An optimizer's smallest beta1 (first-moment decay).", ("class", "index")),
     "sentinel_optimizer_beta2_memory_ratio": Spec(
-        G, "Second-moment memory 1/(1-beta2) over the run's planned steps (when given).", ("optimizer", "index")),
+        G, "Second-moment memory 1/(1-beta2) over the run's planned steps (when given).", ("class", "index")),
     "sentinel_optimizer_fp16_eps": Spec(
-        G, "eps of an optimizer with fp16 parameters (so fp16 state).", ("optimizer", "index")),
+        G, "eps of an optimizer with fp16 parameters (so fp16 state).", ("class", "index")),
     "sentinel_optimizer_decoupled_weight_decay": Spec(
-        G, "Largest weight decay of an AdamW-style (decoupled) optimizer.", ("optimizer", "index")),
+        G, "Largest weight decay of an AdamW-style (decoupled) optimizer.", ("class", "index")),
     "sentinel_optimizer_sgd_clip_max_norm": Spec(
         G, "An SGD-family optimizer: the max_norm its gradients were last clipped to (0: never).",
-        ("optimizer", "index")),
+        ("class", "index")),
     "sentinel_optimizer_health_ratio": Spec(
         G, "A sampled health figure of the optimizer (0-1): adafactor_saturation (second moment above the "
            "threshold), lion_sign_agreement (gradient sign = momentum sign), sophia_clip_fraction "

@@ -8,6 +8,10 @@ A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones)
                    (scalars passed to ``Monitor.log``) or ``"bye"``
 ``job``/``run``    identity strings
 ``rank``/``world`` int rank and world size
+``opt``?           the optimizer stream in a process that steps several optimizers
+                   (a GAN's two): ``"0"``, ``"1"``, ... in the order their monitors
+                   were made; absent for a process's only optimizer. Each stream has
+                   its own steps, series (label ``optimizer``) and goodbye
 ``step``           completed optimizer steps when the values were taken
 ``t``              wall-clock seconds (``time.time()``) when taken
 ``groups``?        list of group names; the ``*_sumsq`` lists are aligned to it

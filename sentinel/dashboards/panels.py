@@ -30,7 +30,9 @@ RANK = RUN + ', rank=~"$rank"'
 """The rank selector: every per-rank series."""
 GROUP = RANK + ', group=~"$group"'
 """The per-group selector."""
-LEGEND = "{{run}} r{{rank}}"
+LEGEND = "{{run}} r{{rank}} {{optimizer}}"
+"""A per-rank line's name; a process with several optimizers has one line per optimizer stream
+(its ``optimizer`` label: ``"0"``, ``"1"``, ...; empty, and so invisible, for a process's only one)."""
 
 Panel = cogbuilder.Builder[dm.Panel]
 

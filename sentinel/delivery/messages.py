@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sentinel.rules.alert import compact_groups, compact_ranks
+from sentinel.rules.alert import compact_groups, compact_optimizers, compact_ranks
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -68,7 +68,7 @@ def body(n: Mapping[str, Any], markdown: bool = False) -> str:
     """
     b = (lambda s: f"**{s}**") if markdown else (lambda s: s)
     bullet = "- "
-    where = compact_ranks(list(n.get("ranks") or []))
+    where = compact_ranks(list(n.get("ranks") or [])) + compact_optimizers([str(o) for o in n.get("optimizers") or []])
     groups = list(n.get("groups") or [])
     lines = [str(n.get("summary", "")), ""]
     if n.get("state_to") == "resolved":

@@ -66,6 +66,8 @@ def alertmanager_alert(n: Mapping[str, Any], resolved_at: float | None) -> dict[
     labels = {"alertname": str(n.get("alertname")), "severity": str(n.get("severity")),
               "job": str(n.get("job")), "run": str(n.get("run")),
               "ranks": compact_ranks(list(n.get("ranks") or [])).split(" ", 1)[-1]}
+    if n.get("optimizers"):  # the optimizer streams of a process with several (a GAN's)
+        labels["optimizer"] = ",".join(str(o) for o in n["optimizers"])
     if n.get("tags"):
         labels["tags"] = ",".join(sorted(str(t) for t in n["tags"]))
     for k, v in dict(n.get("labels") or {}).items():  # where the run runs, e.g. slurm_job, slurm_node

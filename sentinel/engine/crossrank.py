@@ -62,7 +62,7 @@ class CrossRank:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._runs: dict[tuple[str, str], _Run] = {}
+        self._runs: dict[tuple[str, str, str], _Run] = {}
 
     def observe(self, f: dict[str, Any], labels_of_rank: Callable[[int], Labels], norm: float | None) -> list[int]:
         """Record one step frame; returns the ranks whose cross-rank series got a sample
@@ -76,7 +76,7 @@ class CrossRank:
         world = f.get("world")
         if not isinstance(world, int) or not 1 < world <= MAX_WORLD:
             return []
-        key = (f["job"], f["run"])
+        key = (f["job"], f["run"], f.get("opt", ""))  # an optimizer stream meets its own kind only
         run = self._runs.get(key)
         if run is None:
             if len(self._runs) >= MAX_RUNS:

@@ -85,6 +85,9 @@ class Engine:
         self.frames_malformed = 0
         self.listener_errors = 0
         self.finished: set[tuple[str, str, int]] = set()
+        # the optimizer streams of each rank of a process with several (frames with ``opt``)
+        # that have not said goodbye: the rank ends with the last of them
+        self.streams: dict[tuple[str, str, int], set[str]] = {}
         # the process of each reporting rank (from the socket's credentials), checked on
         # tick: a rank whose process is gone without a goodbye frame crashed
         self.pids: dict[tuple[str, str, int], int] = {}
@@ -179,8 +182,12 @@ class Engine:
             store.written.clear()
         ctx = self.ingestor.ingest(frame)
         rk = (job, run, rank)
+        opt: str = frame.get("opt", "")
         self.runs_seen[(job, run)] = float(frame["t"])
-        if kind == "bye":
+        if kind == "bye" and opt and not frame.get("exc") and not frame.get("status") and self._stream_ends(rk, opt):
+            pass  # one optimizer of several stopped: the rank goes on with the others
+        elif kind == "bye":
+            self.streams.pop(rk, None)
             pid = self.pids.pop(rk, None)
             if type(frame.get("status")) is int and frame["status"]:  # a launcher's word (run.py, attached)
                 self.exited(job, run, frame["status"], rank, float(frame["t"]), who=str(frame.get("exc", "")))
@@ -191,6 +198,8 @@ class Engine:
                 self.finished.add(rk)
                 self._publish(self.rules.retire(job, run, rank))
         elif kind in ("step", "log"):
+            if opt:
+                self.streams.setdefault(rk, set()).add(opt)
             self.finished.discard(rk)
             reply = frame.get("reply")
             if self.reply_dir is not None and isinstance(reply, str) and reply != self.replies.get(rk):
@@ -202,12 +211,21 @@ class Engine:
                 self.store.add(EXIT_STATUS, self._labels(rk), frame["step"], float(frame["t"]), 0.0)
             with store.lock:  # the rules whose metrics got no sample have nothing new
                 ctx["written"] = frozenset(store.written)
-            self._publish(self.rules.evaluate(job, run, rank, frame["step"], float(frame["t"]), ctx))
+            self._publish(self.rules.evaluate(job, run, rank, frame["step"], float(frame["t"]), ctx, opt=opt))
             for other in ctx.get("crossrank", ()):  # the last rank of a step completed the comparison
                 if other != rank and self._cross_rules:
                     self._publish(self.rules.evaluate(job, run, other, frame["step"], float(frame["t"]), {},
-                                                      only=self._cross_rules))
+                                                      only=self._cross_rules, opt=opt))
         return ctx
+
+    def _stream_ends(self, rk: tuple[str, str, int], opt: str) -> bool:
+        """A goodbye of optimizer stream ``opt`` of a rank: True while other streams of the
+        rank report on (a crash, its exception, still ends the whole rank)."""
+        open_ = self.streams.get(rk)
+        if open_ is None:
+            return False
+        open_.discard(opt)
+        return bool(open_)
 
     def exited(self, job: str, run: str, status: int, rank: int | None = None,
                now: float | None = None, who: str = "") -> list[Transition]:
@@ -253,10 +271,13 @@ class Engine:
         self.finished.discard(rk)
         self.pids.pop(rk, None)
         labels = self._labels(rk)
-        last = self.store.last("sentinel_step", labels)
+        streams = sorted(self.streams.pop(rk, ()), key=lambda o: (len(o), o))
+        # the last values of the rank's first optimizer stream, when it has several
+        values = labels_of(job=job, run=run, rank=r, optimizer=streams[0]) if streams else labels
+        last = self.store.last("sentinel_step", values)
         step = last[0] if last is not None else self.rules.last_step(job, run, r) or 0
         self.store.add(EXIT_STATUS, labels, step, now, float(status))
-        note = "; ".join(p for p in (who, self._last_values(labels, now)) if p)
+        note = "; ".join(p for p in (who, self._last_values(values, now)) if p)
         out = self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)
         # no stall alert for a dead rank; its crash alert stays until it reports again
         return out + self.rules.retire(job, run, r, now, keep=self._crash_rules)
@@ -351,6 +372,7 @@ class Engine:
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
+            self.streams = {rk: v for rk, v in self.streams.items() if rk[:2] != (job, run)}
             self._gone = {rk: v for rk, v in self._gone.items() if rk[:2] != (job, run)}
             self.replies = {rk: v for rk, v in self.replies.items() if rk[:2] != (job, run)}
             self.halted.discard((job, run))

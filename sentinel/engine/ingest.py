@@ -52,7 +52,7 @@ class Ingestor:
             ``lr_change_step`` (the last step the learning rate changed, or None) and
             ``lr_fraction`` (the lr over its peak, see :mod:`sentinel.engine.schedule`).
         """
-        base = self._base(f["job"], f["run"], f["rank"])
+        base = self._base(f["job"], f["run"], f["rank"], f.get("opt", ""))
         step, t = f["step"], float(f["t"])
         ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base),
                                "lr_fraction": self.schedule.fraction(base)}
@@ -105,14 +105,16 @@ class Ingestor:
             if d.get("job") == job and d.get("run") == run:
                 self.store.remove("sentinel_run_info", labels)
 
-    def _base(self, job: str, run: str, rank: int) -> Labels:
-        """The ``job, run, rank`` labels (built once per rank)."""
-        rk = (job, run, rank)
+    def _base(self, job: str, run: str, rank: int, opt: str = "") -> Labels:
+        """The ``job, run, rank`` labels (built once per rank), and ``optimizer`` for a
+        stream of a process with several optimizers."""
+        rk = (job, run, rank, opt)
         base = self._bases.get(rk)
         if base is None:
             if len(self._bases) > 10_000:
                 self._bases.clear()
-            base = self._bases[rk] = labels_of(job=job, run=run, rank=rank)
+            base = self._bases[rk] = (labels_of(job=job, run=run, rank=rank, optimizer=opt) if opt
+                                      else labels_of(job=job, run=run, rank=rank))
         return base
 
     def _adder(self, base: Labels, rows: list[tuple[str, Labels, float]]) -> Callable[..., None]:
@@ -200,7 +202,8 @@ class Ingestor:
                 mean_abs, mean_sq = f["grad_l1"] / n, total / n
                 std = _sqrt(mean_sq - mean_abs * mean_abs)
                 add("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan"))
-        ctx["crossrank"] = self.crossrank.observe(f, lambda r: self._base(f["job"], f["run"], r), norm)
+        opt = f.get("opt", "")
+        ctx["crossrank"] = self.crossrank.observe(f, lambda r: self._base(f["job"], f["run"], r, opt), norm)
         psq = f.get("param_sumsq")
         if psq is not None:
             ptotal = math.fsum(psq)

@@ -42,25 +42,25 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
             continue
         name, idx = o["class"][:64], str(i)
         dtype = o.get("dtype") if isinstance(o.get("dtype"), str) else "none"
-        add("sentinel_optimizer_info", 1.0, optimizer=name, index=idx, dtype=str(dtype)[:16])
+        add("sentinel_optimizer_info", 1.0, index=idx, dtype=str(dtype)[:16], **{"class": name})
         hp: dict[str, Any] = o["hp"] if isinstance(o.get("hp"), dict) else {}
         nums = {k: float(v) for k, v in hp.items() if k in NAMES + ("decoupled",)
                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
         for k in NAMES:
             if k in nums:
-                add("sentinel_optimizer_hyperparameter", nums[k], optimizer=name, index=idx, name=k)
+                add("sentinel_optimizer_hyperparameter", nums[k], index=idx, name=k, **{"class": name})
         b2 = nums.get("beta2")
         if b2 is not None and b2 < 1.0 and isinstance(total_steps, int) and total_steps > 0:
-            add("sentinel_optimizer_beta2_memory_ratio", 1.0 / (1.0 - b2) / total_steps, optimizer=name, index=idx)
+            add("sentinel_optimizer_beta2_memory_ratio", 1.0 / (1.0 - b2) / total_steps, index=idx, **{"class": name})
         if "eps" in nums and dtype == "float16":
-            add("sentinel_optimizer_fp16_eps", nums["eps"], optimizer=name, index=idx)
+            add("sentinel_optimizer_fp16_eps", nums["eps"], index=idx, **{"class": name})
         if nums.get("decoupled") and "weight_decay" in nums:
-            add("sentinel_optimizer_decoupled_weight_decay", nums["weight_decay"], optimizer=name, index=idx)
+            add("sentinel_optimizer_decoupled_weight_decay", nums["weight_decay"], index=idx, **{"class": name})
         if "beta1" in nums:
-            add("sentinel_optimizer_beta1", nums["beta1"], optimizer=name, index=idx)
+            add("sentinel_optimizer_beta1", nums["beta1"], index=idx, **{"class": name})
         if _sgd_family(name, nums):
             add("sentinel_optimizer_sgd_clip_max_norm",  # inf: the norm read, nothing clipped
-                clip_max if clip_max and math.isfinite(clip_max) else 0.0, optimizer=name, index=idx)
+                clip_max if clip_max and math.isfinite(clip_max) else 0.0, index=idx, **{"class": name})
 
 
 RATIO_FIGURES = ("adafactor_saturation", "lion_sign_agreement", "sophia_clip_fraction")

@@ -173,6 +173,9 @@ def check_frame(f: dict[str, Any], limits: Limits) -> Dropped:
         raise Refused("range", f"field 'world' is not in 1..{limits.max_ranks}")
     if not 0 <= rank < (world if world is not None else limits.max_ranks):
         raise Refused("range", "field 'rank' is not in 0..world-1")
+    opt = f.get("opt")
+    if opt is not None and not (type(opt) is str and 0 < len(opt) <= 2 and opt.isdigit() and opt.isascii()):
+        raise Refused("schema", "field 'opt' is not a stream number of up to 2 digits")
     dropped = Dropped()
     _groups(f, limits, dropped)
     for key, value in list(f.items()):
@@ -324,7 +327,7 @@ class Admission:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self._runs: dict[tuple[str, str], dict[int, _Rank]] = {}
+        self._runs: dict[tuple[str, str], dict[int | tuple[int, str], _Rank]] = {}
         self.series = 0
         """The estimated series of every admitted rank."""
 
@@ -336,7 +339,8 @@ class Admission:
             Refused: the frame would take the engine past its runs, ranks or series caps.
         """
         dropped = Dropped() if dropped is None else dropped
-        lim, key, rank = self.limits, (f["job"], f["run"]), f["rank"]
+        lim, key = self.limits, (f["job"], f["run"])
+        rank: int | tuple[int, str] = (f["rank"], f["opt"]) if "opt" in f else f["rank"]  # a rank's stream
         ranks = self._runs.get(key)
         if ranks is None:
             if len(self._runs) >= lim.max_runs:

@@ -27,6 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+Stream = int | tuple[int, str]
+"""A rank, or ``(rank, opt)`` for an optimizer stream of a process with several."""
+
+
 @dataclass(eq=False)
 class RunRow:
     """The writer's view of one row of ``runs`` (the aggregates it keeps exact)."""
@@ -40,9 +44,14 @@ class RunRow:
     state: str = "running"
     exit_status: int | None = None
     ranks: set[int] = field(default_factory=set)
-    byes: set[int] = field(default_factory=set)
-    last: dict[int, int] = field(default_factory=dict)
-    """The last step each rank reported in this row."""
+    streams: set[Stream] = field(default_factory=set)
+    """What reports in this row: each rank, or each optimizer stream of a rank (``(rank, opt)``)
+    in a process with several."""
+    byes: set[Stream] = field(default_factory=set)
+    last: dict[Stream, int] = field(default_factory=dict)
+    """The last step each rank (stream) reported in this row."""
+    optimizers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Each stream's optimizer record (the ``optim`` of its frames), by stream label."""
     groups: list[str] | None = None
     first_loss: float | None = None
     sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # grad sum, n, delta sum, n
@@ -56,9 +65,15 @@ class RunRow:
         return not self.ranks and self.exit_status is None and self.state == "running"
 
 
-def starts_new(r: RunRow, kind: str, rank: int, step: int) -> bool:
-    """Whether a frame of ``kind`` from ``rank`` at ``step`` begins a new run rather than
-    continuing ``r`` (see the module's docstring)."""
+def stream_of(f: dict[str, Any]) -> Stream:
+    """The rank, or ``(rank, opt)``, a frame reports for."""
+    opt = f.get("opt")
+    return (f["rank"], opt) if opt else f["rank"]
+
+
+def starts_new(r: RunRow, kind: str, rank: Stream, step: int) -> bool:
+    """Whether a frame of ``kind`` from ``rank`` (a rank or an optimizer stream) at ``step``
+    begins a new run rather than continuing ``r`` (see the module's docstring)."""
     if kind == "bye":
         return False
     if r.state == "finished" or r.exit_status is not None or rank in r.byes:
@@ -80,7 +95,7 @@ def load_latest(db: sqlite3.Connection, job: str, run: str) -> RunRow | None:
     ranks = set(range(row[5] or 0))
     state, steps = row[13], row[15]
     return RunRow(row[0], row[1], row[2], row[3], records, row[4], state=state, exit_status=row[14],
-                  ranks=ranks, byes=set(ranks) if state != "running" else set(),
+                  ranks=ranks, streams=set(ranks), byes=set(ranks) if state != "running" else set(),
                   last={0: steps} if steps else {}, groups=json.loads(row[6]) if row[6] else None,
                   first_loss=row[7], sums=[float(x) for x in row[8:12]], peak=row[12])
 

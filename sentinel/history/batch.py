@@ -15,13 +15,16 @@ from typing import Any
 
 from sentinel.history import skips
 from sentinel.history import attempts
-from sentinel.history.attempts import RunRow, starts_new
+from sentinel.history.attempts import RunRow, starts_new, stream_of
 from sentinel.history.values import COLUMNS, group_blob, local_only, optimizer_of, sample, tags_of, transition_row
 from sentinel.rules.alert import Transition
 
 _UPSERT = (f"INSERT INTO samples (run_id, step, t, {', '.join(COLUMNS)}, groups) "
            f"VALUES (?, ?, ?, {', '.join('?' * len(COLUMNS))}, ?) ON CONFLICT (run_id, step) DO UPDATE SET "
            + ", ".join(f"{c} = COALESCE(excluded.{c}, {c})" for c in ("t", *COLUMNS, "groups")))
+_UPSERT_STREAM = (f"INSERT INTO stream_samples (run_id, stream, step, t, {', '.join(COLUMNS)}, groups) "
+                  f"VALUES (?, ?, ?, ?, {', '.join('?' * len(COLUMNS))}, ?) ON CONFLICT (run_id, stream, step) "
+                  "DO UPDATE SET " + ", ".join(f"{c} = COALESCE(excluded.{c}, {c})" for c in ("t", *COLUMNS, "groups")))
 
 
 class BatchWriter:
@@ -86,34 +89,41 @@ class BatchWriter:
     def _frame(self, db: sqlite3.Connection, f: dict[str, Any]) -> RunRow:
         t = float(f["t"])
         rank, step, kind = f["rank"], f["step"], f["kind"]
+        who, opt = stream_of(f), f.get("opt", "")  # a rank, or one optimizer stream of a rank
         r = self._run(db, f["job"], f["run"], t)
-        if starts_new(r, kind, rank, step):
+        if starts_new(r, kind, who, step):
             r = self._new_run(db, f["job"], f["run"], t, r)
         agg = r.agg
         agg["last_seen"] = t
+        r.streams.add(who)
         if rank not in r.ranks:
             r.ranks.add(rank)
             agg["ranks"] = len(r.ranks)
             if isinstance(f.get("world"), int):
                 agg["world"] = f["world"]
         if kind == "bye":
-            r.byes.add(rank)
+            r.byes.add(who)
             agg["ended"] = t
             if isinstance(f.get("exc"), str):
                 r.state = agg["state"] = "crashed"
                 agg["exit_status"] = 1
-            elif r.byes >= r.ranks and r.state == "running":
+            elif r.byes >= r.streams and r.state == "running":
                 r.state = agg["state"] = "finished"
             return r
         if kind == "step":
-            r.last[rank] = step
+            r.last[who] = step
         if isinstance(f.get("guard"), dict):  # the step guard's note (issue 21)
             skips.record(db, r.id, f)
-        for key, conv, col in (("tags", tags_of, "tags"), ("optim", optimizer_of, "optimizer")):
-            if key in f:
-                value = conv(f[key])
-                if value is not None:
-                    agg[col] = json.dumps(value)
+        if "tags" in f:
+            tags = tags_of(f["tags"])
+            if tags is not None:
+                agg["tags"] = json.dumps(tags)
+        if "optim" in f:
+            optim = optimizer_of(f["optim"])
+            if optim is not None:  # every stream's, in stream order ("0", "1", ...)
+                r.optimizers[opt] = optim
+                agg["optimizer"] = json.dumps([o for k in sorted(r.optimizers, key=lambda k: (len(k), k))
+                                               for o in r.optimizers[k]][:8])
         if isinstance(f.get("cmd"), str):
             db.execute("UPDATE runs SET command = ? WHERE id = ? AND command IS NULL", (f["cmd"][:1000], r.id))
         if isinstance(f.get("env"), dict):
@@ -123,6 +133,10 @@ class BatchWriter:
         if f.get("shard") == "sharded":  # rank 0's shards only: the model's norms come assembled
             f = local_only(f)
         vals = sample(f)
+        if opt not in ("", "0"):  # a further optimizer stream: its own rows, no run aggregates
+            if vals and not (step > 1 and step % r.stride):
+                db.execute(_UPSERT_STREAM, (r.id, opt, step, t, *(vals.get(c) for c in COLUMNS), group_blob(f)))
+            return r
         if kind == "step":
             agg["steps"] = step
             groups = f.get("groups")
@@ -198,7 +212,8 @@ class BatchWriter:
     def _thin(self, db: sqlite3.Connection, r: RunRow) -> None:
         """Double the run's stride and delete its rows off the new stride (the first kept)."""
         r.stride *= 2
-        db.execute("DELETE FROM samples WHERE run_id = ? AND step > 1 AND step % ? != 0", (r.id, r.stride))
+        for table in ("samples", "stream_samples"):
+            db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > 1 AND step % ? != 0", (r.id, r.stride))
         r.samples = db.execute("SELECT COUNT(*) FROM samples WHERE run_id = ?", (r.id,)).fetchone()[0]
 
     def _alert(self, db: sqlite3.Connection, t: Transition) -> RunRow:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sentinel.history.skips import SCHEMA as SKIPS_SCHEMA
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE runs (
@@ -135,6 +135,19 @@ CREATE INDEX runs_started ON runs (started);
 CREATE UNIQUE INDEX runs_attempt ON runs (job, run, attempt);
 """
 
+_V5 = """
+CREATE TABLE stream_samples (
+    run_id INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    t REAL,
+    loss REAL, grad_norm REAL, clip_norm REAL, param_norm REAL, update_ratio REAL, delta_norm REAL,
+    lr REAL, mem_used REAL, mem_peak REAL, loss_scale REAL, step_seconds REAL,
+    groups BLOB,
+    PRIMARY KEY (run_id, stream, step)
+) WITHOUT ROWID;
+"""
+
 MIGRATIONS: dict[int, str] = {
     1: _V1,
     # v2: the environment record (a frame's ``env`` map), shown by the report
@@ -142,6 +155,9 @@ MIGRATIONS: dict[int, str] = {
     3: _V3,
     # v4: the step guard's skip list (sentinel/history/skips.py)
     4: SKIPS_SCHEMA,
+    # v5: the samples of a process's further optimizer streams (a GAN's second optimizer,
+    # ``optimizer="1"``, ...); ``samples`` holds the first (or only) one's
+    5: _V5,
 }
 """``version → script`` that brings a file from ``version - 1`` to ``version``."""
 
@@ -277,6 +293,6 @@ def enforce_retention(db: sqlite3.Connection, now: float, keep_seconds: float, m
 
 def _delete(db: sqlite3.Connection, ids: list[int]) -> None:
     for run_id in ids:
-        for table in ("samples", "loss_records", "alerts"):
+        for table in ("samples", "stream_samples", "loss_records", "alerts", "skips"):
             db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         db.execute("DELETE FROM runs WHERE id = ?", (run_id,))

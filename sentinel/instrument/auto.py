@@ -194,6 +194,17 @@ def _find_model(first: torch.Tensor | None) -> torch.nn.Module | None:
     return best
 
 
+def _optimizers_alive() -> int:
+    """Initialised optimizers alive now that train something (one gc scan, at the first
+    attach). A wrapper that never ran ``Optimizer.__init__`` (Accelerate's) is not one."""
+    n = 0
+    for obj in live(torch.optim.Optimizer):
+        groups = getattr(obj, "param_groups", None) if hasattr(obj, "_optimizer_step_pre_hooks") else None
+        if groups and any(p.requires_grad for g in groups for p in g.get("params", ())):
+            n += 1
+    return n
+
+
 def _attach(opt: torch.optim.Optimizer) -> Any:
     from sentinel.instrument.losses import scaler
     from sentinel.instrument.monitor import Monitor
@@ -202,6 +213,10 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
     from sentinel.instrument.losses import LossSum
 
     global _early, _optimizer_seen
+    if not _optimizer_seen:  # a GAN's optimizers: labelled streams from the first report on
+        from sentinel.instrument import registry
+
+        registry.expect_streams(_optimizers_alive())
     _optimizer_seen = True
     early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
     mon = Monitor(_find_model(next((p for g in opt.param_groups for p in g["params"]), None)), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,

@@ -111,6 +111,9 @@ class Monitor(Reporter):
         self._hand = _HandUpdated(hand) if hand is not None else None
         self._hand_read = False  # gradients of a backward() read, its step not ended yet
         self.optimizers = list(optimizers)
+        self.stream: str | None = None
+        """The ``optimizer`` label of this monitor's stream, set at its first report
+        (:func:`registry.stream_label`; ``""``: the process's only stream)."""
         self.scaler = scaler
         self.auto = auto
         self.on_alert = [on_alert] if callable(on_alert) else list(on_alert)
@@ -159,6 +162,8 @@ class Monitor(Reporter):
         if sender is None:
             sender, self.engine, self.url = connect(o)
         self.sender: Sender = sender
+        if self.optimizers:
+            registry.add_stream(self)
         self.guard = make_guard(self)  # issue 21: the step guard (opt-in); None when off, nothing hooked
         try:
             for k, opt in enumerate(self.optimizers):

@@ -12,6 +12,9 @@
   finder, a restart): the monitor follows it and its step count goes on. Zero-code mode
   (:mod:`sentinel.instrument.auto`) hands in what to do with any other unwatched
   optimizer: attach a new monitor. The hooks cost one dictionary lookup per step.
+- :func:`stream_label` names each optimizer's stream when a process has several (a GAN's
+  two optimizers): ``"0"``, ``"1"``, ... in the order their monitors were made, the
+  engine's ``optimizer`` label; ``""`` (no label) for a process's only one.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ _owner: dict[int, weakref.ref[Any]] = {}  # id(parameter) -> the monitor watchin
 _hooked = False
 _fallback: Callable[[torch.optim.Optimizer], None] | None = None
 _failures = 0
+_streams: list[weakref.ref[Any]] = []  # monitors of optimizers, in the order they were made
+_expected = 1  # optimizers zero-code mode found alive when it attached its first monitor
 
 
 class UnsupportedOptimizer(TypeError):
@@ -93,6 +98,30 @@ def release(monitor: Any, opt: torch.optim.Optimizer | None = None) -> None:
     if opt is None:
         for pid in [pid for pid, r in _owner.items() if r() is monitor or r() is None]:
             del _owner[pid]
+
+
+def add_stream(monitor: Any) -> None:
+    """Record a new monitor of optimizers (its place names its stream)."""
+    _streams[:] = [r for r in _streams if (m := r()) is not None and not getattr(m, "closed", False)]
+    _streams.append(weakref.ref(monitor))
+
+
+def expect_streams(n: int) -> None:
+    """Zero-code mode found ``n`` optimizers alive at its first attach: when more than one,
+    every stream is labelled from the first report on (their monitors attach one by one,
+    at each optimizer's first step)."""
+    global _expected
+    _expected = max(_expected, n)
+
+
+def stream_label(monitor: Any) -> str:
+    """The ``optimizer`` label of ``monitor``'s frames, decided at its first report and
+    kept: its index in creation order among the live monitors of optimizers when the
+    process has (or zero-code mode expects) more than one, else ``""``."""
+    live = [m for m in (r() for r in _streams) if m is not None and not getattr(m, "closed", False)]
+    if not any(m is monitor for m in live) or (len(live) < 2 and _expected < 2):
+        return ""
+    return str(next(i for i, m in enumerate(live) if m is monitor))
 
 
 def set_fallback(fn: Callable[[torch.optim.Optimizer], None] | None) -> None:

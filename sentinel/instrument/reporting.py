@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from sentinel import wire
-from sentinel.instrument import probes
+from sentinel.instrument import probes, registry
 from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.frames import assemble
 from sentinel.instrument.boundary import Boundary
@@ -33,6 +33,8 @@ class Reporter:
     devices: list[torch.device]
     rank: int
     world: int
+    optimizers: list[Any]
+    stream: str | None
     on_alert: list[Any]
     capture: InputCapture
     guard: Any  # the step guard (sentinel.instrument.guard.Guard) or None
@@ -100,6 +102,10 @@ class Reporter:
     def _send(self, frame: dict[str, Any]) -> None:
         o = self.options
         frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
+        if self.stream is None:  # decided once, at the first report
+            self.stream = registry.stream_label(self) if self.optimizers else ""
+        if self.stream:
+            frame["opt"] = self.stream
         reply = getattr(self.engine, "reply_path", None)  # a shared daemon's way back to us
         if reply and frame["kind"] == "step":
             frame["reply"] = reply

@@ -45,6 +45,14 @@ def compact_groups(groups: Sequence[str], limit: int = 3) -> str:
     return head if len(groups) <= limit else f"{head} (+{len(groups) - limit} more)"
 
 
+def compact_optimizers(optimizers: Sequence[str]) -> str:
+    """``["1"]`` → `` (optimizer 1)``; ``["0", "1"]`` → `` (optimizers 0, 1)``; ``[]`` → ``""``:
+    what follows the ranks in an alert of a process with several optimizer streams."""
+    if not optimizers:
+        return ""
+    return f" (optimizer{'s' if len(optimizers) > 1 else ''} {', '.join(optimizers)})"
+
+
 @dataclass(slots=True)
 class _Series:
     rank: int
@@ -58,6 +66,7 @@ class _Series:
     first_value: float = math.nan  # ... and its value
     worst_value: float = math.nan  # the value furthest past the threshold in the streak
     worst_step: int = 0
+    optimizer: str | None = None  # the stream's ``optimizer`` label, in a process with several
 
     def record(self, v: Verdict, step: int, first: bool) -> None:
         """Keep the first and the worst value of the streak (worse: further on the
@@ -101,6 +110,8 @@ class Transition:
     notify: bool = True
     started_step: int = 0
     started_at: float = 0.0
+    optimizers: tuple[str, ...] = ()
+    """The optimizer streams the alert's series belong to (empty: a process with one)."""
 
     @property
     def fired_seconds(self) -> float:
@@ -129,6 +140,7 @@ class Transition:
             "notify": self.notify,
             "started_step": self.started_step,
             "started_at": self.started_at,
+            "optimizers": list(self.optimizers),
         }
 
 
@@ -170,6 +182,7 @@ class Alert:
     notify: bool = True
     ranks: tuple[int, ...] = ()
     groups: tuple[str, ...] = ()
+    optimizers: tuple[str, ...] = ()
     step: int = 0
     value: float = math.nan
     threshold: float = math.nan
@@ -198,7 +211,8 @@ class Alert:
         fired, ``{step}`` is ``started_step`` and ``{value}`` the value at that step, so the
         text names where the trouble began with what it was then; when later verdicts
         differ, the worst and the latest value follow, each with its step."""
-        where = compact_ranks(self.ranks)
+        ranks = compact_ranks(self.ranks) + compact_optimizers(self.optimizers)
+        where = ranks
         if self.groups:
             where += f" ({compact_groups(self.groups)})"
         fields = {
@@ -211,7 +225,7 @@ class Alert:
             "threshold": self.threshold,
             "baseline": math.nan if self.baseline is None else self.baseline,
             "detail": self.detail,
-            "ranks": compact_ranks(self.ranks),
+            "ranks": ranks,
             "groups": compact_groups(self.groups),
             "where": where,
         }
@@ -257,6 +271,7 @@ class Alert:
             "run": self.run,
             "ranks": list(self.ranks),
             "groups": list(self.groups),
+            "optimizers": list(self.optimizers),
             "step": self.step,
             "value": _num(self.value),
             "threshold": _num(self.threshold),
@@ -289,12 +304,15 @@ class Alert:
     def _refresh(self, series: Sequence[_Series]) -> None:
         self._dirty = False
         ranks: set[int] = set()
+        optimizers: set[str] = set()
         groups: dict[str, None] = {}
         details: dict[str, None] = {}
         latest: _Series | None = None
         for s in sorted(series, key=lambda s: s.rank):
             if s.rank >= 0:  # node-level series (GPUs) have no rank
                 ranks.add(s.rank)
+            if s.optimizer is not None:
+                optimizers.add(s.optimizer)
             if s.group is not None:
                 groups[s.group] = None
             if s.last is not None:
@@ -305,6 +323,7 @@ class Alert:
                     latest = s
                 self._worst(s)
         self.ranks = tuple(sorted(ranks))
+        self.optimizers = tuple(sorted(optimizers, key=lambda o: (len(o), o)))
         self.groups = tuple(groups)
         self.detail = ", ".join(details)
         if latest is not None and latest.last is not None:

@@ -42,12 +42,14 @@ class Selection:
 
 
 class RankState:
-    """What the engine keeps per rank: its labels, progress and per-rule lookups."""
+    """What the engine keeps per rank (per optimizer stream of a rank, for a process with
+    several): its labels, progress and per-rule lookups."""
 
-    __slots__ = ("labels", "last_step", "frames", "amp", "sel", "judged")
+    __slots__ = ("labels", "opt", "last_step", "frames", "amp", "sel", "judged")
 
-    def __init__(self, labels: Labels, rules: int) -> None:
+    def __init__(self, labels: Labels, rules: int, opt: str = "") -> None:
         self.labels = labels
+        self.opt = opt  # the stream's ``optimizer`` label ("": the rank's only stream)
         self.last_step = 0
         self.frames = 0  # frames evaluated
         self.amp = 0.0  # AMP skipped steps seen
@@ -71,20 +73,29 @@ def compile_rule(idx: int, rule: Rule) -> Compiled:
 
 def select(c: Compiled, store: Store, job: str, run: str, rank: int, rs: RankState, step: int) -> Selection:
     """Look up (again) the series of ``c.rule`` for one rank: those of the first of
-    its metrics the rank reports. Cached in ``rs.sel``."""
+    its metrics the rank reports. Cached in ``rs.sel``.
+
+    A stream of a process with several optimizers (``rs.opt``) reads only the series
+    labelled with its ``optimizer``; a rank's only stream reads those without one. The
+    ``optimizer`` label stays among the extra labels, so the streams' series are apart in
+    an alert too."""
     r, labels = c.rule, rs.labels
     gen = store.generation
     rank_pair, run_pair, job_pair = ("rank", str(rank)), ("run", run), ("job", job)
+    opt = rs.opt
+    opt_pair = ("optimizer", opt)
     sel = Selection(step, gen, None, [])
     for m in r.metrics:
         if r.per == "rank":
             obj = store.series(m, labels)
             if obj is not None:
-                sel = Selection(step, gen, m, [(labels, (), obj)])
+                sel = Selection(step, gen, m, [(labels, (opt_pair,) if opt else (), obj)])
                 break
         found = []
         for ls in store.labelsets(m):
             if rank_pair in ls and run_pair in ls and job_pair in ls:
+                if (opt_pair not in ls) if opt else any(k == "optimizer" for k, _ in ls):
+                    continue  # another stream's
                 extra = tuple(p for p in ls if p[0] not in _IDENTITY)
                 if r.per == "group" and not any(k == "group" for k, _ in extra):
                     continue

@@ -80,7 +80,7 @@ class RuleEngine:
         self._time_rules = [c for c in compiled if c.spec.time_based and c.rule.per != "gpu"]
         self._n_rules = len(compiled)
         self._runs: dict[tuple[str, str], set[int]] = {}
-        self._ranks: dict[tuple[str, str, int], RankState] = {}
+        self._ranks: dict[tuple[str, str, int, str], RankState] = {}  # (job, run, rank, stream)
         # the last sample judged, as its (step, time), per rule and series
         self._done: dict[tuple[int, Labels], tuple[int, float]] = {}
         # what a detector with a quiet() shortcut left at its last full evaluation, per series
@@ -96,6 +96,7 @@ class RuleEngine:
         t: float,
         ctx: Mapping[str, Any] | None = None,
         only: Collection[str] | None = None,
+        opt: str = "",
     ) -> list[Transition]:
         """Evaluate the step-driven rules for one rank after its frame for ``step``.
 
@@ -109,6 +110,7 @@ class RuleEngine:
                 phrase for detectors that print one (``Context.note``).
             only: evaluate just these rules (e.g. the cross-rank ones, for a rank whose
                 frame for ``step`` was judged already).
+            opt: the frame's optimizer stream (``""``: the rank's only one).
 
         Returns:
             Transitions to firing or resolved, in order.
@@ -123,7 +125,7 @@ class RuleEngine:
         store, life = self.store, self._life
         with self._lock:
             now = self._clock()
-            rs = self._rank(job, run, rank)
+            rs = self._rank(job, run, rank, opt)
             labels = rs.labels
             ranks = self._runs.setdefault((job, run), set())
             ranks.add(rank)
@@ -241,9 +243,10 @@ class RuleEngine:
             now = self._clock() if now is None else now
             out: list[Transition] = []
             for (job, run), ranks in list(self._runs.items()):
+                streams = sorted((k[2], k[3]) for k in self._ranks if k[0] == job and k[1] == run)
                 for c in self._time_rules:
-                    for rank in sorted(ranks):
-                        rs = self._rank(job, run, rank)
+                    for rank, opt in streams:
+                        rs = self._rank(job, run, rank, opt)
                         if rs.last_step < c.gate_until:
                             continue
                         self._time_eval(c, job, run, rank, rs, now, now)
@@ -299,8 +302,8 @@ class RuleEngine:
             ranks -= gone
             if not ranks:
                 self._runs.pop((job, run), None)
-            for r in gone:
-                self._ranks.pop((job, run, r), None)
+            for key in [k for k in self._ranks if k[0] == job and k[1] == run and k[2] in gone]:
+                del self._ranks[key]  # every stream of the rank
             gone_pairs = {("rank", str(r)) for r in gone}
             for table in (self._done, self._memos):
                 for dk in [k for k in table if ("job", job) in k[1] and ("run", run) in k[1]]:
@@ -332,10 +335,10 @@ class RuleEngine:
             return set(self._runs.get((job, run), ()))
 
     def last_step(self, job: str, run: str, rank: int) -> int | None:
-        """The step of the rank's last evaluated frame, or None."""
+        """The step of the rank's last evaluated frame (the furthest of its streams), or None."""
         with self._lock:
-            rs = self._ranks.get((job, run, rank))
-            return None if rs is None else rs.last_step
+            steps = [rs.last_step for k, rs in self._ranks.items() if k[0] == job and k[1] == run and k[2] == rank]
+            return max(steps) if steps else None
 
     def firing_series(self) -> list[tuple[dict[str, str], float]]:
         """``(labels, value)`` rows for ``sentinel_alert_firing{alertname,severity,job,run}``."""
@@ -344,11 +347,13 @@ class RuleEngine:
 
     # -- internals ---------------------------------------------------------------
 
-    def _rank(self, job: str, run: str, rank: int) -> RankState:
-        rk = (job, run, rank)
+    def _rank(self, job: str, run: str, rank: int, opt: str = "") -> RankState:
+        rk = (job, run, rank, opt)
         rs = self._ranks.get(rk)
         if rs is None:
-            rs = self._ranks[rk] = RankState(labels_of(job=job, run=run, rank=rank), self._n_rules)
+            labels = labels_of(job=job, run=run, rank=rank, optimizer=opt) if opt else labels_of(
+                job=job, run=run, rank=rank)
+            rs = self._ranks[rk] = RankState(labels, self._n_rules, opt)
         return rs
 
     def _context(

@@ -78,7 +78,8 @@ class Lifecycle:
         if verdict.firing:
             if s is None:
                 group = next((v for k, v in extra if k == "group"), None)
-                s = alert.series[skey] = _Series(rank, group)
+                opt = next((v for k, v in extra if k == "optimizer"), None)
+                s = alert.series[skey] = _Series(rank, group, optimizer=opt)
                 alert._dirty = True
             s.record(verdict, step, s.fails == 0)
             s.fails += 1
@@ -220,7 +221,7 @@ class Lifecycle:
             r.name, r.severity, state_from, a.state, a.job, a.run, a.ranks, a.groups, a.step,
             now, a.value, a.threshold, a.summary, tuple(r.causes), tuple(r.checks), r.runbook,
             a.notify, a.started_step if a.started_step is not None else a.step,
-            a.started_at if a.started_at is not None else now,
+            a.started_at if a.started_at is not None else now, a.optimizers,
         )  # fmt: skip
 
     def _fire(self, key: AlertKey, a: Alert, now: float) -> Transition:

@@ -20,7 +20,7 @@ import yaml
 
 from sentinel.rules.promexport import HEADER
 
-BY = "job, run"
+BY = "job, run, optimizer"  # a process with several optimizers: each stream is its own
 
 RECORDING: list[dict[str, str]] = [
     # the whole model's gradient norm: sharded ranks' shards add up; replicated ranks agree
@@ -49,8 +49,8 @@ ALERTS: list[dict[str, Any]] = [
                      "first_checks": "1. The per-node TrainingNonFinite alerts name the ranks and the first "
                                      "groups; 2. Lower the learning rate; 3. Dump the batch of that step"}},
     {"alert": "SentinelJobStraggler",
-     "expr": "job_run:sentinel_step_duration_seconds:slowest > on (job, run) group_left () "
-             "(1.5 * job_run:sentinel_step_duration_seconds:median) and on (job, run) "
+     "expr": "job_run:sentinel_step_duration_seconds:slowest > on (job, run, optimizer) group_left () "
+             "(1.5 * job_run:sentinel_step_duration_seconds:median) and on (job, run, optimizer) "
              "(job_run:sentinel_ranks:count > 1)",
      "for": "5m", "labels": {"severity": "warning"},
      "annotations": {"summary": "Rank {{ $labels.rank }} of run {{ $labels.run }} ({{ $labels.instance }}) "

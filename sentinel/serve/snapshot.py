@@ -64,17 +64,21 @@ def _value(x: float) -> float | str:
     return "NaN" if math.isnan(x) else ("Inf" if x > 0 else "-Inf")
 
 
-def _base(labels: Labels) -> tuple[str, str, int] | None:
+Key = tuple[str, str, int, str]
+"""``(job, run, rank, optimizer stream)``: a row of the page (stream ``""``: the rank's only one)."""
+
+
+def _base(labels: Labels) -> Key | None:
     d = dict(labels)
     try:
-        return d["job"], d["run"], int(d["rank"])
+        return d["job"], d["run"], int(d["rank"]), d.get("optimizer", "")
     except (KeyError, ValueError):
         return None
 
 
 def _is_rank_series(name: str, labels: Labels) -> bool:
-    """The plain per-rank series (learning rate: param group 0 only)."""
-    keys = {k for k, _ in labels}
+    """The plain per-rank (per-stream) series (learning rate: param group 0 only)."""
+    keys = {k for k, _ in labels} - {"optimizer"}
     if name == "sentinel_learning_rate":
         return ("param_group", "0") in labels
     return keys == {"job", "run", "rank"}
@@ -88,11 +92,11 @@ def _thin(steps: np.ndarray, values: np.ndarray, points: int) -> list[list[float
     return [[int(s), _num(float(v))] for s, v in zip(steps, values)]
 
 
-def _state(engine: Any, key: tuple[str, str, int], last_time: float | None, step_times: list[float],
+def _state(engine: Any, key: Key, last_time: float | None, step_times: list[float],
            now: float) -> str:
-    if key in getattr(engine, "exited_ranks", {}):
+    if key[:3] in getattr(engine, "exited_ranks", {}):
         return "crashed"
-    if key in getattr(engine, "finished", set()):
+    if key[:3] in getattr(engine, "finished", set()):
         return "ended"
     if last_time is not None and step_times:
         limit = max(STALL_SECONDS, 10.0 * float(np.median(step_times)))
@@ -117,8 +121,8 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
         points = max(2, min(MAX_POINTS, int(query.get("points", POINTS))))
     except ValueError:
         points = POINTS
-    ranks: dict[tuple[str, str, int], dict[str, Any]] = {}
-    series: dict[tuple[str, str, int], dict[str, Labels]] = {}
+    ranks: dict[Key, dict[str, Any]] = {}
+    series: dict[Key, dict[str, Labels]] = {}
     for key_name, name in VALUES.items():
         for labels in store.labelsets(name):
             base = _base(labels)
@@ -131,7 +135,8 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
             series.setdefault(base, {})[key_name] = labels
     for alert in engine.alerts_json():  # a rank that crashed before its first step is still a rank
         for r in alert.get("ranks", []) if alert.get("job") != "node" else []:
-            ranks.setdefault((alert["job"], alert["run"], int(r)), {})
+            if not any(k[:3] == (alert["job"], alert["run"], int(r)) for k in ranks):
+                ranks.setdefault((alert["job"], alert["run"], int(r), ""), {})
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     recency: dict[tuple[str, str], float] = {}
     for key in sorted(ranks):
@@ -143,7 +148,8 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
         state = _state(engine, key, last_time, step_times, now)
         runs.setdefault(key[:2], []).append({
             "rank": key[2], "state": state, "values": values,
-            "seconds_since_step": None if last_time is None else max(0.0, now - last_time)})
+            "seconds_since_step": None if last_time is None else max(0.0, now - last_time),
+            **({"optimizer": key[3]} if key[3] else {})})
         recency[key[:2]] = max(recency.get(key[:2], 0.0), last_time or 0.0)
     order = sorted(runs, key=lambda k: -recency[k])[:MAX_RUNS]
     wanted = query.get("run")
@@ -169,7 +175,7 @@ def _run_state(ranks: list[dict[str, Any]]) -> str:
     return "ended"
 
 
-def _charts(store: Store, run: tuple[str, str], series: dict[tuple[str, str, int], dict[str, Labels]],
+def _charts(store: Store, run: tuple[str, str], series: dict[Key, dict[str, Labels]],
             points: int) -> dict[str, dict[str, Any]]:
     keys = sorted(k for k in series if k[:2] == run)[:MAX_CHART_RANKS]
     out: dict[str, dict[str, Any]] = {}
@@ -183,7 +189,7 @@ def _charts(store: Store, run: tuple[str, str], series: dict[tuple[str, str, int
                 step = store.last("sentinel_step", series[key].get("step", ()))
                 if chart == "learning_rate" and step is not None and step[2] > (line[-1][0] or 0):
                     line.append([int(step[2]), line[-1][1]])  # reported when it changes: it holds until now
-                lines[str(key[2])] = line
+                lines[f"{key[2]} (optimizer {key[3]})" if key[3] else str(key[2])] = line
         out[chart] = {"ranks": lines}
     return out
 

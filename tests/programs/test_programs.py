@@ -72,17 +72,6 @@ def _params() -> list[Any]:
     return out
 
 
-# Issue 18, point 2 is half done: each optimizer's step gets its own loss, but the
-# per-optimizer streams (the `optimizer` label in the engine, the rules and the history) are
-# not built yet. Strict: these turn red the day they pass.
-_STREAMS = pytest.mark.xfail(strict=True, reason="per-optimizer streams (issue 18, point 2) are not built yet")
-
-
-def _streams_pending(params: list[Any]) -> list[Any]:
-    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, _STREAMS]) if BY_ID[p.values[0]].optimizers > 1 else p
-            for p in params]
-
-
 def _programs(only_with: int | None = None) -> list[Any]:
     return [pytest.param(p.id, id=p.id, marks=[pytest.mark.zoo_slow] if p.slow else [])
             for p in PROGRAMS if only_with is None or p.optimizers == only_with]
@@ -237,7 +226,7 @@ def test_history_holds_the_references_step_by_step(outcome: Any, pid: str, mode:
     assert not bad, f"{mode}: {len(bad)} mismatches: " + "; ".join(bad[:12])
 
 
-@pytest.mark.parametrize(("pid", "mode"), _streams_pending([p for p in _params() if BY_ID[p.values[0]].opt]))
+@pytest.mark.parametrize(("pid", "mode"), [p for p in _params() if BY_ID[p.values[0]].opt])
 def test_history_names_the_optimizer(outcome: Any, pid: str, mode: str) -> None:
     """Issue 18, point 7: the history's run row holds the optimizer class from the frames
     (``sentinel runs``/``compare`` show it), with no tags passed."""
@@ -245,7 +234,7 @@ def test_history_names_the_optimizer(outcome: Any, pid: str, mode: str) -> None:
     assert BY_ID[pid].opt in (row["optimizer"] or ""), f"{mode}: runs.optimizer = {row['optimizer']!r}"
 
 
-@pytest.mark.parametrize("pid", _streams_pending(_programs()))
+@pytest.mark.parametrize("pid", _programs())
 def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> None:
     """Under ``sentinel run``: /metrics as the program exits shows one stream per
     optimizer (labelled ``optimizer="0"``, ``"1"`` in creation order when there are
@@ -280,7 +269,7 @@ def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> 
     assert not bad, "; ".join(bad)
 
 
-@pytest.mark.parametrize("pid", _streams_pending(_programs(only_with=2)))
+@pytest.mark.parametrize("pid", _programs(only_with=2))
 def test_two_optimizers_are_two_streams_in_one_history_run(outcome: Any, pid: str) -> None:
     """Issue 18, point 2: the history holds one run (not one left ``running``) for both."""
     run = outcome(pid)["run"]

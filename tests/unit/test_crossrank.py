@@ -66,5 +66,5 @@ def test_a_step_one_rank_never_reports_is_dropped_not_kept() -> None:
     engine = Engine(clock=lambda: 0.0)
     for step in range(100):  # rank 1 reports nothing: the pending steps stay bounded
         engine.feed(_frame(0, step, 1.0, 0.1, world=2))
-    run = engine.ingestor.crossrank._runs[("j", "r")]
+    run = engine.ingestor.crossrank._runs[("j", "r", "")]
     assert len(run.pending) <= 8

@@ -125,7 +125,7 @@ def test_a_v2_file_is_migrated_to_one_row_per_attempt_keeping_its_runs(tmp_path:
         old.execute("INSERT INTO runs (job, run) VALUES ('j', 'r')")
     old.close()
     ro = hdb.connect(path, readonly=True)  # the CLI opens it: migrated first, then read
-    assert hdb.version_of(ro) == hdb.SCHEMA_VERSION == 4
+    assert hdb.version_of(ro) == hdb.SCHEMA_VERSION == 5
     info = find_run(ro, "r")
     assert info is not None and (info.id, info.attempt, info.steps, info.final_loss) == (7, 1, 3, 0.5)
     assert series(ro, info).steps == [1, 2, 3] and info.alerts == {"warning": 1}

@@ -49,7 +49,7 @@ def test_a_v1_file_is_migrated_in_place_and_keeps_its_runs(tmp_path: Path) -> No
                 (time.time(),))
     old.close()
     db = hdb.connect(path)
-    assert hdb.version_of(db) == hdb.SCHEMA_VERSION == 4
+    assert hdb.version_of(db) == hdb.SCHEMA_VERSION == 5
     assert db.execute("SELECT run, steps, final_loss, env FROM runs").fetchall() == [("old", 7, 0.5, None)]
     db.close()
     record(path, [step_frame(1, 2.0, run="new") | {"env": {"torch": "2.13.0"}}])

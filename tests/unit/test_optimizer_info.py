@@ -71,7 +71,7 @@ def test_sent_at_the_first_step_and_after_load_state_dict(mlp: MLP) -> None:
     assert [f["step"] for f in sender.steps() if "optim" in f] == [1, 4]
     store = sender.engine.store
     [info] = store.labelsets("sentinel_optimizer_info")
-    assert dict(info)["optimizer"] == "AdamW"
+    assert dict(info)["class"] == "AdamW"
     hps = {dict(ls)["name"] for ls in store.labelsets("sentinel_optimizer_hyperparameter")}
     assert hps == {"lr", "beta1", "beta2", "eps", "weight_decay"}
 

@@ -107,7 +107,7 @@ function renderValues(run) {
     ["step", v.step === undefined ? "—" : String(Math.round(v.step))], ["loss", fmt(v.loss)],
     ["grad norm", fmt(v.grad_norm)], ["update ratio", fmt(v.update_ratio)], ["learning rate", fmt(v.learning_rate)],
     ["step time", v.step_time === undefined ? "—" : `${fmt(v.step_time)} s`], ["memory", mem],
-    ["ranks", String(run.ranks.length)],
+    ["ranks", String(new Set(run.ranks.map((r) => r.rank)).size)],
   ];
   box.replaceChildren(...items.map(([k, val]) => el("div", { "data-key": k }, el("b", {}, val), el("span", {}, k))));
 }
@@ -117,7 +117,8 @@ function renderRanks(run) {
   if (!run) { body.replaceChildren(); return; }
   body.replaceChildren(...run.ranks.map((r) => {
     const v = r.values;
-    return el("tr", { "data-rank": r.rank }, el("td", {}, r.rank), el("td", {}, badge(r.state)),
+    const who = r.optimizer === undefined ? String(r.rank) : `${r.rank} (optimizer ${r.optimizer})`;
+    return el("tr", { "data-rank": r.rank }, el("td", {}, who), el("td", {}, badge(r.state)),
       el("td", {}, v.step === undefined ? "—" : Math.round(v.step)), el("td", {}, fmt(v.loss)),
       el("td", {}, fmt(v.grad_norm)), el("td", {}, fmt(v.update_ratio)), el("td", {}, fmt(v.learning_rate)),
       el("td", {}, v.step_time === undefined ? "—" : `${fmt(v.step_time)} s`),
@@ -129,7 +130,7 @@ function renderRuns(runs) {
   document.querySelector("#runs tbody").replaceChildren(...runs.map((r) => {
     const steps = r.ranks.map((k) => k.values.step).filter((s) => s !== undefined && s !== null);
     const tr = el("tr", { "data-run": r.id }, el("td", {}, r.id), el("td", {}, badge(r.state)),
-      el("td", {}, r.ranks.length), el("td", {}, steps.length ? Math.max(...steps) : "—"));
+      el("td", {}, new Set(r.ranks.map((k) => k.rank)).size), el("td", {}, steps.length ? Math.max(...steps) : "—"));
     tr.style.cursor = "pointer";
     tr.addEventListener("click", () => { selected = r.id; poll(); });
     return tr;
@@ -141,6 +142,7 @@ function renderAlerts(alerts) {
   if (!alerts.length) { box.replaceChildren(el("p", { class: "muted" }, "No alerts.")); return; }
   box.replaceChildren(...alerts.map((a) => {
     const where = [a.ranks && a.ranks.length ? `ranks ${a.ranks.join(", ")}` : "",
+      a.optimizers && a.optimizers.length ? `optimizer ${a.optimizers.join(", ")}` : "",
       a.groups && a.groups.length ? `groups ${a.groups.slice(0, 6).join(", ")}` : "",
       (a.started_step ?? a.step) != null ? `since step ${a.started_step ?? a.step}` : ""].filter(Boolean).join(" · ");
     const details = el("details", {}, el("summary", {}, "causes and first checks"),
