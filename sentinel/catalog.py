@@ -41,7 +41,7 @@ CATALOG: dict[str, Spec] = {
     "sentinel_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) over the sampled groups."),
     "sentinel_group_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) of one group.", ("group",)),
     "sentinel_update_mean_abs_ratio": Spec(
-        G, "The seeds' update ratio UAR = mean|dw| / mean|w| over the sampled groups (0-1 scale)."),
+        G, "Update ratio UAR = mean|dw| / mean|w| (mean absolute values) over the sampled groups (0-1 scale)."),
     "sentinel_group_update_mean_abs_ratio": Spec(G, "UAR = mean|dw| / mean|w| of one group.", ("group",)),
     "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key, this rank's (its shards under FSDP2).", ("state",)),
     "sentinel_model_optimizer_state_bytes": Spec(
