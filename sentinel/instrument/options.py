@@ -50,7 +50,8 @@ class WatchOptions:
     update_snapshot_bytes: int = 256 * 2**20
     """Bound on the snapshot buffer for the update ratio; groups rotate when exceeded."""
     state_every: int = 100
-    """Optimizer-state bytes and Adam state saturation, every N steps."""
+    """Optimizer-state bytes and Adam state saturation, every N steps (also at step 1 and
+    after ``load_state_dict``)."""
     health_every: int = 100
     """Gradient SNR (the gradients' L1 sums, read in the same pass as their norms), every N
     steps, half-way between two update samples so no step carries both."""
