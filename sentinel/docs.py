@@ -197,7 +197,7 @@ def render_rules() -> str:
         life = [f"`{k}` {_value(getattr(r, k))}" for k in _LIFECYCLE if getattr(r, k) != defaults[k]]
         if life:
             out.append(f"\nand its life cycle: {', '.join(life)}.\n")
-        out.append(f"\n**Message:** `{_cell(r.summary)}`\n")
+        out.append(f"\n**Message:** `{' '.join(r.summary.split())}`\n")
         if r.causes:
             out.append("\n**Likely causes**\n\n" + "".join(f"- {c}\n" for c in r.causes))
         if r.checks:
