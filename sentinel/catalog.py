@@ -21,11 +21,14 @@ class Spec(NamedTuple):
 G, C = "gauge", "counter"
 
 CATALOG: dict[str, Spec] = {
-    "sentinel_loss": Spec(G, "Training loss as passed to Monitor.log (unscaled)."),
+    "sentinel_loss": Spec(
+        G, "Training loss as passed to Monitor.log (the step's mean), or captured at backward() (unscaled)."),
     "sentinel_scalar": Spec(G, "Other scalars passed to Monitor.log, by name (the step's mean).", ("name",)),
     "sentinel_scalars_dropped_total": Spec(
         C, "Values passed to Monitor.log that were dropped: not a real number, a bad name, or past the name cap."),
-    "sentinel_grad_norm": Spec(G, "Global L2 norm of the gradients at the optimizer step."),
+    "sentinel_grad_norm": Spec(
+        G, "Global L2 norm of the gradients at the optimizer step, every step: torch.nn.utils.get_total_norm "
+           "of the gradients the step applies (after clipping; sharded runs: assembled over the ranks)."),
     "sentinel_group_grad_norm": Spec(G, "L2 norm of the gradients of one parameter group.", ("group",)),
     "sentinel_grad_norm_preclip": Spec(
         G, "Global L2 norm of the gradients as clip_grad_norm_ computed it, before clipping."),
@@ -40,20 +43,26 @@ CATALOG: dict[str, Spec] = {
     "sentinel_param_norm": Spec(G, "Global L2 norm of the parameters (every update_every steps)."),
     "sentinel_group_param_norm": Spec(G, "L2 norm of the parameters of one group.", ("group",)),
     "sentinel_update_ratio": Spec(G, "Update ratio ||dw||/||w|| over the sampled groups (0-1 scale)."),
-    "sentinel_group_update_ratio": Spec(G, "Update ratio ||dw||/||w|| of one group.", ("group",)),
+    "sentinel_group_update_ratio": Spec(
+        G, "Update ratio ||dw||/||w|| of one group (groups with ||w|| = 0 are skipped).", ("group",)),
     "sentinel_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) over the sampled groups."),
     "sentinel_group_update_norm": Spec(G, "Update size ||dw|| (L2, absolute) of one group.", ("group",)),
     "sentinel_update_mean_abs_ratio": Spec(
-        G, "The seeds' update ratio UAR = mean|dw| / mean|w| over the sampled groups (0-1 scale)."),
+        G, "Update ratio UAR = mean|dw| / mean|w| (mean absolute values) over the sampled groups (0-1 scale)."),
     "sentinel_group_update_mean_abs_ratio": Spec(G, "UAR = mean|dw| / mean|w| of one group.", ("group",)),
-    "sentinel_optimizer_state_bytes": Spec(G, "Bytes of optimizer state by state key, this rank's (its shards under FSDP2).", ("state",)),
+    "sentinel_optimizer_state_bytes": Spec(
+        G, "Bytes of optimizer state by state key (exp_avg, momentum_buffer, row_var, ... at their real, "
+           "factored sizes; the step counter is left out), this rank's (its shards under FSDP2).", ("state",)),
     "sentinel_model_optimizer_state_bytes": Spec(
-        G, "Sharded runs (FSDP2): the whole model's optimizer state, the ranks' shards added up.", ("state",)),
+        G, "Sharded runs (FSDP2): the whole model's optimizer state, the ranks' shards added up (written "
+           "under every rank's labels, like the norms).", ("state",)),
     "sentinel_param_bytes": Spec(G, "Bytes of the watched parameters this rank holds (its shards under FSDP2)."),
-    "sentinel_optimizer_state_param_ratio": Spec(G, "Optimizer state bytes divided by parameter bytes."),
+    "sentinel_optimizer_state_param_ratio": Spec(G, "Optimizer state bytes divided by parameter bytes (2 for Adam)."),
     "sentinel_nonfinite_detected": Spec(G, "1 when the last report of this source held a NaN or Inf, else 0.",
                                ("source",)),
-    "sentinel_nonfinite_total": Spec(C, "Steps at which the loss, a gradient or a parameter was NaN or Inf.",
+    "sentinel_nonfinite_total": Spec(
+        C, "Steps at which the loss, a gradient or a parameter was NaN or Inf (a counter: a NaN between two "
+           "scrapes is still seen).",
                                      ("source",)),
     "sentinel_step": Spec(G, "Completed optimizer steps (the step of the latest report)."),
     "sentinel_steps_total": Spec(C, "Optimizer steps completed."),
@@ -72,10 +81,13 @@ CATALOG: dict[str, Spec] = {
     "sentinel_learning_rate_schedule_ratio": Spec(
         G, "Learning rate over its peak (the highest seen, or the scheduler's initial/max lr), "
            "the largest over param groups: 1 for a constant lr, near 0 late in a decay or early in a warmup."),
-    "sentinel_gradient_variance_ratio": Spec(G, "GVR: var/mean^2 of the recent global grad norms."),
-    "sentinel_gradient_snr": Spec(G, "Gradient signal-to-noise: mean(|g|)/std(|g|) over all elements."),
+    "sentinel_gradient_variance_ratio": Spec(G, "GVR: var/mean^2 of the last 50 global grad norms."),
+    "sentinel_gradient_snr": Spec(
+        G, "Gradient signal-to-noise: mean(|g|)/std(|g|) over all elements, every health_every steps (from the "
+           "L1 sums read in the norms' pass)."),
     "sentinel_optimizer_state_saturation_ratio": Spec(
-        G, "Fraction of sampled Adam exp_avg_sq entries above the saturation threshold."),
+        G, "Fraction of sampled Adam exp_avg_sq entries above the saturation threshold (1e-3; Adam-like "
+           "optimizers only)."),
     "sentinel_cuda_memory_allocated_bytes": Spec(G, "CUDA memory allocated by tensors."),
     "sentinel_cuda_memory_reserved_bytes": Spec(G, "CUDA memory reserved by the caching allocator."),
     "sentinel_cuda_memory_peak_bytes": Spec(G, "Peak CUDA memory allocated by tensors."),

@@ -69,13 +69,17 @@ class RouteConfig(BaseModel):
     urls: list[NotifyUrl] = []
     """apprise URLs; secrets, named by index and scheme only."""
     min_severity: Severity = "warning"
+    """The least severity the route takes."""
     severities: list[Severity] = []
     """Exactly these severities (overrides ``min_severity`` when set)."""
     alertnames: list[str] = []
+    """Alert names the route takes; empty lists match everything."""
     tags: list[str] = []
+    """Rule tags the route takes (an alert matches with any one of them); empty: all."""
     runs: list[str] = []
+    """Runs the route takes; empty: all."""
     jobs: list[str] = []
-    """Empty lists match everything; a non-empty one must contain the alert's value."""
+    """Jobs the route takes; empty: all."""
     cooldown_seconds: float = Field(default=0.0, ge=0)
     """After a message for an alert key (alertname, job, run), its re-fires for this long are not sent."""
     rate_limit_seconds: float = Field(default=1.0, ge=0)
@@ -105,7 +109,10 @@ class OutboxConfig(BaseModel):
     path: str = ""
     """SQLite file; default ``$XDG_STATE_HOME/sentinel/outbox.sqlite`` (``~/.local/state/…``)."""
     retry_initial_seconds: float = Field(default=1.0, gt=0)
+    """The first retry of a failed delivery waits this long; each next one twice as long,
+    with jitter."""
     retry_max_seconds: float = Field(default=300.0, gt=0)
+    """The longest wait between two tries."""
     max_age_seconds: float = Field(default=86_400.0, gt=0)
     """A notification still undelivered after this long is given up (counted ``expired``)."""
     keep_seconds: float = Field(default=86_400.0, ge=0)
@@ -120,6 +127,7 @@ class HistoryConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
+    """Record runs at all (off: ``sentinel runs/report/compare`` have nothing to read)."""
     path: str = ""
     """SQLite file; default ``$XDG_STATE_HOME/sentinel/history.sqlite`` (``~/.local/state/…``)."""
     max_points: int = Field(default=4096, ge=64, le=1_000_000)
@@ -144,9 +152,11 @@ class AlertmanagerConfig(BaseModel):
     url: SecretStr | None = None
     """e.g. ``http://127.0.0.1:9093``; may carry basic-auth credentials, so it is a secret."""
     min_severity: Severity = "warning"
+    """The least severity posted."""
     resend_seconds: float = Field(default=60.0, gt=0)
     """Re-post firing alerts this often (well inside Alertmanager's ``resolve_timeout``)."""
     timeout_seconds: float = Field(default=5.0, gt=0)
+    """The HTTP timeout of one post."""
 
 
 class GrafanaConfig(BaseModel):
@@ -167,11 +177,12 @@ class GrafanaConfig(BaseModel):
 
 
 class GuardConfig(BaseModel):
-    """``actions.guard``: the step guard (opt-in; see the README's Guard section and
+    """``actions.guard``: the step guard (opt-in; see docs/guard.md and
     :class:`sentinel.instrument.guardopts.GuardOptions` for each field)."""
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = False
+    """Switch the guard on (for ``sentinel run``'s scripts and ``watch(config=...)``)."""
     nonfinite: bool = True
     spike: bool = True
     factor: float = Field(default=10.0, gt=1.0)
@@ -210,6 +221,7 @@ class GpuConfig(BaseModel):
     enabled: bool = True
     """Poll NVML (needs nvidia-ml-py and a driver; otherwise sentinel_gpu_monitoring_up is 0)."""
     interval_seconds: float = Field(default=5.0, gt=0)
+    """Seconds between two polls of every GPU."""
 
 
 class RetentionConfig(BaseModel):
@@ -262,7 +274,9 @@ class SentinelConfig(BaseSettings):
     """Export profile (``SENTINEL_PROFILE``): ``fleet`` exports per-group series only from a
     run's lowest rank and for groups an active alert names (sentinel/serve/profile.py)."""
     rules: dict[str, dict[str, Any]] = {}
+    """Overrides of built-in rules by name: any rule field (see "Rules" below)."""
     extra_rules: list[dict[str, Any]] = []
+    """Whole rules of your own, of the default pack's shape."""
     notify: NotifyConfig = NotifyConfig()
     actions: ActionsConfig = ActionsConfig()
     gpu: GpuConfig = GpuConfig()

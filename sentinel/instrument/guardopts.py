@@ -35,7 +35,7 @@ class GuardOptions:
             while they stay out of bounds; their norms then move the median).
         method: ``auto`` (fused where torch's fused optimizer takes ``found_inf``, else
             ``select`` on an accelerator within ``snapshot_bytes``, else ``sync``), or one
-            of ``fused``, ``select``, ``sync`` (see the README's Guard section).
+            of ``fused``, ``select``, ``sync`` (see docs/guard.md).
         snapshot_bytes: the most the ``select`` snapshot may hold per optimizer.
     """
 

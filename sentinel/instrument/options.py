@@ -23,33 +23,48 @@ class WatchOptions:
     """
 
     job: str = "train"
+    """The ``job`` label on every series (a training job may hold many runs)."""
     run: str = ""
+    """The ``run`` label: the launcher's run id (``SENTINEL_RUN``, torchrun's, Slurm's job id),
+    else the host name and the start time, so all ranks of one launch share it."""
     listen: str = DEFAULT_LISTEN
+    """HOST:PORT of the HTTP endpoint (``/metrics``, ``/api/v1/alerts``, ``/``); a busy port
+    falls back to a free one, with a warning (``Monitor.url`` tells the one bound)."""
     group_depth: int | str = "auto"
+    """A group is a module-path prefix: ``auto`` is the block level (``layers.7``,
+    ``transformer.h.3``), an int keeps that many path components."""
     max_groups: int = 64
+    """Groups past the cap merge into ``other``."""
     update_every: int = 100
     """Update ratio ‖Δw‖/‖w‖, ‖Δw‖, UAR and parameter norms, every N steps, and at every
     step of the first ``early_steps`` and of the 10 after a learning-rate jump
     (instrument/cadence.py). A sample copies the weights and reads them again after the
     step: 8–16 ms on the CPU reference model, so every 100 steps keeps Sentinel's mean cost
-    per step below Lightning's per-step ``grad_norm`` (benchmarks/peers.py). Seed 004 §2.3
-    records the update every 50 steps in its optimizer test: pass 50 for that."""
+    per step below Lightning's per-step ``grad_norm`` (benchmarks/peers.py). A comparison of
+    optimizers, whose runs are short and whose point is the update's size, wants more
+    samples: pass 50 there."""
     early_steps: int = 50
-    """... and at every step of the first N steps, which the early-training rules judge
-    (seed 004 §4.2: a 10-step divergence check before anything else); 0: never."""
+    """... and at every step of the first N steps, which the early-training rules judge (a
+    learning rate far too high shows in the first ten updates, before any baseline
+    exists); 0: never."""
     update_snapshot_bytes: int = 256 * 2**20
     """Bound on the snapshot buffer for the update ratio; groups rotate when exceeded."""
     state_every: int = 100
-    """Optimizer-state bytes and Adam state saturation, every N steps."""
+    """Optimizer-state bytes and Adam state saturation, every N steps (also at step 1 and
+    after ``load_state_dict``)."""
     health_every: int = 100
     """Gradient SNR (the gradients' L1 sums, read in the same pass as their norms), every N
     steps, half-way between two update samples so no step carries both."""
     memory_every: int = 10
+    """CUDA allocator and host RSS figures, every N steps."""
     memory_capacity_bytes: int = 0
     """Memory the OOM rule compares usage to; 0 = the CUDA devices' total, else the host or
     cgroup limit."""
     saturation_threshold: float = 1e-3
+    """An Adam ``exp_avg_sq`` entry above this counts as saturated
+    (``sentinel_optimizer_state_saturation_ratio``)."""
     saturation_max_tensors: int = 32
+    """State tensors sampled for the saturation ratio at most."""
     max_errors: int = 3
     """A probe that raised this many times is switched off."""
     max_pending: int = 4
@@ -61,7 +76,8 @@ class WatchOptions:
     off this process's GIL), ``thread`` (a thread of this process) or ``off``."""
     total_steps: int = 0
     """The optimizer steps the run is planned for, if known; the β2 advice compares Adam's
-    second-moment memory 1/(1-β2) with it (seed 000 §3.2). 0: unknown."""
+    second-moment memory 1/(1-β2) with it: a memory longer than a good part of the run
+    adapts slowly to the gradients' scale. 0: unknown."""
     capture_loss: bool = False
     """Take each step's loss from ``Tensor.backward`` (the sum of the losses passed to it
     since the previous step, unscaled for a GradScaler), as zero-code mode does, instead

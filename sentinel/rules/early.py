@@ -1,4 +1,4 @@
-"""``early``: the first steps of a run, judged from step 0 (seed 004 §4.2, §6.1).
+"""``early``: the first steps of a run, judged from step 0, before any baseline exists.
 
 Every other detector waits for a baseline, so a learning rate far too high from the very
 first step, one that makes the loss swing and then settles instead of producing NaN, goes

@@ -240,7 +240,7 @@ def test_bad_guard_options_are_loud() -> None:
 
 
 def test_the_readme_call_forms_and_config(tmp_path: Any) -> None:
-    """The Guard section's forms, as written there."""
+    """docs/guard.md's call forms and config, as written there."""
     import yaml
 
     from sentinel.config import load_config

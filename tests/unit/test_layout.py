@@ -1,4 +1,4 @@
-"""The package's imports run one way, downward (README "Layout").
+"""The package's imports run one way, downward (docs/architecture.md, "The rooms of the package").
 
 Every ``import`` in the package is read with :mod:`ast`, function-local ones included, so
 a lazy import cannot slip past. The rules:

@@ -1,4 +1,4 @@
-"""Right numbers where real training code differs from the plain loop (README "Frameworks").
+"""Right numbers where real training code differs from the plain loop (docs/frameworks.md).
 
 Closures, gradient accumulation, wrapped optimizers, extra scalars in ``log()``, and
 parameters and optimizers that change mid-run. Each case trains a real model on the CPU
