@@ -63,7 +63,7 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     # the step guard's kept-out NaN is not a page (StepSkipped says it); a NaN let through
     # past max_consecutive within those 5 minutes is GuardExhausted's, a critical
     "TrainingNonFinite": (lambda r: 'increase(sentinel_nonfinite_total{source="param"}[5m]) > 0 or '
-                          '(increase(sentinel_nonfinite_total{source!="param"}[5m]) > 0 unless on (job, run, rank) '
+                          '(increase(sentinel_nonfinite_total{source!="param"}[5m]) > 0 unless on (job, run, rank, optimizer) '
                           'increase(sentinel_guard_skipped_total{reason="nonfinite"}[5m]) > 0)', "0m"),
     "TrainingStalled": (lambda r: "time() - sentinel_last_step_timestamp_seconds > "
                         + _num(float(getattr(r.params, "min_seconds", 600.0))), "0m"),
@@ -73,8 +73,8 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     "UpdateRatioHigh": (lambda r: f"{_UPDATE} {r.params.op} {_num(_threshold(r))}", "2m"),  # type: ignore[attr-defined]
     # not while a schedule has the lr below a fifth of its peak (the engine's rule divides by it)
     "UpdateRatioLow": (lambda r: f"{_UPDATE} > 0 and {_UPDATE} {r.params.op} "  # type: ignore[attr-defined]
-                       f"{_num(_threshold(r))} unless on (job, run, rank) "
-                       "(min by (job, run, rank) (sentinel_learning_rate_schedule_ratio) < 0.2)", "10m"),
+                       f"{_num(_threshold(r))} unless on (job, run, rank, optimizer) "
+                       "(min by (job, run, rank, optimizer) (sentinel_learning_rate_schedule_ratio) < 0.2)", "10m"),
     "GPUOverheating": (lambda r: f"sentinel_gpu_temperature_celsius > {_num(_threshold(r))}", "2m"),
     "GPUXidError": (lambda r: "increase(sentinel_gpu_xid_errors_total[5m]) > 0", "0m"),
     "GPUEccErrors": (lambda r: "increase(sentinel_gpu_ecc_errors_total[5m]) > 0", "0m"),
