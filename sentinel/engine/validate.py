@@ -1,9 +1,13 @@
 """Frames are checked before anything of them is written.
 
-:func:`check_frame` holds a decoded frame against the schema (types, ranges, list
-lengths); :class:`Admission` then holds it against the engine's own caps (groups, ranks,
-runs, series, scalar names), so a crafted sender cannot cost the engine more than a
-well-behaved instrument would.
+The types, ranges and lengths of every field are declared once, in :class:`sentinel.wire.Frame`.
+A frame that decodes strictly into it (:func:`sentinel.wire.decode_strict`, in C) and passes
+:func:`fits` (what ties fields together, and the caps of :class:`Limits`) is whole: nothing
+of it is dropped (the fast path, every frame a real instrument sends). Any other frame is
+decoded into a map and :func:`check_frame` holds it against the schema field by field
+(types, ranges, list lengths), so that a bad field goes alone. :class:`Admission` then holds
+either against the engine's own caps (groups, ranks, runs, series, scalar names), so a
+crafted sender cannot cost the engine more than a well-behaved instrument would.
 
 - A frame whose identity cannot be read (``kind``, ``job``, ``run``, ``rank``, ``world``,
   ``step``, ``t``), or that would take the engine past its runs, ranks or series caps,
@@ -25,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.engine.guard import valid as guard_note_valid
+from msgspec import UNSET
 
-MAX_STEP = 2**53
-"""Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
+from sentinel.engine.guard import valid as guard_note_valid
+from sentinel.wire import ACCEPTED_VERSIONS, MAX_STEP, Frame
 _NUM = (int, float)
 _NUM_SET = frozenset(_NUM)
 _NUM_OR_NONE_SET = frozenset((int, float, type(None)))
@@ -148,6 +152,52 @@ def _str_map(key: str, value: Any, cap: int, key_len: int, ok: Callable[[Any], b
             raise Refused("range", f"field {key!r}.{k[:40]} is out of range")
 
 
+_DECLARED = Limits()
+"""The caps :class:`sentinel.wire.Frame` declares (a decoded frame is within them)."""
+
+
+def fits(f: Frame, limits: Limits) -> bool:
+    """Whether a frame that decoded strictly into :class:`~sentinel.wire.Frame` is whole: its
+    identity in range, its per-group lists as long as its groups, and within ``limits``. True means :func:`check_frame` would drop nothing of it; False sends
+    it there."""
+    if f.v not in ACCEPTED_VERSIONS:
+        return False
+    if limits.max_label_length < _DECLARED.max_label_length and (
+            len(f.job) > limits.max_label_length or len(f.run) > limits.max_label_length):
+        return False
+    world = f.world
+    if world is None or world is UNSET:
+        if f.rank >= limits.max_ranks:
+            return False
+    elif world > limits.max_ranks or f.rank >= world:
+        return False
+    groups = f.groups
+    if groups is UNSET:
+        if (f.grad_sumsq is not UNSET or f.param_sumsq is not UNSET or f.delta_sumsq is not UNSET
+                or f.delta_l1 is not UNSET or f.param_l1 is not UNSET or f.trust_ratio is not UNSET):
+            return False
+    else:
+        n = len(groups)
+        if n > limits.max_groups or (limits.max_group_name_length < _DECLARED.max_group_name_length and groups
+                                     and max(map(len, groups)) > limits.max_group_name_length):
+            return False
+        for per in (f.grad_sumsq, f.param_sumsq, f.delta_sumsq, f.delta_l1, f.param_l1, f.trust_ratio):
+            if per is not UNSET and len(per) != n:
+                return False
+    if f.sat is not UNSET and f.sat[0] > f.sat[1]:
+        return False
+    if f.lr is not UNSET and len(f.lr) > limits.max_param_groups:
+        return False
+    if f.state_bytes is not UNSET and len(f.state_bytes) > limits.max_state_keys:
+        return False
+    scalars = f.scalars
+    if scalars is not UNSET and (len(scalars) > limits.max_scalars or (
+            limits.max_scalar_name_length < _DECLARED.max_scalar_name_length
+            and any(len(k) > limits.max_scalar_name_length for k in scalars))):
+        return False
+    return True
+
+
 def check_frame(f: dict[str, Any], limits: Limits) -> Dropped:
     """Hold a decoded frame (as :func:`sentinel.wire.decode` returns it) against the schema,
     taking out every optional field that fails (see the module doc).
@@ -242,7 +292,7 @@ def _schema_ok(key: str, value: Any) -> bool:
     """Whether a field that failed its test at least had the right shape (a range problem)."""
     shape = {"lr": list, "sat": list, "mem": dict, "state_bytes": dict, "amp": dict, "shard": str,
              "exc": str, "reply": str, "ddp": bool, "status": int,
-             "tags": dict, "cmd": str}.get(key)
+             "tags": dict, "cmd": str, "opt": str}.get(key)
     if shape is not None:
         return type(value) is shape
     return _num(value)
@@ -298,6 +348,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "exc": lambda v, _: type(v) is str and len(v) <= 200,
     "status": lambda v, _: type(v) is int and -1 <= v <= 255,
     "reply": lambda v, _: type(v) is str and len(v) <= 200,
+    "opt": lambda v, _: type(v) is str and 0 < len(v) <= 8,
     "guard": guard_note_valid,  # the step guard's note (sentinel/engine/guard.py)
 }
 
