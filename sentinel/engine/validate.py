@@ -32,12 +32,12 @@ from typing import Any
 from msgspec import UNSET
 
 from sentinel.engine.guard import valid as guard_note_valid
-from sentinel.wire import ACCEPTED_VERSIONS, MAX_STEP, Frame
+from sentinel.wire import ACCEPTED_VERSIONS, MAX_STEP, RESERVED_TAGS, SCALAR_NAME, Frame
 _NUM = (int, float)
 _NUM_SET = frozenset(_NUM)
 _NUM_OR_NONE_SET = frozenset((int, float, type(None)))
 _ZERO = 0.0
-_SCALAR_NAME = re.compile(r"[A-Za-z0-9_.:/@+\-]+")
+_SCALAR_NAME = re.compile(SCALAR_NAME)
 _KINDS = frozenset({"step", "log", "bye"})
 _SHARDS = frozenset({"replicated", "sharded"})
 BASE_SERIES = 60
@@ -314,7 +314,6 @@ def _map(cap_of: Callable[[Limits], int]) -> Callable[[Any, Limits], bool]:
 
 
 _TAG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-RESERVED_TAGS = frozenset({"job", "run", "rank", "group", "instance", "le", "quantile"})
 
 
 def _tags(v: Any, _: Limits) -> bool:
