@@ -28,6 +28,13 @@ frames in flight (it reads the daemon's own ``sentinel_daemon_*`` counters), so 
 is dropped and every simulated step is ingested and judged by the rules. It must stay
 flat and bounded. Both processes are pinned to the same core.
 
+Part 5, decode (``--only decode``): decoding and checking alone, per frame of part 1's
+workload, CPU time of this process: the strict decode into ``wire.Frame`` with
+``validate.fits`` and the map the engine ingests (the fast path, every frame a real
+instrument sends), against the map decode with ``validate.check_frame`` field by field (the
+path of a frame the strict decode refuses, and until issue 19 the path of every frame);
+interleaved, medians.
+
 Part 4, vanish (``benchmarks/vanish.py``): 2,000 reporting processes killed at once; the
 delay an unrelated frame sees meanwhile, and the time until every crash is recorded.
 
@@ -237,6 +244,60 @@ def ingest(work: Workload, steps: int, repeats: int, markdown: bool) -> None:
           f"frames dropped on the daemon path: {drops}")
 
 
+# -- part 5: decode and check alone -----------------------------------------------------------
+
+
+def decode(work: Workload, repeats: int, markdown: bool) -> None:
+    import msgpack
+    import msgspec
+
+    from sentinel.engine.validate import Limits, check_frame, fits
+
+    frames = list(work.stream(1, PERIOD))
+    limits = Limits()
+
+    def strict() -> None:
+        for data in frames:
+            f = wire.decode_strict(data)
+            assert fits(f, limits)
+            wire.as_map(f)
+
+    def by_field() -> None:
+        for data in frames:
+            assert not check_frame(wire.decode(data), limits)
+
+    nan = []  # each frame with a NaN gradient sum: the strict decode refuses it
+    for data in frames:
+        f = wire.decode(data)
+        if f.get("grad_sumsq"):
+            f["grad_sumsq"] = [float("nan")] + f["grad_sumsq"][1:]
+        nan.append(msgpack.packb(f))
+
+    def refused_then_by_field() -> None:
+        for data in nan:
+            try:
+                wire.decode_strict(data)
+            except msgspec.ValidationError:
+                pass
+            assert not check_frame(wire.decode(data), limits)
+
+    paths = {"strict decode + fits + map (fast path)": strict, "map decode + check_frame (field by field)": by_field,
+             "a NaN sum: strict refuses, then field by field": refused_then_by_field}
+    seconds: dict[str, list[float]] = {k: [] for k in paths}
+    for r in range(max(repeats, 5)):
+        for label in (list(paths) if r % 2 == 0 else list(reversed(paths))):
+            gc.collect()
+            t0 = time.process_time()
+            paths[label]()
+            seconds[label].append(time.process_time() - t0)
+    rows = [["path", "frames", "frames/s (median)", "us/frame (median)"]]
+    for label, ts in seconds.items():
+        med = statistics.median(ts)
+        rows.append([label, str(len(frames)), f"{len(frames) / med:,.0f}", f"{1e6 * med / len(frames):.1f}"])
+    print(render(rows, markdown))
+    print(f"\n{len(frames)} frames of {work.groups} groups x {max(repeats, 5)} repeats, CPU time of this process")
+
+
 # -- part 2: scrape time ---------------------------------------------------------------------
 
 
@@ -387,7 +448,7 @@ def rss(work: Workload, steps: int, every: int, stride: int, cpu: int | None, ma
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--only", nargs="*", choices=["ingest", "scrape", "rss", "vanish"], default=[],
+    ap.add_argument("--only", nargs="*", choices=["ingest", "scrape", "rss", "vanish", "decode"], default=[],
                     help="parts to run (default: all)")
     ap.add_argument("--ingest-steps", type=int, default=500, help="timed steps x 8 ranks in part 1 (default 500)")
     ap.add_argument("--repeats", type=int, default=4, help="repeats per pack in part 1 (default 4)")
@@ -414,6 +475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "ingest" in parts:
         print(f"\n== ingest throughput: {work.groups}-group reports from {RANKS} ranks ==\n", flush=True)
         ingest(work, args.ingest_steps, args.repeats, args.markdown)
+    if "decode" in parts:
+        print(f"\n== decode and check alone: {work.groups}-group reports ==\n", flush=True)
+        decode(work, args.repeats, args.markdown)
     if "scrape" in parts:
         print(f"\n== scrape time: {args.ranks} ranks x {work.groups} groups ==\n", flush=True)
         scrape(work, args.ranks, args.scrape_steps, args.scrapes, args.markdown)

@@ -1,17 +1,30 @@
 """The wire format between a training process and the engine.
 
-A frame is one msgpack map. Version 1 has these keys (``?`` marks optional ones):
+Every message in both directions is declared here once, as a typed struct (msgspec)
+with its constraints (ranges, lengths, caps): :class:`Frame` (the step, log and
+goodbye reports a training process sends), and the engine's replies :class:`Ready`
+(the hello of an engine process), :class:`Alert` (what ``on_alert`` callbacks get),
+:class:`Stop`, :class:`Arm` and :class:`Capture`. The training side encodes the structs;
+the engine decodes frames strictly into :class:`Frame` (:func:`decode_strict`), and
+only a frame that fails that is checked field by field
+(:func:`sentinel.engine.validate.check_frame`), so that a bad optional field is dropped
+and the rest kept.
+
+A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones):
 
 =================  ==========================================================
-``v``              schema version, :data:`SCHEMA_VERSION`
+``v``              schema version, :data:`SCHEMA_VERSION`; an engine of version N
+                   also takes frames of version N-1 (:data:`ACCEPTED_VERSIONS`),
+                   and ignores keys it does not know
 ``kind``           ``"step"`` (one optimizer step's report) or ``"log"``
                    (scalars passed to ``Monitor.log``) or ``"bye"``
 ``job``/``run``    identity strings
 ``rank``/``world`` int rank and world size
 ``opt``?           the optimizer stream in a process that steps several optimizers
-                   (a GAN's two): ``"0"``, ``"1"``, ... in the order their monitors
-                   were made; absent for a process's only optimizer. Each stream has
-                   its own steps, series (label ``optimizer``) and goodbye
+                   (a GAN's two): ``"0"``, ``"1"``, ... (one or two digits) in the order
+                   their monitors were made; absent for a process's only optimizer (and
+                   in version 1). Each stream has its own steps, series (label
+                   ``optimizer``) and goodbye
 ``step``           completed optimizer steps when the values were taken
 ``t``              wall-clock seconds (``time.time()``) when taken
 ``groups``?        list of group names; the ``*_sumsq`` lists are aligned to it
@@ -64,65 +77,65 @@ the data meets. The format never carries pickled objects.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 import msgpack
+import msgspec
+from msgspec import UNSET as UNSET, Meta, Struct, UnsetType as UnsetType
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+ACCEPTED_VERSIONS = (SCHEMA_VERSION - 1, SCHEMA_VERSION)
+"""The rule for old and new peers: an engine of version N takes frames of N and N-1 (version 1
+had no ``opt``; what it sent means the same in version 2), and refuses newer ones whole
+(``sentinel_daemon_frames_refused_total{reason="schema"}``): upgrade the daemon first."""
 MAX_FRAME_BYTES = 60_000  # fits a Unix datagram on every Linux default
+MAX_STEP = 2**53
+"""Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
+_FLOAT_MAX = 1.7976931348623157e308
 
 
 class FrameError(ValueError):
     """A frame that cannot be accepted: malformed, wrong version, or too large."""
 
 
-def encode(frame: dict[str, Any]) -> bytes:
-    """Encode one frame; adds the schema version.
+# -- the field types, with their constraints ---------------------------------------------------
+# A msgspec constraint is checked as the bytes are decoded (C); ``ge`` refuses NaN, ``le``
+# below the largest float refuses +inf. Sums of squares may also be NaN (a measurement that
+# went non-finite is news, not an error): a frame carrying one fails the strict decode and
+# is checked field by field instead (validate.check_frame, which takes NaN), as a frame
+# with any other value the struct refuses is.
 
-    Raises:
-        FrameError: the encoded frame exceeds :data:`MAX_FRAME_BYTES`.
-    """
-    frame = {"v": SCHEMA_VERSION, **frame}
-    data: bytes = msgpack.packb(frame, use_bin_type=True)
-    if len(data) > MAX_FRAME_BYTES:
-        raise FrameError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
-    return data
-
-
-_REQUIRED: dict[str, type | tuple[type, ...]] = {"kind": str, "run": str, "job": str, "rank": int, "step": int, "t": (int, float)}
-
-
-def decode(data: bytes) -> dict[str, Any]:
-    """Decode one frame and check the fields that identify it (``kind``, ``job``, ``run``,
-    ``rank``, ``step``, ``t``); the engine checks the rest field by field
-    (:mod:`sentinel.engine.validate`).
-
-    Raises:
-        FrameError: the bytes are not a frame of this schema version.
-    """
-    if len(data) > MAX_FRAME_BYTES:
-        raise FrameError("oversized frame")
-    try:
-        frame = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise FrameError(f"malformed frame: {type(exc).__name__}") from None
-    if not isinstance(frame, dict):
-        raise FrameError("frame is not a map")
-    if frame.get("v") != SCHEMA_VERSION:
-        raise FrameError(f"unsupported schema version {frame.get('v')!r}")
-    for key, typ in _REQUIRED.items():
-        if not isinstance(frame.get(key), typ) or isinstance(frame.get(key), bool):
-            raise FrameError(f"field {key!r} missing or of the wrong type")
-    return frame
-
+Count = Annotated[int, Meta(ge=0, le=MAX_STEP)]
+Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
+FiniteNonNeg = Annotated[float, Meta(ge=0, le=_FLOAT_MAX)]
+NonNegOrInf = Annotated[float, Meta(ge=0)]
+Label = Annotated[str, Meta(min_length=1, max_length=128)]
+"""``job`` and ``run`` (``Limits.max_label_length`` may lower the cap)."""
+GroupName = Annotated[str, Meta(max_length=200)]
+Groups = Annotated[list[GroupName], Meta(max_length=256)]
+Sums = list[NonNegOrInf]
+"""Per-group sums of squares, aligned to ``groups`` (the length is checked against it after decoding)."""
+SampledSums = list[Union[NonNegOrInf, None]]
+"""Per-group sums of the groups sampled this step (None: not sampled)."""
+Sampled = list[Union[float, None]]
+"""Per-group values of the groups sampled this step (None: not sampled)."""
+ShortKey = Annotated[str, Meta(min_length=1, max_length=64)]
+SCALAR_NAME = r"^[A-Za-z0-9_.:/@+\-]+\Z"  # \Z: "$" would let a trailing newline through
+ScalarName = Annotated[str, Meta(max_length=64, pattern=SCALAR_NAME)]
+RESERVED_TAGS = frozenset({"job", "run", "rank", "group", "instance", "le", "quantile"})
+TagKey = Annotated[str, Meta(pattern=r"^(?!(?:" + "|".join(sorted(RESERVED_TAGS)) + r")$)[A-Za-z_][A-Za-z0-9_]{0,31}\Z")]
+"""Label-safe, and not one of the series' own labels."""
+TagValue = Annotated[str, Meta(max_length=64)]
+Tags = Annotated[dict[TagKey, TagValue], Meta(max_length=16)]
+Text200 = Annotated[str, Meta(max_length=200)]
+StreamLabel = Annotated[str, Meta(pattern=r"^[0-9]{1,2}\Z")]
+"""An optimizer stream's label (``opt``): one or two ASCII digits."""
 
 GUARD_REASONS = ("nonfinite", "spike")
 GUARD_OUTCOMES = ("", "halt", "through")
 
 
-@dataclass(frozen=True)
-class GuardNote:
+class GuardNote(Struct, frozen=True, forbid_unknown_fields=True):
     """What the step guard tells the engine about one step it judged (``frame["guard"]``).
 
     Attributes:
@@ -138,23 +151,25 @@ class GuardNote:
     """
 
     skipped: bool
-    reason: str
+    reason: Annotated[str, Meta(pattern=r"^(nonfinite|spike|)\Z")]
     norm: float
     bound: float
-    groups: tuple[str, ...] = ()
-    consecutive: int = 0
-    outcome: str = ""
+    groups: Annotated[tuple[GroupName, ...], Meta(max_length=64)] = ()
+    consecutive: Annotated[int, Meta(ge=0, le=2**31)] = 0
+    outcome: Annotated[str, Meta(pattern=r"^(halt|through|)\Z")] = ""
     batch: int | None = None
-    method: str = ""
+    method: Annotated[str, Meta(max_length=16)] = ""
 
     def to_wire(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = msgspec.structs.asdict(self)
         d["groups"] = list(self.groups)
         return d
 
     @classmethod
     def from_wire(cls, d: Any) -> GuardNote:
-        """Raises:
+        """The lenient reading of a note that failed the strict one (long names cut).
+
+        Raises:
             FrameError: not a guard note of this schema."""
         try:
             if not isinstance(d, dict) or set(d) - _GUARD_KEYS:
@@ -171,4 +186,225 @@ class GuardNote:
         return note
 
 
-_GUARD_KEYS = frozenset(f.name for f in fields(GuardNote))
+_GUARD_KEYS = frozenset(GuardNote.__struct_fields__)
+
+
+class Amp(Struct, forbid_unknown_fields=True):
+    """``amp``: the GradScaler's scale (NaN too: validate.check_frame) and skipped steps."""
+
+    scale: NonNegOrInf | UnsetType = UNSET
+    skipped: Count | UnsetType = UNSET
+
+
+class Frame(Struct, kw_only=True):
+    """One report of a training process (see the module doc for every field). Fields left
+    :data:`~msgspec.UNSET` are not sent."""
+
+    v: int | UnsetType = UNSET  # encode() stamps SCHEMA_VERSION; a decoded frame without it is refused
+    kind: Literal["step", "log", "bye"]
+    job: Label
+    run: Label
+    rank: Annotated[int, Meta(ge=0)]
+    world: Annotated[int, Meta(ge=1, le=4096)] | None | UnsetType = UNSET
+    step: Count
+    t: Annotated[float, Meta(ge=0, le=_FLOAT_MAX)]
+    opt: StreamLabel | UnsetType = UNSET
+    groups: Groups | UnsetType = UNSET
+    grad_sumsq: Sums | UnsetType = UNSET
+    param_sumsq: Sums | UnsetType = UNSET
+    delta_sumsq: SampledSums | UnsetType = UNSET
+    delta_l1: Sampled | UnsetType = UNSET
+    param_l1: Sampled | UnsetType = UNSET
+    trust_ratio: Sampled | UnsetType = UNSET
+    shard: Literal["replicated", "sharded"] | UnsetType = UNSET
+    ddp: bool | UnsetType = UNSET
+    clip_norm: NonNegOrInf | UnsetType = UNSET  # NaN too (validate.check_frame)
+    clip_max: NonNegOrInf | UnsetType = UNSET  # inf: the norm taken, nothing clipped
+    grad_l1: NonNegOrInf | UnsetType = UNSET  # NaN too (validate.check_frame)
+    grad_count: FiniteNonNeg | UnsetType = UNSET
+    sat: Annotated[list[FiniteNonNeg], Meta(min_length=2, max_length=2)] | UnsetType = UNSET  # [above, total]
+    opt_health: dict[str, list[float]] | UnsetType = UNSET
+    lr: Annotated[list[Finite], Meta(max_length=256)] | UnsetType = UNSET
+    lr_peak: list[float] | UnsetType = UNSET
+    step_seconds: FiniteNonNeg | UnsetType = UNSET
+    busy_seconds: FiniteNonNeg | UnsetType = UNSET
+    state_bytes: Annotated[dict[ShortKey, Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | UnsetType = UNSET
+    param_bytes: FiniteNonNeg | UnsetType = UNSET
+    mem: Annotated[dict[ShortKey, FiniteNonNeg], Meta(max_length=32)] | UnsetType = UNSET
+    optim: list[dict[str, Any]] | UnsetType = UNSET
+    total_steps: int | UnsetType = UNSET
+    env: dict[str, str] | UnsetType = UNSET
+    amp: Amp | UnsetType = UNSET
+    scalars: Annotated[dict[ScalarName, float], Meta(max_length=32)] | UnsetType = UNSET
+    errors: Count | UnsetType = UNSET
+    scalars_dropped: int | UnsetType = UNSET
+    dropped: Count | UnsetType = UNSET
+    guard: GuardNote | UnsetType = UNSET
+    tags: Tags | UnsetType = UNSET
+    cmd: Annotated[str, Meta(max_length=1000)] | UnsetType = UNSET
+    reply: Text200 | UnsetType = UNSET
+    exc: Text200 | UnsetType = UNSET
+    status: Annotated[int, Meta(ge=-1, le=255)] | UnsetType = UNSET
+
+
+_encoder = msgspec.msgpack.Encoder()
+_strict = msgspec.msgpack.Decoder(Frame)
+_plain = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+def encode(frame: Frame | dict[str, Any]) -> bytes:
+    """Encode one frame (a :class:`Frame`, or a map of its fields: the version is added).
+
+    Raises:
+        FrameError: the encoded frame exceeds :data:`MAX_FRAME_BYTES`.
+    """
+    if isinstance(frame, Frame):
+        if frame.v is UNSET:
+            frame.v = SCHEMA_VERSION
+        data = _encoder.encode(frame)
+    else:
+        data = _encoder.encode({"v": SCHEMA_VERSION, **frame})
+    if len(data) > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+    return data
+
+
+def decode_strict(data: bytes) -> Frame:
+    """Decode a frame that holds to every type and constraint of :class:`Frame` (the fast
+    path; the engine checks the rest, the caps and what ties fields together).
+
+    Raises:
+        msgspec.DecodeError: anything else (``msgspec.ValidationError`` is one).
+    """
+    return _strict.decode(data)
+
+
+_REQUIRED: dict[str, type | tuple[type, ...]] = {"kind": str, "run": str, "job": str, "rank": int, "step": int, "t": (int, float)}
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    """Decode one frame into a map and check the fields that identify it (``kind``, ``job``,
+    ``run``, ``rank``, ``step``, ``t``); the engine checks the rest field by field
+    (:mod:`sentinel.engine.validate`).
+
+    Raises:
+        FrameError: the bytes are not a frame of an accepted schema version.
+    """
+    if len(data) > MAX_FRAME_BYTES:
+        raise FrameError("oversized frame")
+    try:
+        frame = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise FrameError(f"malformed frame: {type(exc).__name__}") from None
+    if not isinstance(frame, dict):
+        raise FrameError("frame is not a map")
+    if type(frame.get("v")) is not int or frame["v"] not in ACCEPTED_VERSIONS:
+        raise FrameError(f"unsupported schema version {frame.get('v')!r}")
+    for key, typ in _REQUIRED.items():
+        if not isinstance(frame.get(key), typ) or isinstance(frame.get(key), bool):
+            raise FrameError(f"field {key!r} missing or of the wrong type")
+    return frame
+
+
+def as_map(frame: Frame) -> dict[str, Any]:
+    """A decoded :class:`Frame` as the map the engine ingests, as :func:`decode` would give
+    it: the fields that were sent (and ``opt``), ``amp`` and ``guard`` as maps."""
+    out: dict[str, Any] = msgspec.to_builtins(frame)
+    guard = out.get("guard")
+    if guard is not None:
+        guard["groups"] = list(guard["groups"])
+    return out
+
+
+# -- the engine's replies to a training process ----------------------------------------------
+
+
+class Ready(Struct, tag="ready", tag_field="kind"):
+    """The hello of an engine process: where its metrics are served."""
+
+    url: str
+
+
+class Alert(Struct, tag="alert", tag_field="kind", kw_only=True):
+    """An alert's change of state, as ``on_alert`` callbacks get it (the fields of
+    :meth:`sentinel.rules.alert.Transition.to_json`, ``evidence`` when a capture was written)."""
+
+    alertname: str
+    severity: str
+    state_from: str
+    state_to: str
+    job: str
+    run: str
+    ranks: list[int]
+    groups: list[str]
+    step: int
+    time: float
+    value: float | None
+    threshold: float | None
+    summary: str
+    causes: list[str]
+    checks: list[str]
+    runbook: str
+    notify: bool = True
+    started_step: int = 0
+    started_at: float = 0.0
+    evidence: str | UnsetType = UNSET
+
+
+class Stop(Struct, tag="stop", tag_field="kind", kw_only=True):
+    """The stop action: every rank of the run saves and exits."""
+
+    job: str
+    run: str
+    reason: str = "sentinel stop action"
+
+
+class Arm(Struct, tag="arm", tag_field="kind", kw_only=True):
+    """The capture action: ``rank`` (every rank when None) holds its last ``steps`` inputs."""
+
+    job: str | None = None
+    run: str | None = None
+    rank: int | None = None
+    steps: int = 4  # the training side bounds it (instrument/capture.py)
+
+
+class Capture(Struct, tag="capture", tag_field="kind", kw_only=True):
+    """The capture action: the ranks write the inputs they hold of ``step`` into ``folder``."""
+
+    job: str
+    run: str
+    ranks: list[int]
+    step: int
+    alert_step: int
+    alertname: str
+    folder: str
+    max_bytes: int
+
+
+Message = Union[Ready, Alert, Stop, Arm, Capture]
+_messages = msgspec.msgpack.Decoder(Message)
+
+
+def encode_message(msg: Message | dict[str, Any]) -> bytes:
+    """Encode one reply, checked against its type (a map is converted first).
+
+    Raises:
+        FrameError: a map that is no message of this schema.
+    """
+    if isinstance(msg, dict):
+        try:
+            msg = msgspec.convert(msg, Message)  # type: ignore[arg-type]
+        except msgspec.ValidationError as exc:
+            raise FrameError(f"not a reply of this schema: {exc}") from None
+    return _encoder.encode(msg)
+
+
+def decode_message(data: bytes) -> dict[str, Any] | None:
+    """A reply as a map (``kind`` and the fields its type declares), or None when the bytes
+    are no message of this schema (dropped: a training process acts on nothing unchecked)."""
+    try:
+        msg = _messages.decode(data)
+    except msgspec.DecodeError:
+        return None
+    out: dict[str, Any] = msgspec.to_builtins(msg)
+    return out

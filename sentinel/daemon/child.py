@@ -16,8 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
-
+from sentinel import wire
 from sentinel.config import load_config
 from sentinel.daemon.listener import DatagramListener
 from sentinel.daemon.service import Service
@@ -44,11 +43,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     reply = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     reply.setblocking(False)
 
-    def tell(msg: dict[str, Any]) -> None:
+    def tell(msg: wire.Message | dict[str, Any]) -> None:
         try:
-            reply.sendto(msgpack.packb(msg, use_bin_type=True), args.reply)
+            reply.sendto(wire.encode_message(msg), args.reply)
         except OSError:
             pass  # the training process is gone or busy: its loss, never ours
+        except wire.FrameError:  # a bug on this side: the message is lost, the engine goes on
+            log.warning("sentinel engine: a reply off the schema was not sent", exc_info=True)
 
     cfg, pack = load_config(args.config)
     service = Service(cfg, pack, args.listen, on_message=tell)
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     service.extra_rows.append(listener.rows)
     restarts = float(args.restarts)
     service.extra_rows.append(lambda: iter([("sentinel_engine_restarts_total", "counter", (), restarts)]))
-    tell({"kind": "ready", "url": service.url})
+    tell(wire.Ready(url=service.url))
     try:
         sys.stdin.buffer.read()  # returns at EOF: the training process closed us or died
     except KeyboardInterrupt:

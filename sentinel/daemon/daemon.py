@@ -16,8 +16,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-import msgpack
-
+from sentinel import wire
 from sentinel.config import SentinelConfig
 from sentinel.daemon.folder import default_socket_path, remove_folder
 from sentinel.daemon.listener import DatagramListener
@@ -66,7 +65,12 @@ class Daemon:
         key = (msg.get("job"), msg.get("run"))
         if msg.get("kind") == "stop":
             engine.halted.add((str(key[0]), str(key[1])))
-        data = msgpack.packb(msg, use_bin_type=True)
+        try:
+            data = wire.encode_message(msg)
+        except wire.FrameError:  # a bug on this side: the message is lost, the daemon goes on
+            self.messages_failed += 1
+            log.warning("sentinel daemon: a reply off the schema was not sent", exc_info=True)
+            return
         only = msg.get("rank")
         for rk, path in list(engine.replies.items()):
             if rk[:2] != key or (only is not None and rk[2] != only):

@@ -1,9 +1,13 @@
 """Frames are checked before anything of them is written.
 
-:func:`check_frame` holds a decoded frame against the schema (types, ranges, list
-lengths); :class:`Admission` then holds it against the engine's own caps (groups, ranks,
-runs, series, scalar names), so a crafted sender cannot cost the engine more than a
-well-behaved instrument would.
+The types, ranges and lengths of every field are declared once, in :class:`sentinel.wire.Frame`.
+A frame that decodes strictly into it (:func:`sentinel.wire.decode_strict`, in C) and passes
+:func:`fits` (what ties fields together, and the caps of :class:`Limits`) is whole: nothing
+of it is dropped (the fast path, every frame a real instrument sends). Any other frame is
+decoded into a map and :func:`check_frame` holds it against the schema field by field
+(types, ranges, list lengths), so that a bad field goes alone. :class:`Admission` then holds
+either against the engine's own caps (groups, ranks, runs, series, scalar names), so a
+crafted sender cannot cost the engine more than a well-behaved instrument would.
 
 - A frame whose identity cannot be read (``kind``, ``job``, ``run``, ``rank``, ``world``,
   ``step``, ``t``), or that would take the engine past its runs, ranks or series caps,
@@ -25,15 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.engine.guard import valid as guard_note_valid
+from msgspec import UNSET
 
-MAX_STEP = 2**53
-"""Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
+from sentinel.engine.guard import valid as guard_note_valid
+from sentinel.wire import ACCEPTED_VERSIONS, MAX_STEP, RESERVED_TAGS, SCALAR_NAME, Frame
 _NUM = (int, float)
 _NUM_SET = frozenset(_NUM)
 _NUM_OR_NONE_SET = frozenset((int, float, type(None)))
 _ZERO = 0.0
-_SCALAR_NAME = re.compile(r"[A-Za-z0-9_.:/@+\-]+")
+_SCALAR_NAME = re.compile(SCALAR_NAME)
 _KINDS = frozenset({"step", "log", "bye"})
 _SHARDS = frozenset({"replicated", "sharded"})
 BASE_SERIES = 60
@@ -146,6 +150,52 @@ def _str_map(key: str, value: Any, cap: int, key_len: int, ok: Callable[[Any], b
             raise Refused("schema", f"field {key!r} has a key that is not a short string")
         if not ok(v):
             raise Refused("range", f"field {key!r}.{k[:40]} is out of range")
+
+
+_DECLARED = Limits()
+"""The caps :class:`sentinel.wire.Frame` declares (a decoded frame is within them)."""
+
+
+def fits(f: Frame, limits: Limits) -> bool:
+    """Whether a frame that decoded strictly into :class:`~sentinel.wire.Frame` is whole: its
+    identity in range, its per-group lists as long as its groups, and within ``limits``. True means :func:`check_frame` would drop nothing of it; False sends
+    it there."""
+    if f.v not in ACCEPTED_VERSIONS:
+        return False
+    if limits.max_label_length < _DECLARED.max_label_length and (
+            len(f.job) > limits.max_label_length or len(f.run) > limits.max_label_length):
+        return False
+    world = f.world
+    if world is None or world is UNSET:
+        if f.rank >= limits.max_ranks:
+            return False
+    elif world > limits.max_ranks or f.rank >= world:
+        return False
+    groups = f.groups
+    if groups is UNSET:
+        if (f.grad_sumsq is not UNSET or f.param_sumsq is not UNSET or f.delta_sumsq is not UNSET
+                or f.delta_l1 is not UNSET or f.param_l1 is not UNSET or f.trust_ratio is not UNSET):
+            return False
+    else:
+        n = len(groups)
+        if n > limits.max_groups or (limits.max_group_name_length < _DECLARED.max_group_name_length and groups
+                                     and max(map(len, groups)) > limits.max_group_name_length):
+            return False
+        for per in (f.grad_sumsq, f.param_sumsq, f.delta_sumsq, f.delta_l1, f.param_l1, f.trust_ratio):
+            if per is not UNSET and len(per) != n:
+                return False
+    if f.sat is not UNSET and f.sat[0] > f.sat[1]:
+        return False
+    if f.lr is not UNSET and len(f.lr) > limits.max_param_groups:
+        return False
+    if f.state_bytes is not UNSET and len(f.state_bytes) > limits.max_state_keys:
+        return False
+    scalars = f.scalars
+    if scalars is not UNSET and (len(scalars) > limits.max_scalars or (
+            limits.max_scalar_name_length < _DECLARED.max_scalar_name_length
+            and any(len(k) > limits.max_scalar_name_length for k in scalars))):
+        return False
+    return True
 
 
 def check_frame(f: dict[str, Any], limits: Limits) -> Dropped:
@@ -267,7 +317,6 @@ def _map(cap_of: Callable[[Limits], int]) -> Callable[[Any, Limits], bool]:
 
 
 _TAG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-RESERVED_TAGS = frozenset({"job", "run", "rank", "group", "instance", "le", "quantile"})
 
 
 def _tags(v: Any, _: Limits) -> bool:

@@ -1,60 +1,83 @@
-"""A report's frame: the host-side meta of a step merged with the values read back from
-the device (see :mod:`sentinel.wire` for the fields)."""
+"""A report's frame: the host-side fields a step or a ``log()`` set on its
+:class:`~sentinel.wire.Frame`, completed with the values read back from the device (see
+:mod:`sentinel.wire` for the fields)."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from sentinel.instrument.scalars import means
+from sentinel.wire import UNSET, Amp, Frame
 
 
-def assemble(meta: dict[str, Any], values: dict[str, list[float]], n_groups: int, sharded: bool) -> dict[str, Any]:
-    """The frame for one report: ``meta`` (host-side fields) with the read-back ``values``.
+@dataclass
+class Report:
+    """A report waiting for its readback: its frame, with the host-side fields set, and the
+    host-side halves of the figures whose other half is on the device.
+
+    Attributes:
+        frame: the frame being built (identity, ``groups``, ``lr``, ``optim``, ``mem``, ...).
+        delta_groups: the groups whose update was sampled this step (``delta_*`` per group).
+        sat_total: the sampled ``exp_avg_sq`` count (``sat``'s total; above it on the device).
+        health_total: per optimizer figure, its sampled total (``opt_health``'s totals).
+        trust_count: per group, LAMB parameters in it (``trust_ratio``'s divisors).
+        scalars: ``{name: [host sum, count]}`` (:meth:`~sentinel.instrument.scalars.Scalars.meta`).
+    """
+
+    frame: Frame
+    delta_groups: list[int] | None = None
+    sat_total: float | None = None
+    health_total: dict[str, int] | None = None
+    trust_count: list[int] | None = None
+    scalars: dict[str, list[float]] | None = None
+
+
+def assemble(report: Report, values: dict[str, list[float]], n_groups: int, sharded: bool) -> Frame:
+    """The frame of one report, completed with the read-back ``values``: the one place where
+    a frame's device-side fields are set.
 
     Args:
-        meta: the report's host-side fields (``kind``, ``step``, ``groups``, ...;
-            ``scalars`` as :meth:`~sentinel.instrument.scalars.Scalars.meta` gives them).
+        report: the report's frame and host-side halves.
         values: device values by segment name, as :class:`~sentinel.instrument.readback.Readback`
             returns them (``grad_sumsq``, ``s:<scalar>``, ``amp_scale``, ...).
         n_groups: the number of groups, for a step frame whose gradients were all missing.
         sharded: whether the sums are of local shards.
     """
-    frame = dict(meta)
+    frame = report.frame
     if values.get("amp_scale"):
-        frame["amp"] = {"scale": values["amp_scale"][0]}
-    if "scalars" in frame:
-        frame["scalars"] = means(frame["scalars"], values)
-    if frame["kind"] == "step":
-        g = n_groups
-        if "grad_sumsq" in values:  # absent: the probe failed (never a made-up 0)
-            frame["grad_sumsq"] = values["grad_sumsq"]
-        if "param_sumsq" in values:
-            frame["param_sumsq"] = values["param_sumsq"]
-        if "delta_sumsq" in values:
-            sampled = set(frame.pop("delta_groups", ()))
-            frame["delta_sumsq"] = [v if i in sampled else None
-                                    for i, v in enumerate(values["delta_sumsq"])]
-            for key in ("delta_l1", "param_l1"):  # the seed's UAR (instrument/magnitude.py)
-                if key in values and len(values[key]) == g:
-                    frame[key] = [v if i in sampled else None for i, v in enumerate(values[key])]
-        frame.pop("delta_groups", None)
-        if "grad_l1" in values and "grad_count" in frame:
-            frame["grad_l1"] = values["grad_l1"][0]
-        if "sat_above" in values and "sat_total" in frame:
-            frame["sat"] = [values["sat_above"][0], frame.pop("sat_total")]
-        frame.pop("sat_total", None)
-        totals = frame.pop("health_total", None)  # optstate.py's figures: [numerator, total]
-        if isinstance(totals, dict):
-            health = {n: [values[f"h:{n}"][0], t] for n, t in totals.items() if values.get(f"h:{n}")}
-            if health:
-                frame["opt_health"] = health
-        counts = frame.pop("trust_count", None)  # LAMB's trust ratio per group
-        sums = values.get("trust_sum")
-        if isinstance(counts, list) and sums and len(sums) == len(counts):
-            frame["trust_ratio"] = [s / c if c else None for s, c in zip(sums, counts)]
-        if values.get("clip_norm") and "clip_max" in frame:
-            frame["clip_norm"] = values["clip_norm"][0]
-        else:
-            frame.pop("clip_max", None)
-        frame["shard"] = "sharded" if sharded else "replicated"
+        frame.amp = Amp(scale=values["amp_scale"][0])
+    if report.scalars is not None:
+        frame.scalars = means(report.scalars, values)
+    if frame.kind != "step":
+        return frame
+    g = n_groups
+    if "grad_sumsq" in values:  # absent: the probe failed (never a made-up 0)
+        frame.grad_sumsq = values["grad_sumsq"]
+    if "param_sumsq" in values:
+        frame.param_sumsq = values["param_sumsq"]
+    if "delta_sumsq" in values:
+        sampled = set(report.delta_groups or ())
+        frame.delta_sumsq = [v if i in sampled else None for i, v in enumerate(values["delta_sumsq"])]
+        # the seed's UAR (instrument/magnitude.py)
+        if "delta_l1" in values and len(values["delta_l1"]) == g:
+            frame.delta_l1 = [v if i in sampled else None for i, v in enumerate(values["delta_l1"])]
+        if "param_l1" in values and len(values["param_l1"]) == g:
+            frame.param_l1 = [v if i in sampled else None for i, v in enumerate(values["param_l1"])]
+    if "grad_l1" in values and frame.grad_count is not UNSET:
+        frame.grad_l1 = values["grad_l1"][0]
+    if "sat_above" in values and report.sat_total is not None:
+        frame.sat = [values["sat_above"][0], report.sat_total]
+    if report.health_total:  # optstate.py's figures: [numerator, total]
+        health = {n: [values[f"h:{n}"][0], t] for n, t in report.health_total.items() if values.get(f"h:{n}")}
+        if health:
+            frame.opt_health = health
+    counts, sums = report.trust_count, values.get("trust_sum")  # LAMB's trust ratio per group
+    if counts and sums and len(sums) == len(counts):
+        frame.trust_ratio = [s / c if c else None for s, c in zip(sums, counts)]
+    if values.get("clip_norm") and frame.clip_max is not UNSET:
+        frame.clip_norm = values["clip_norm"][0]
+    else:
+        frame.clip_max = UNSET  # the max without the norm it clipped means nothing
+    frame.shard = "sharded" if sharded else "replicated"
     return frame
+

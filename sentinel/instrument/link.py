@@ -1,6 +1,6 @@
 """The training process's side of the engine process: spawn it, read its messages.
 
-Only the standard library and msgpack: the engine's own imports happen in the child.
+Only the standard library and :mod:`sentinel.wire`: the engine's own imports happen in the child.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import time
 from collections import deque
 from typing import Any
 
-import msgpack
-
+from sentinel import wire
 from sentinel.instrument.options import WatchOptions
 from sentinel.instrument.sender import DatagramSender, NullSender, Sender
 
@@ -167,7 +166,8 @@ def _signal_name(signum: int) -> str:
 
 
 def _drain(sock: socket.socket) -> list[dict[str, Any]]:
-    """The msgpack maps waiting on a non-blocking socket (at most 100; never blocks)."""
+    """The engine's messages waiting on a non-blocking socket (at most 100; never blocks), as
+    maps; bytes that are no message of :mod:`sentinel.wire` are dropped."""
     out: list[dict[str, Any]] = []
     for _ in range(100 if sock.fileno() >= 0 else 0):
         if not select.select([sock], [], [], 0)[0]:  # cheaper than a failing recv
@@ -176,11 +176,8 @@ def _drain(sock: socket.socket) -> list[dict[str, Any]]:
             data = sock.recv(65536)
         except OSError:
             break
-        try:
-            msg = msgpack.unpackb(data, raw=False)
-        except Exception:
-            continue
-        if isinstance(msg, dict):
+        msg = wire.decode_message(data)
+        if msg is not None:
             out.append(msg)
     return out
 

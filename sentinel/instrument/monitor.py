@@ -17,6 +17,7 @@ from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.guard import make_guard
 from sentinel.instrument.boundary import Boundary
+from sentinel.instrument.frames import Report
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
@@ -140,7 +141,7 @@ class Monitor(Reporter):
         self._record = StateRecord(self.boundary, o)
         self._contributed: set[int] = set()
         self._segs: Segs = {}
-        self._open: tuple[dict[str, Any], Segs, Scalars] | None = None  # finalized, waiting for log()
+        self._open: tuple[Report, Segs, Scalars] | None = None  # finalized, waiting for log()
         self._pending = Scalars()  # logged while no report was open: the coming step's
         self._backwards_at_step = self._backwards_at_log = -1  # losses.backward_calls then
         self._logs = 0  # log() calls so far: a script that never logs never makes a report wait
@@ -255,10 +256,10 @@ class Monitor(Reporter):
             self.boundary.run("guard", self.guard.flush)
         self.boundary.run("report", self._submit_open)
         self.boundary.run("emit", self._emit_ready, True)
-        bye: dict[str, Any] = {"kind": "bye", "step": self.steps, "t": time.time()}
+        bye = self._frame("bye", self.steps, time.time())
         if error is not None and not isinstance(error, TrainingHalted) and not (
                 isinstance(error, SystemExit) and error.code in (0, None)):
-            bye["exc"] = type(error).__name__
+            bye.exc = type(error).__name__
         self.boundary.run("emit", self._send, bye)
         self.boundary.run("emit", self.sender.close)  # delivers any backlog while the engine still listens
         if self.engine is not None:
@@ -505,35 +506,36 @@ class Monitor(Reporter):
         self._contributed.clear()
         self.steps += 1
         o, now = self.options, time.time()
-        meta: dict[str, Any] = {"kind": "step", "step": self.steps, "t": now,
-                                "groups": self.groups, "lr": self.cadence.lrs}  # read as the step began
+        frame = self._frame("step", self.steps, now)
+        frame.groups, frame.lr = self.groups, self.cadence.lrs  # read as the step began
+        report = Report(frame)
         if o.tags and (self.steps == 1 or self.steps % o.tags_every == 0):
-            meta["tags"] = o.tags
+            frame.tags = o.tags
         if self.steps == 1:  # the history's record of what ran (engine side)
-            meta["cmd"] = " ".join(sys.argv)[:1000]
+            frame.cmd = " ".join(sys.argv)[:1000]
         peaks = probes.schedule_peaks(self.optimizers)
         if peaks is not None:
-            meta["lr_peak"] = peaks
+            frame.lr_peak = peaks
         if self._last_step_time is not None:
-            meta["step_seconds"] = now - self._last_step_time
+            frame.step_seconds = now - self._last_step_time
         self._last_step_time = now
         busy = self._busy.step_done() if self._busy is not None else None
         if busy is not None:
-            meta["busy_seconds"] = busy
+            frame.busy_seconds = busy
         if self.ddp:
-            meta["ddp"] = True
+            frame.ddp = True
         if self._grad_count:
-            meta["grad_count"], self._grad_count = self._grad_count, 0
+            frame.grad_count, self._grad_count = self._grad_count, 0
         if self._clip_max is not None:
-            meta["clip_max"], self._clip_max = self._clip_max, None
+            frame.clip_max, self._clip_max = self._clip_max, None
         if self._meta_groups:
-            meta["delta_groups"] = sorted(self._meta_groups)
+            report.delta_groups = sorted(self._meta_groups)
             self._meta_groups = set()
-        self._record.add_to(meta, self._add, self.steps, self.optimizers, self.layout, self.devices)
+        self._record.add_to(report, self._add, self.steps, self.optimizers, self.layout, self.devices)
         if self.steps % o.memory_every == 0 or self.steps == 1:
             mem = self.boundary.run("memory", self._memory)
             if mem:
-                meta["mem"] = mem
+                frame.mem = mem
         if self._open is not None:
             self._submit_open()
         scalars, self._pending = self._pending, Scalars()  # logged before this step's end: its own
@@ -546,7 +548,7 @@ class Monitor(Reporter):
                 scalars.add("loss", captured)
                 loss_in = True
         logged_last = bool(scalars) and self._backwards_at_log == losses.backward_calls
-        self._open, self._segs = (meta, self._segs, scalars), {}
+        self._open, self._segs = (report, self._segs, scalars), {}
         self._backwards_at_step = losses.backward_calls
         # send it now when nothing more is coming: zero-code mode, the loss in (captured at
         # backward(), or logged before the step), a script that has not logged by its
@@ -566,12 +568,12 @@ class Monitor(Reporter):
                 continue
             values.add(name, value)
         report = self._open
-        if step is not None and (report is None or report[0]["step"] != step):
+        if step is not None and (report is None or report[0].frame.step != step):
             if 0 < step <= self.steps:  # a step whose report has left: its own frame
-                self._submit({"kind": "log", "step": int(step), "t": time.time()}, {}, values)
+                self._submit(Report(self._frame("log", int(step), time.time())), {}, values)
             return
         # the common loop logs right after the step: ride on that step's report (one frame)
-        if report is not None and report[0]["step"] == self.steps:
+        if report is not None and report[0].frame.step == self.steps:
             if step is not None or losses.backward_calls == self._backwards_at_step:
                 report[2].merge(values)
                 self._submit_open()
@@ -581,12 +583,12 @@ class Monitor(Reporter):
               and losses.backward_calls == self._backwards_at_step):
             # right after a step whose report has left (the first of a loop that logs after
             # the step): the values are that step's, in a frame of their own
-            self._submit({"kind": "log", "step": self.steps, "t": time.time()}, {}, values)
+            self._submit(Report(self._frame("log", self.steps, time.time())), {}, values)
             return
         if self.scaler is not None and not self._pending:
             # with a GradScaler, an iteration without an optimizer step is a step the scaler
             # skipped: report it at once, so the loss and the scale of skipped steps show
-            self._submit({"kind": "log", "step": self.steps, "t": time.time()}, {}, values)
+            self._submit(Report(self._frame("log", self.steps, time.time())), {}, values)
             return
         self._pending.merge(values)  # before the step (gradient accumulation): the coming step's
         self._backwards_at_log = losses.backward_calls

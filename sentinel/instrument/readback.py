@@ -21,7 +21,7 @@ Segments = dict[str, "torch.Tensor"]
 
 @dataclass
 class _Pending:
-    meta: dict[str, Any]
+    meta: Any  # the report (instrument/frames.py)
     layout: list[tuple[str, int]]
     parts: list[tuple[Any, Any]]  # (pinned host tensor, cuda event) or (values list, None)
 
@@ -41,7 +41,7 @@ class Readback:
         self._pending: deque[_Pending] = deque()
         self._pinned: dict[int, list[torch.Tensor]] = {}
 
-    def submit(self, meta: dict[str, Any], per_device: dict[torch.device, Segments]) -> None:
+    def submit(self, meta: Any, per_device: dict[torch.device, Segments]) -> None:
         """Start the copy of a report.
 
         Args:
@@ -82,7 +82,7 @@ class Readback:
             if self.on_drop is not None:
                 self.on_drop()
 
-    def poll(self, wait: bool = False) -> list[tuple[dict[str, Any], dict[str, list[float]]]]:
+    def poll(self, wait: bool = False) -> list[tuple[Any, dict[str, list[float]]]]:
         """Completed reports, oldest first, as ``(meta, {segment: values})``.
 
         Args:

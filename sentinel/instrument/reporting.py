@@ -3,14 +3,14 @@ the engine says back (alerts, the stop and capture actions)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from sentinel import wire
 from sentinel.instrument import probes, registry
 from sentinel.instrument.capture import InputCapture
-from sentinel.instrument.frames import assemble
+from sentinel.instrument.frames import Report, assemble
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.options import WatchOptions
 from sentinel.instrument.readback import Readback
@@ -38,7 +38,7 @@ class Reporter:
     on_alert: list[Any]
     capture: InputCapture
     guard: Any  # the step guard (sentinel.instrument.guard.Guard) or None
-    _open: tuple[dict[str, Any], Segs, Scalars] | None
+    _open: tuple[Report, Segs, Scalars] | None
     _readback: Readback
     _names: NameBudget
     _report_drops: int
@@ -54,18 +54,23 @@ class Reporter:
         """Start the readback of the finalized report (with any scalars log() added)."""
         if self._open is None:
             return
-        (meta, segs, scalars), self._open = self._open, None
-        self._submit(meta, segs, scalars)
+        (report, segs, scalars), self._open = self._open, None
+        self._submit(report, segs, scalars)
 
-    def _submit(self, meta: dict[str, Any], segs: Segs, scalars: Scalars) -> None:
+    def _frame(self, kind: Literal["step", "log", "bye"], step: int, t: float) -> wire.Frame:
+        """A new frame of this process (its identity is set again as it leaves)."""
+        o = self.options
+        return wire.Frame(kind=kind, job=o.job, run=o.run, rank=self.rank, world=self.world, step=step, t=t)
+
+    def _submit(self, report: Report, segs: Segs, scalars: Scalars) -> None:
         if scalars:
-            meta["scalars"] = scalars.meta()
+            report.scalars = scalars.meta()
             for dev, named in scalars.segments().items():
                 segs.setdefault(dev, {}).update(named)
         if self._names.dropped:
-            meta["scalars_dropped"] = self._names.dropped
+            report.frame.scalars_dropped = self._names.dropped
         self._add_amp_scale(segs)
-        self._readback.submit(meta, segs)
+        self._readback.submit(report, segs)
         self._emit_ready(False)
 
     def _add_amp_scale(self, segs: Segs) -> None:
@@ -87,28 +92,34 @@ class Reporter:
     def _emit_ready(self, wait: bool) -> None:
         ready = self._readback.poll(wait)
         if ready and self.guard is not None:  # the guard's notes of these steps go first (issue 21)
-            steps = [int(m["step"]) for m, _ in ready if m.get("kind") == "step"]
+            steps = [int(r.frame.step) for r, _ in ready if r.frame.kind == "step"]
             if steps:
                 self.boundary.run("guard", self.guard.notes_upto, max(steps))
-        for meta, values in ready:
-            self.boundary.run("emit", self._emit, meta, values)
+        for report, values in ready:
+            self.boundary.run("emit", self._emit, report, values)
 
-    def _emit(self, meta: dict[str, Any], values: dict[str, list[float]]) -> None:
-        frame = assemble(meta, values, len(self.groups), self.sharded)
-        frame["errors"] = self.boundary.errors
-        frame["dropped"] = self.frames_dropped
+    def _emit(self, report: Report, values: dict[str, list[float]]) -> None:
+        frame = assemble(report, values, len(self.groups), self.sharded)
+        frame.errors = self.boundary.errors
+        frame.dropped = self.frames_dropped
         self._send(frame)
 
-    def _send(self, frame: dict[str, Any]) -> None:
+    def _send(self, frame: wire.Frame | dict[str, Any]) -> None:
+        """Send a frame (a map: the step guard's notes) as this process's."""
         o = self.options
-        frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
         if self.stream is None:  # decided once, at the first report
             self.stream = registry.stream_label(self) if self.optimizers else ""
-        if self.stream:
-            frame["opt"] = self.stream
         reply = getattr(self.engine, "reply_path", None)  # a shared daemon's way back to us
-        if reply and frame["kind"] == "step":
-            frame["reply"] = reply
+        if isinstance(frame, wire.Frame):
+            frame.job, frame.run, frame.rank, frame.world = o.job, o.run, self.rank, self.world
+            if self.stream:
+                frame.opt = self.stream
+            if reply and frame.kind == "step":
+                frame.reply = reply
+        else:
+            frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
+            if self.stream:
+                frame["opt"] = self.stream
         self.sender.send(wire.encode(frame))
 
     def _count_drop(self) -> None:
@@ -119,7 +130,7 @@ class Reporter:
         action's ``arm`` and ``capture`` (training thread)."""
         if self.engine is None:
             return
-        for msg in self.engine.poll():
+        for msg in self.engine.poll():  # maps decoded and checked by wire.decode_message
             if msg.get("kind") == "stop":
                 self.request_stop(str(msg.get("reason", "sentinel stop action")))
             elif msg.get("kind") == "arm":

@@ -10,12 +10,12 @@ readback; nothing is read back here. Each read runs under the monitor's boundary
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
 from sentinel.instrument import environment, optinfo, optstate, probes
 from sentinel.instrument.boundary import Boundary
+from sentinel.instrument.frames import Report
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.options import WatchOptions
 from sentinel.instrument.stats import adam_saturation
@@ -33,33 +33,34 @@ class StateRecord:
         self._sat_cursor = 0
         self._health_cursor = 0
 
-    def add_to(self, meta: dict[str, Any], add: Add, step: int, optimizers: Sequence[torch.optim.Optimizer],
+    def add_to(self, report: Report, add: Add, step: int, optimizers: Sequence[torch.optim.Optimizer],
                layout: Layout, devices: Sequence[torch.device]) -> None:
-        """Put the record into ``meta`` (and its device counts through ``add``) when due."""
+        """Put the record into the report's frame (and its device counts through ``add``) when due."""
         o = self.options
         if not (self.due or step % o.state_every == 0):
             return
         self.due = False
+        frame = report.frame
         optim = self.boundary.run("optimizer", optinfo.describe, optimizers)
         if optim:
-            meta["optim"] = optim
+            frame.optim = optim
             if o.total_steps > 0:
-                meta["total_steps"] = o.total_steps
+                frame.total_steps = o.total_steps
         env = self.boundary.run("environment", environment.describe, devices)
         if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
-            meta["env"] = env
+            frame.env = env
         st = self.boundary.run("state", probes.state_bytes, optimizers)
         if st is not None and optimizers:  # parameters updated by hand: no state to speak of
-            meta["state_bytes"] = st
-            meta["param_bytes"] = layout.param_bytes
+            frame.state_bytes = st
+            frame.param_bytes = layout.param_bytes
         sat = self.boundary.run("saturation", adam_saturation, optstate.adam_like(optimizers),
                              o.saturation_threshold, o.saturation_max_tensors, self._sat_cursor)
         if sat is not None and sat[1]:
             add("sat_above", sat[0])
-            meta["sat_total"], self._sat_cursor = sat[1], sat[2]
-        self.boundary.run("opt_health", self._optimizer_health, meta, add, optimizers, layout)
+            report.sat_total, self._sat_cursor = sat[1], sat[2]
+        self.boundary.run("opt_health", self._optimizer_health, report, add, optimizers, layout)
 
-    def _optimizer_health(self, meta: dict[str, Any], add: Add, optimizers: Sequence[torch.optim.Optimizer],
+    def _optimizer_health(self, report: Report, add: Add, optimizers: Sequence[torch.optim.Optimizer],
                           layout: Layout) -> None:
         """Each optimizer's own health figure and LAMB's trust ratios (optstate.py)."""
         o = self.options
@@ -68,7 +69,7 @@ class StateRecord:
         for name, per in nums.items():
             add(f"h:{name}", per)
         if totals:
-            meta["health_total"] = totals
+            report.health_total = totals
         counts: list[int] = []
         for k, opt in enumerate(optimizers):
             if type(opt).__name__.lower() != "lamb":
@@ -80,4 +81,4 @@ class StateRecord:
                 add("trust_sum", sums)
                 counts = [a + b for a, b in zip(counts, cnt)] if counts else cnt
         if counts:
-            meta["trust_count"] = counts
+            report.trust_count = counts

@@ -46,7 +46,7 @@ def test_bad_frames_are_counted_and_the_engine_keeps_going(mon: sentinel.Monitor
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     good = wire.encode({"kind": "step", "job": "j", "run": "x", "rank": 3, "step": 1, "t": 1.0})
     bad = [b"\xc1garbage", good[:-3], wire.encode({"kind": "step"}),
-           good.replace(b"\xa1v\x01", b"\xa1v\x07", 1)]  # truncated, missing fields, version 7
+           good.replace(b"\xa1v" + bytes([wire.SCHEMA_VERSION]), b"\xa1v\x07", 1)]  # truncated, missing fields, version 7
     for frame in bad:
         s.sendto(frame, path)
     s.sendto(b"\x00" * (wire.MAX_FRAME_BYTES + 10), path)  # oversized

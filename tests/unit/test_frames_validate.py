@@ -77,3 +77,19 @@ def test_every_frame_the_instrument_builds_passes_whole(dtype: torch.dtype, bloc
     assert engine.refused == {}, engine.refused
     assert engine.fields_dropped == {}, engine.fields_dropped
     assert len(sender.steps()) == steps
+    # the fast path (the strict decode into wire.Frame) takes every frame but those with a NaN sum
+    assert engine.frames_by_field == sum(any(_has_nan(f.get(k)) for k in _NO_NAN) for f in sender.frames)
+
+
+_NO_NAN = ("grad_sumsq", "param_sumsq", "delta_sumsq", "clip_norm", "grad_l1", "amp")
+"""The fields where wire.Frame refuses a NaN that the field-by-field check takes."""
+
+
+def _has_nan(value: object) -> bool:
+    if isinstance(value, float):
+        return value != value
+    if isinstance(value, dict):
+        return any(_has_nan(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_nan(v) for v in value)
+    return False

@@ -22,7 +22,8 @@ def test_round_trip_keeps_nan_and_none() -> None:
 
 
 @pytest.mark.parametrize(("frame", "why"), [
-    ({**GOOD, "v": 2}, "unsupported schema version"),
+    ({**GOOD, "v": wire.SCHEMA_VERSION + 1}, "unsupported schema version"),
+    ({**GOOD, "v": wire.SCHEMA_VERSION - 2}, "unsupported schema version"),
     ({k: v for k, v in GOOD.items() if k != "run"}, "'run'"),
     ({**GOOD, "rank": "0"}, "'rank'"),
     ({**GOOD, "rank": True}, "'rank'"),
