@@ -348,6 +348,7 @@ class Alert(Struct, tag="alert", tag_field="kind", kw_only=True):
     notify: bool = True
     started_step: int = 0
     started_at: float = 0.0
+    optimizers: list[str] = msgspec.field(default_factory=list)  # the streams, in a process with several
     evidence: str | UnsetType = UNSET
 
 
