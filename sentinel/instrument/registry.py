@@ -35,6 +35,7 @@ _fallback: Callable[[torch.optim.Optimizer], None] | None = None
 _failures = 0
 _streams: list[weakref.ref[Any]] = []  # monitors of optimizers, in the order they were made
 _expected = 1  # optimizers zero-code mode found alive when it attached its first monitor
+_before: dict[int, frozenset[int]] = {}  # per monitor: the live monitors that had reported when it was made
 
 
 class UnsupportedOptimizer(TypeError):
@@ -100,28 +101,52 @@ def release(monitor: Any, opt: torch.optim.Optimizer | None = None) -> None:
             del _owner[pid]
 
 
+def _live_streams() -> list[Any]:
+    return [m for m in (r() for r in _streams) if m is not None and not getattr(m, "closed", False)]
+
+
 def add_stream(monitor: Any) -> None:
-    """Record a new monitor of optimizers (its place names its stream)."""
-    _streams[:] = [r for r in _streams if (m := r()) is not None and not getattr(m, "closed", False)]
+    """Record a new monitor of optimizers (its place names its stream), and which live
+    monitors had reported already: those belong to an earlier run of the process (a
+    notebook cell run again, a script's second experiment), not beside this one."""
+    _streams[:] = [weakref.ref(m) for m in _live_streams()]
+    _before[id(monitor)] = frozenset(id(m) for m in _streams_reported())
     _streams.append(weakref.ref(monitor))
+    weakref.finalize(monitor, _before.pop, id(monitor), None)
+
+
+def _streams_reported() -> list[Any]:
+    return [m for m in _live_streams() if getattr(m, "stream", None) is not None]
 
 
 def expect_streams(n: int) -> None:
     """Zero-code mode found ``n`` optimizers alive at its first attach: when more than one,
-    every stream is labelled from the first report on (their monitors attach one by one,
+    its streams are labelled from the first report on (their monitors attach one by one,
     at each optimizer's first step)."""
     global _expected
     _expected = max(_expected, n)
 
 
 def stream_label(monitor: Any) -> str:
-    """The ``optimizer`` label of ``monitor``'s frames, decided at its first report and
-    kept: its index in creation order among the live monitors of optimizers when the
-    process has (or zero-code mode expects) more than one, else ``""``."""
-    live = [m for m in (r() for r in _streams) if m is not None and not getattr(m, "closed", False)]
-    if not any(m is monitor for m in live) or (len(live) < 2 and _expected < 2):
+    """The ``optimizer`` label of ``monitor``'s frames, decided at its first report and kept.
+
+    Streams run side by side when their monitors were all made before any of them
+    reported (a GAN's two ``watch()`` calls), or when zero-code mode found several
+    optimizers alive at its first attach. Such a monitor's label is its index in creation
+    order among them (``"0"``, ``"1"``, ...); a monitor alone is ``""`` (no label)."""
+    live = _live_streams()
+    if not any(m is monitor for m in live):
         return ""
-    return str(next(i for i, m in enumerate(live) if m is monitor))
+    if getattr(monitor, "auto", False) and _expected > 1:
+        side = [m for m in live if getattr(m, "auto", False)]
+    else:
+        mine = _before.get(id(monitor), frozenset())
+        at = next(i for i, m in enumerate(live) if m is monitor)
+        # made before it and unreported then, or made after it (it had not reported yet)
+        side = [m for i, m in enumerate(live) if m is monitor or i > at or id(m) not in mine]
+        if len(side) < 2:
+            return ""
+    return str(next(i for i, m in enumerate(side) if m is monitor))
 
 
 def set_fallback(fn: Callable[[torch.optim.Optimizer], None] | None) -> None:

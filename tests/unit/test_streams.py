@@ -165,3 +165,26 @@ def test_one_optimizer_sends_no_stream_label() -> None:
         opt.step()
     mon.close()
     assert sender.frames and all("opt" not in f for f in sender.frames)
+
+
+def test_a_monitor_left_open_by_an_earlier_run_does_not_make_a_second_stream() -> None:
+    """A notebook cell run again, a script's second experiment: the first monitor was never
+    closed and had reported before the second was made, so the second is alone (no label)."""
+    first = MLP()
+    opt1 = torch.optim.SGD(first.parameters(), 0.1)
+    old, old_sender = make_monitor(first, opt1)
+    opt1.zero_grad()
+    first(torch.randn(4, 16)).sum().backward()
+    opt1.step()
+    old.log(loss=1.0)
+    assert old_sender.frames and all("opt" not in f for f in old_sender.frames)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    mon, sender = make_monitor(model, opt)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+    mon.close()
+    old.close()
+    assert sender.frames and all("opt" not in f for f in sender.frames)
