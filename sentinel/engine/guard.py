@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from sentinel.engine.ingested import Ingested
 from sentinel.store import Labels, Store
 from sentinel.wire import GUARD_REASONS, FrameError, GuardNote
 
@@ -53,7 +54,7 @@ def describe(note: GuardNote, step: int) -> str:
 
 
 def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base: Labels,
-                 ctx: dict[str, Any]) -> GuardNote:
+                 ctx: Ingested) -> GuardNote:
     """Record a frame's guard note (checked by :func:`valid` already)."""
     note = GuardNote.from_wire(f["guard"])
     for reason in GUARD_REASONS:
@@ -61,8 +62,8 @@ def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base
         store.inc("sentinel_guard_skipped_total", labels, 1.0 if note.skipped and note.reason == reason else 0.0)
     add("sentinel_guard_consecutive_skips", float(note.consecutive if note.skipped else 0))
     add("sentinel_guard_exhausted", 1.0 if note.outcome else 0.0)
-    ctx["note"] = describe(note, int(f["step"]))
+    ctx.note = describe(note, int(f["step"]))
     if note.groups:
-        ctx["nonfinite_groups"]["guard"] = list(note.groups)
-    ctx["guard"] = note
+        ctx.nonfinite_groups["guard"] = list(note.groups)
+    ctx.guard = note
     return note
