@@ -138,15 +138,7 @@ class RuleEngine:
         """
         with self._lock:
             fr = self._begin(job, run, rank, step, t, ctx or Ingested(), only is None)
-            touched: list[str] = []
-            for c in self._candidates(fr.written, only):
-                if self._gated(c, fr):
-                    continue
-                sel = self._selection(c, fr)
-                if sel.metric is None:
-                    continue  # nothing to judge for this rank (yet)
-                self._judge(c, sel, fr)
-                touched.append(c.name)
+            touched = self._judge_due(fr, self._due(fr, self._candidates(fr.written, only)))
             if only is None:
                 self._time_rules_on_frame(fr, touched)
             return self._settle(fr, touched)
@@ -184,33 +176,44 @@ class RuleEngine:
             ]
         return out
 
-    def _gated(self, c: Compiled, fr: _Frame) -> bool:
-        """Whether rule ``c`` is not judged at this frame at all: warming up, past its
-        early phase, off its every_steps phase, in its lr grace or under its schedule floor."""
-        step = fr.step
-        if step < c.gate_until:
-            return True  # warming up
-        if c.until and step > c.until and not self._life.is_open(c.name, fr.job, fr.run):
-            return True  # an early-phase check, over (an open alert is judged until it resolves)
-        if c.every > 1 and (step + c.offset) % c.every:
-            # off its phase: run only to catch up (a sparse series, a frozen step)
-            seen = fr.rs.judged[c.idx]
-            if seen is not None and step - seen[0] < c.every and fr.rs.frames - seen[1] < 2 * c.every:
-                return True
-        lr_change = fr.lr_change
-        if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
-            return True
-        if c.floor and fr.lr_fraction is not None and fr.lr_fraction < c.floor:
-            return True  # the schedule has taken the lr far below its peak: expected
-        return False
+    def _due(self, fr: _Frame, candidates: list[Compiled]) -> list[Compiled]:
+        """The candidates judged at this frame: not warming up, past their early phase, off
+        their every_steps phase, in their lr grace or under their schedule floor."""
+        step, lr_change, lr_fraction, life = fr.step, fr.lr_change, fr.lr_fraction, self._life
+        judged, frames = fr.rs.judged, fr.rs.frames
+        out = []
+        for c in candidates:
+            if step < c.gate_until:
+                continue  # warming up
+            if c.until and step > c.until and not life.is_open(c.name, fr.job, fr.run):
+                continue  # an early-phase check, over (an open alert is judged until it resolves)
+            if c.every > 1 and (step + c.offset) % c.every:
+                # off its phase: run only to catch up (a sparse series, a frozen step)
+                seen = judged[c.idx]
+                if seen is not None and step - seen[0] < c.every and frames - seen[1] < 2 * c.every:
+                    continue
+            if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
+                continue
+            if c.floor and lr_fraction is not None and lr_fraction < c.floor:
+                continue  # the schedule has taken the lr far below its peak: expected
+            out.append(c)
+        return out
 
-    def _selection(self, c: Compiled, fr: _Frame) -> Selection:
-        """The rank's series of rule ``c``: looked up again when the store has a new
-        series (the rule's may be among them) and every refresh_steps."""
-        sel = fr.rs.sel[c.idx]
-        if sel is None or sel.generation != self.store.generation or not 0 <= fr.step - sel.refreshed < self._refresh:
-            sel = select(c, self.store, fr.job, fr.run, fr.rank, fr.rs, fr.step)
-        return sel
+    def _judge_due(self, fr: _Frame, due: list[Compiled]) -> list[str]:
+        """Judge each due rule on the rank's series; the names of those judged, in order."""
+        touched: list[str] = []
+        gen, refresh, sels, step = self.store.generation, self._refresh, fr.rs.sel, fr.step
+        for c in due:
+            sel = sels[c.idx]
+            # looked up again when the store has a new series (the rule's may be among
+            # them) and every refresh_steps
+            if sel is None or sel.generation != gen or not 0 <= step - sel.refreshed < refresh:
+                sel = select(c, self.store, fr.job, fr.run, fr.rank, fr.rs, step)
+            if sel.metric is None:
+                continue  # nothing to judge for this rank (yet)
+            self._judge(c, sel, fr)
+            touched.append(c.name)
+        return touched
 
     def _judge(self, c: Compiled, sel: Selection, fr: _Frame) -> None:
         """Judge rule ``c`` on each of its series that got a sample at this step, once per
@@ -221,10 +224,11 @@ class RuleEngine:
         # with no open alert only a firing verdict changes anything, so a value
         # that cannot fire (spec.idle) needs no window and no verdict
         held = life.open_series(name, job, run)
-        idle = None if held is not None else c.spec.idle
-        quiet = None if held is not None else c.spec.quiet
-        since = max(c.rule.warmup_steps, (lr_change or 0) if c.rule.lr_resets_baseline else 0)
-        lr_for = c.rule.lr_for_steps
+        spec = c.spec
+        idle = None if held is not None else spec.idle
+        quiet = None if held is not None else spec.quiet
+        since = max(c.warmup, (lr_change or 0) if c.lr_resets else 0)
+        lr_for = c.lr_for
         one = 1 if lr_for and lr_change is not None and lr_change <= step < lr_change + lr_for else None
         sampled = False
         for series_labels, extra, series in sel.series:
@@ -235,10 +239,15 @@ class RuleEngine:
             if idle is not None and idle(last[2], params):
                 continue
             memo = None
-            if c.spec.quiet is not None:
+            if spec.quiet is not None:
                 memo = memos.get((c.idx, series_labels))
+                # a memo holds for the baseline start it was taken with; one with "lr" and
+                # "step" (trend's) also for that lr change only, and samples at later steps
                 if (quiet is not None and memo is not None and memo.get("since") == since
+                        and memo.get("lr", lr_change) == lr_change and memo.get("step", -1) < last[0]
                         and quiet(last[2], params, memo, series.count - memo["count"])):
+                    if "step" in memo:
+                        memo["step"] = last[0]
                     continue  # cannot fire: no window, no verdict
             verdict: Verdict | None
             if c.fast:  # check() inlined: most values are quiet and need no Verdict
@@ -262,13 +271,13 @@ class RuleEngine:
                 )
                 cctx.lr_fraction = fr.lr_fraction
                 cctx.lr_change_step = lr_change
-                if c.spec.quiet is not None:
+                if spec.quiet is not None:
                     if memo is None:
                         memo = memos[(c.idx, series_labels)] = {}
                     memo.pop("base", None)  # fn leaves a new one, or none to go by
                     memo["count"] = series.count
                     cctx.memo = memo
-                verdict = c.spec.fn(window, params, cctx)
+                verdict = spec.fn(window, params, cctx)
                 self.evaluations += 1
             life.observe(c.rule, job, run, rank, extra, verdict, step, fr.now, one)
         if sampled and c.every > 1:
