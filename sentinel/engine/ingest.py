@@ -43,6 +43,7 @@ class Ingestor:
         self._group_labels = GroupLabels()
         self.schedule = SchedulePeaks()
         self._sched_last: dict[Labels, float] = {}
+        self._sched_in: dict[Labels, tuple[list[Any], Any, float | None]] = {}  # the last report's lr, lr_peak, fraction
         self._env: dict[Labels, Labels] = {}  # the info series of each rank
 
     def ingest(self, f: dict[str, Any]) -> Ingested:
@@ -92,6 +93,7 @@ class Ingestor:
         self.schedule.forget(gone)
         for b in gone:
             self._sched_last.pop(b, None)  # type: ignore[arg-type]
+            self._sched_in.pop(b, None)  # type: ignore[arg-type]
         for key in [k for k in self._totals if all(p in k[0] for p in pairs)]:
             del self._totals[key]  # a run started again under the same name gets its counters back
 
@@ -288,6 +290,11 @@ class Ingestor:
     def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels) -> float | None:
         """The lr over its peak (schedule.py); its gauge is written when it moves."""
         lrs, hints = f.get("lr"), f.get("lr_peak")
+        prev = self._sched_in.get(base)
+        if prev is not None and prev[0] == lrs and prev[1] == hints and self.schedule.fraction(base) == prev[2]:
+            # the rates and peaks of the last report again (the usual case between scheduler
+            # steps): the same update would leave the peaks and the fraction as they are
+            return prev[2]
         if not isinstance(lrs, list) or not all(isinstance(x, (int, float)) for x in lrs):
             return self.schedule.fraction(base)
         if not isinstance(hints, list) or not all(isinstance(x, (int, float)) for x in hints):
@@ -296,6 +303,9 @@ class Ingestor:
         if frac is not None and self._sched_last.get(base) != frac:
             self._sched_last[base] = frac
             add("sentinel_learning_rate_schedule_ratio", frac)
+        if len(self._sched_in) > 10_000:
+            self._sched_in.clear()
+        self._sched_in[base] = (list(lrs), list(hints) if isinstance(hints, list) else hints, frac)
         return frac
 
     def _memory(self, mem: dict[str, Any], add: Callable[..., None], base: Labels) -> None:
