@@ -27,6 +27,7 @@ the window.
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from typing import Any
 
 from pydantic import Field, PositiveInt, model_validator
@@ -124,7 +125,7 @@ def detect(window: Window, params: TrendParams, ctx: Context) -> Verdict | None:
     threshold = p.factor * first
     if ctx.memo is not None and lr is None and len(window) == p.samples():
         steps = window.steps.tolist()  # the whole window: since() left it as it is
-        if steps[0] >= ctx.since_step and all(a < b for a, b in zip(steps, steps[1:])):
+        if steps[0] >= ctx.since_step and all(a < b for a, b in pairwise(steps)):
             ctx.memo.update(base=vals, since=ctx.since_step, lr=None, step=steps[-1])  # for quiet()
         steps = steps[-p.window:]
     if last < threshold:  # the common case: no rise, no regression
