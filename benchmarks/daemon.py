@@ -15,7 +15,13 @@ pack (and, as a baseline in the same run, with every rule disabled), through
 :meth:`Engine.feed` in a process pinned to one core, and through the real daemon path (a
 Unix datagram socket → :class:`DatagramListener` → :class:`Service` queue and worker),
 the daemon pinned to that core and the frames sent, as ranks send them, by another
-process (on another core when there is one). Target: >= 10,000 frames/s.
+process (on another core when there is one); and through :meth:`Engine.feed` with the
+history recorder attached (its writer thread on the same core, every frame committed), as
+the daemon runs by default. Target: >= 20,000 frames/s with the full pack and history.
+
+Part 1b, stages (``--only stages``): the CPU time of each stage of a frame (decode and
+validate, ingest, rules, history offer and writer), the engine's methods wrapped; see
+docs/performance.md.
 
 Part 2, scrape: an engine filled with 64 ranks x 64 groups, served by the real
 :class:`Service` HTTP server; the median of repeated ``GET /metrics`` in the Prometheus
@@ -76,13 +82,14 @@ from sentinel import wire  # noqa: E402
 from sentinel.config import load_config  # noqa: E402
 from sentinel.daemon.daemon import Daemon  # noqa: E402
 from sentinel.engine.engine import Engine  # noqa: E402
-from sentinel.daemon.service import Service  # noqa: E402
+from sentinel.daemon.service import Service, attach_history  # noqa: E402
+from sentinel.history.recorder import Recorder  # noqa: E402
 from sentinel.rules.config import RulePack, default_rules, load_pack  # noqa: E402
 
 GROUPS = 64
 RANKS = 8
 PERIOD = 100  # the templates' period in steps: the monitor's state_every
-TARGET_FPS = 10_000
+TARGET_FPS = 20_000
 TARGET_SCRAPE_MS = 100.0
 GIB = 2**30
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -140,17 +147,94 @@ def _pin(cpu: int | None, pid: int = 0) -> str:
 # -- part 1: ingest throughput -------------------------------------------------------------
 
 
-def _through_engine(warm: list[bytes], timed: list[bytes], pack: RulePack) -> float:
+def _through_engine(warm: list[bytes], timed: list[bytes], pack: RulePack, history: bool = False) -> float:
+    """Seconds to feed ``timed``; with ``history``, a :class:`Recorder` on a fresh file is
+    attached as the daemon attaches it, and the time includes its writer thread's commit
+    of every frame (the same core: the writer's work is the daemon's)."""
     engine = Engine(pack=pack)
-    for data in warm:
-        engine.feed(data)
-    gc.collect()
-    t0 = time.perf_counter()
-    for data in timed:
-        engine.feed(data)
-    dt = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = Recorder(os.path.join(tmp, "history.sqlite")) if history else None
+        if recorder is not None:
+            attach_history(engine, recorder)
+        try:
+            for data in warm:
+                engine.feed(data)
+            if recorder is not None:
+                recorder.flush(60)
+            gc.collect()
+            t0 = time.perf_counter()
+            for data in timed:
+                engine.feed(data)
+            if recorder is not None:
+                assert recorder.flush(60)
+            dt = time.perf_counter() - t0
+        finally:
+            if recorder is not None:
+                recorder.close()
     assert engine.frames_malformed == 0
     return dt
+
+
+def _timed(fn: Any, into: dict[str, float], key: str) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into[key] += time.thread_time() - t0
+    return wrapper
+
+
+def _stages(warm: list[bytes], timed: list[bytes]) -> dict[str, float]:
+    """CPU seconds per stage of :meth:`Engine.feed` over ``timed``, full default pack and
+    history on: the engine's own methods wrapped (about 0.5 µs a call of overhead each)."""
+    engine = Engine()
+    acc = dict.fromkeys(("feed", "ingest", "store and rules", "rules", "history offer", "history writer"), 0.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = Recorder(os.path.join(tmp, "history.sqlite"))
+        attach_history(engine, recorder)
+        try:
+            for data in warm:
+                engine.feed(data)
+            recorder.flush(60)
+            engine.ingestor.ingest = _timed(engine.ingestor.ingest, acc, "ingest")  # type: ignore[method-assign]
+            engine.ingest = _timed(engine.ingest, acc, "store and rules")  # type: ignore[method-assign]
+            engine.rules.evaluate = _timed(engine.rules.evaluate, acc, "rules")  # type: ignore[method-assign]
+            engine.frame_listeners[:] = [_timed(f, acc, "history offer") for f in engine.frame_listeners]
+            gc.collect()
+            p0, t0 = time.process_time(), time.thread_time()
+            for data in timed:
+                engine.feed(data)
+            acc["feed"] = time.thread_time() - t0
+            assert recorder.flush(60)
+            acc["history writer"] = time.process_time() - p0 - (time.thread_time() - t0)
+        finally:
+            recorder.close()
+    return acc
+
+
+def stages(work: Workload, steps: int, repeats: int, markdown: bool) -> None:
+    """Where a frame's time goes (medians of ``repeats`` runs), each stage alone."""
+    warm = list(work.stream(1, PERIOD))
+    timed = list(work.stream(PERIOD + 1, PERIOD + steps))
+    runs = [_stages(warm, timed) for _ in range(repeats)]
+    us = {k: 1e6 * statistics.median(r[k] for r in runs) / len(timed) for k in runs[0]}
+    rows = [["stage", "us/frame (median)", "share of a frame"],
+            ["decode and validate (wire.decode, check_frame, admission)",
+             f"{us['feed'] - us['store and rules'] - us['history offer']:.1f}", ""],
+            ["ingest (Ingestor.ingest: frame -> store)", f"{us['ingest']:.1f}", ""],
+            ["rules (RuleEngine.evaluate, cross-rank re-evaluations included)", f"{us['rules']:.1f}", ""],
+            ["engine bookkeeping (Engine.ingest less the two above)",
+             f"{us['store and rules'] - us['ingest'] - us['rules']:.1f}", ""],
+            ["history offer (the frame listener: a queue append)", f"{us['history offer']:.1f}", ""],
+            ["history writer (its thread: SQLite, every frame committed)", f"{us['history writer']:.1f}", ""]]
+    total = us["feed"] + us["history writer"]
+    for row in rows[1:]:
+        row[2] = f"{100 * float(row[1]) / total:.0f}%"
+    rows.append(["total (one core)", f"{total:.1f}", f"{1e6 / total:,.0f} frames/s"])
+    print(render(rows, markdown))
+    print(f"\nCPU time (thread_time of the engine's thread; the writer thread's from process_time), full default "
+          f"pack, history on; {repeats} runs of {len(timed)} frames after {PERIOD} warm-up steps")
 
 
 _SENDER = """
@@ -222,20 +306,25 @@ def _through_daemon(warm: list[bytes], timed: list[bytes], pack: RulePack) -> tu
 def ingest(work: Workload, steps: int, repeats: int, markdown: bool) -> None:
     warm = list(work.stream(1, PERIOD))  # rules past their warm-up, windows filling
     timed = list(work.stream(PERIOD + 1, PERIOD + steps))
-    packs = {"full default": load_pack(), "all disabled (ingest only)": _no_rules()}
+    packs = {"full default": load_pack(), "full default + history": load_pack(),
+             "all disabled (ingest only)": _no_rules()}
     seconds: dict[tuple[str, str], list[float]] = {}
     drops = 0
     for r in range(repeats):  # ABBA, so drift in the machine's load cancels
         order = list(packs) if r % 2 == 0 else list(reversed(packs))
         for label in order:
-            seconds.setdefault(("Engine.feed", label), []).append(_through_engine(warm, timed, packs[label]))
+            history = label.endswith("+ history")
+            seconds.setdefault(("Engine.feed", label), []).append(
+                _through_engine(warm, timed, packs[label], history))
+            if history:
+                continue  # the daemon path has history on already (the config's default)
             dt, dropped = _through_daemon(warm, timed, packs[label])
             seconds.setdefault(("socket -> listener -> Service", label), []).append(dt)
             drops += dropped
     rows = [["path", "pack", "frames", "frames/s (median)", "us/frame (median)", "frames/s (worst)", "target"]]
     for (path, label), ts in seconds.items():
         med, worst = statistics.median(ts), max(ts)
-        met = "" if label != "full default" else ("met" if len(timed) / med >= TARGET_FPS else "NOT met")
+        met = "" if not label.startswith("full default") else ("met" if len(timed) / med >= TARGET_FPS else "NOT met")
         rows.append([path, label, str(len(timed)), f"{len(timed) / med:,.0f}", f"{1e6 * med / len(timed):.1f}",
                      f"{len(timed) / worst:,.0f}", f">= {TARGET_FPS:,} {met}".rstrip()])
     print(render(rows, markdown))
@@ -448,7 +537,7 @@ def rss(work: Workload, steps: int, every: int, stride: int, cpu: int | None, ma
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--only", nargs="*", choices=["ingest", "scrape", "rss", "vanish", "decode"], default=[],
+    ap.add_argument("--only", nargs="*", choices=["ingest", "stages", "decode", "scrape", "rss", "vanish"], default=[],
                     help="parts to run (default: all)")
     ap.add_argument("--ingest-steps", type=int, default=500, help="timed steps x 8 ranks in part 1 (default 500)")
     ap.add_argument("--repeats", type=int, default=4, help="repeats per pack in part 1 (default 4)")
@@ -468,13 +557,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     random.seed(0)
     cpu = None if args.cpu == -1 else (args.cpu if args.cpu is not None else min(os.sched_getaffinity(0)))
     where = _pin(cpu)
-    parts = args.only or ["ingest", "scrape", "rss", "vanish"]
+    parts = args.only or ["ingest", "stages", "scrape", "rss", "vanish"]
     work = Workload()
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {where}; rule pack: built-in default; "
           f"frames recorded from a real {work.groups}-group model (AdamW + GradScaler)", flush=True)
     if "ingest" in parts:
         print(f"\n== ingest throughput: {work.groups}-group reports from {RANKS} ranks ==\n", flush=True)
         ingest(work, args.ingest_steps, args.repeats, args.markdown)
+    if "stages" in parts:
+        print(f"\n== where a frame's time goes: {work.groups}-group reports from {RANKS} ranks ==\n", flush=True)
+        stages(work, args.ingest_steps, args.repeats, args.markdown)
     if "decode" in parts:
         print(f"\n== decode and check alone: {work.groups}-group reports ==\n", flush=True)
         decode(work, args.repeats, args.markdown)

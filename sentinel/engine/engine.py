@@ -15,6 +15,7 @@ from typing import Any
 from sentinel import wire
 from sentinel.engine import crossrank
 from sentinel.engine.ingest import Ingestor
+from sentinel.engine.ingested import Ingested
 from sentinel.engine.validate import Admission, Dropped, Limits, Refused, check_frame, fits
 from sentinel.store import Row, Store, labels_of
 from sentinel.rules.config import RulePack, load_pack
@@ -145,7 +146,7 @@ class Engine:
             if pid is not None and frame["kind"] != "bye":
                 self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
             self._hand(self.frame_listeners, frame)
-            for values in ctx.get("assembled", ()):
+            for values in ctx.assembled:
                 self._hand(self.assembled_listeners, values)
             return True
 
@@ -194,8 +195,8 @@ class Engine:
                         "in sentinel_daemon_frames_refused_total{reason=%r}", reason, exc, reason,
                         exc_info=reason == "error")
 
-    def ingest(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """Record a decoded frame and evaluate the rules; returns the rules' context."""
+    def ingest(self, frame: dict[str, Any]) -> Ingested:
+        """Record a decoded frame and evaluate the rules; returns what ingesting it found."""
         job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
         store = self.store
         with store.lock:  # the GPU poller's thread writes the store too
@@ -230,11 +231,11 @@ class Engine:
                 del self.exited_ranks[rk]
                 self.store.add(EXIT_STATUS, self._labels(rk), frame["step"], float(frame["t"]), 0.0)
             with store.lock:  # the rules whose metrics got no sample have nothing new
-                ctx["written"] = frozenset(store.written)
+                ctx.written = frozenset(store.written)
             self._publish(self.rules.evaluate(job, run, rank, frame["step"], float(frame["t"]), ctx, opt=opt))
-            for other in ctx.get("crossrank", ()):  # the last rank of a step completed the comparison
+            for other in ctx.crossrank:  # the last rank of a step completed the comparison
                 if other != rank and self._cross_rules:
-                    self._publish(self.rules.evaluate(job, run, other, frame["step"], float(frame["t"]), {},
+                    self._publish(self.rules.evaluate(job, run, other, frame["step"], float(frame["t"]),
                                                       only=self._cross_rules, opt=opt))
         return ctx
 
@@ -298,7 +299,7 @@ class Engine:
         step = last[0] if last is not None else self.rules.last_step(job, run, r) or 0
         self.store.add(EXIT_STATUS, labels, step, now, float(status))
         note = "; ".join(p for p in (who, self._last_values(values, now)) if p)
-        out = self.rules.evaluate(job, run, r, step, now, {"note": note}, only=self._crash_rules)
+        out = self.rules.evaluate(job, run, r, step, now, Ingested(note=note), only=self._crash_rules)
         # no stall alert for a dead rank; its crash alert stays until it reports again
         return out + self.rules.retire(job, run, r, now, keep=self._crash_rules)
 

@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from sentinel.engine.ingested import Ingested
 from sentinel.store import Labels, Store
 from sentinel.wire import GUARD_REASONS, FrameError, GuardNote
 
@@ -71,7 +72,7 @@ def kept_out(store: Store, base: Labels, step: int) -> bool:
 
 
 def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base: Labels,
-                 ctx: dict[str, Any]) -> GuardNote:
+                 ctx: Ingested) -> GuardNote:
     """Record a frame's guard note (checked by :func:`valid` already)."""
     note = GuardNote.from_wire(f["guard"])
     for reason in GUARD_REASONS:
@@ -82,8 +83,8 @@ def ingest_guard(store: Store, f: dict[str, Any], add: Callable[..., None], base
         add("sentinel_guard_skip_run_length", float(note.consecutive if note.skipped else 0))
     add("sentinel_guard_exhausted", 1.0 if note.outcome else 0.0)
     store.inc("sentinel_guard_exhausted_total", base, 1.0 if note.outcome else 0.0)
-    ctx["note"] = describe(note, int(f["step"]))
+    ctx.note = describe(note, int(f["step"]))
     if note.groups:
-        ctx["nonfinite_groups"]["guard"] = list(note.groups)
-    ctx["guard"] = note
+        ctx.nonfinite_groups["guard"] = list(note.groups)
+    ctx.guard = note
     return note

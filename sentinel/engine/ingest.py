@@ -12,6 +12,7 @@ from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.environment import env_labels
 from sentinel.engine.guard import ingest_guard, kept_out
+from sentinel.engine.ingested import Ingested
 from sentinel.engine.optimizer import ingest_health, ingest_optimizers
 from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
 from sentinel.engine.schedule import SchedulePeaks
@@ -42,20 +43,18 @@ class Ingestor:
         self._group_labels = GroupLabels()
         self.schedule = SchedulePeaks()
         self._sched_last: dict[Labels, float] = {}
+        self._sched_in: dict[Labels, tuple[list[Any], Any, float | None]] = {}  # the last report's lr, lr_peak, fraction
         self._env: dict[Labels, Labels] = {}  # the info series of each rank
 
-    def ingest(self, f: dict[str, Any]) -> dict[str, Any]:
+    def ingest(self, f: dict[str, Any]) -> Ingested:
         """Record a decoded frame.
 
         Returns:
-            Context for the rules: ``nonfinite_groups`` ({source: [group names]}),
-            ``lr_change_step`` (the last step the learning rate changed, or None) and
-            ``lr_fraction`` (the lr over its peak, see :mod:`sentinel.engine.schedule`).
+            What the rules need of it (:class:`Ingested`; ``written`` is the engine's to fill).
         """
         base = self._base(f["job"], f["run"], f["rank"], f.get("opt", ""))
         step, t = f["step"], float(f["t"])
-        ctx: dict[str, Any] = {"nonfinite_groups": {}, "lr_change_step": self.lr_change_step.get(base),
-                               "lr_fraction": self.schedule.fraction(base)}
+        ctx = Ingested(lr_change_step=self.lr_change_step.get(base), lr_fraction=self.schedule.fraction(base))
         rows: list[tuple[str, Labels, float]] = []
         add = self._adder(base, rows)
         if "errors" in f:
@@ -81,8 +80,8 @@ class Ingestor:
         if "guard" in f:  # the step guard's note (issue 21)
             ingest_guard(self.store, f, add, base, ctx)
         self.store.add_rows(rows, step, t)
-        if ctx["nonfinite_groups"]:  # non-finite: did the step guard keep this step out? (issue 21)
-            ctx["guard_skipped"] = kept_out(self.store, base, step)
+        if ctx.nonfinite_groups:  # non-finite: did the step guard keep this step out? (issue 21)
+            ctx.guard_skipped = kept_out(self.store, base, step)
         return ctx
 
     def forget(self, job: str, run: str) -> None:
@@ -96,6 +95,7 @@ class Ingestor:
         self.schedule.forget(gone)
         for b in gone:
             self._sched_last.pop(b, None)  # type: ignore[arg-type]
+            self._sched_in.pop(b, None)  # type: ignore[arg-type]
         for key in [k for k in self._totals if all(p in k[0] for p in pairs)]:
             del self._totals[key]  # a run started again under the same name gets its counters back
 
@@ -157,7 +157,7 @@ class Ingestor:
             self.store.inc("sentinel_nonfinite_total", labels, float(bad))
 
     def _scalars(self, scalars: dict[str, Any], add: Callable[..., None], base: Labels,
-                 ctx: dict[str, Any]) -> None:
+                 ctx: Ingested) -> None:
         for name, value in scalars.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
@@ -165,12 +165,11 @@ class Ingestor:
                 add("sentinel_loss", float(value))
                 self._nonfinite("loss", not math.isfinite(value), add, base)
                 if not math.isfinite(value):
-                    ctx["nonfinite_groups"]["loss"] = []
+                    ctx.nonfinite_groups["loss"] = []
             else:  # the engine's admission caps the names (engine/validate.py)
                 add("sentinel_scalar", float(value), name=str(name))
 
-    def _step(self, f: dict[str, Any], add: Callable[..., None], base: Labels,
-              ctx: dict[str, Any]) -> None:
+    def _step(self, f: dict[str, Any], add: Callable[..., None], base: Labels, ctx: Ingested) -> None:
         f = self.shards.route(f, add, base, ctx)  # sharded: local norms, global assembly (shards.py)
         ingest_clip(f, add, self.store, base)  # the pre-clip grad norm (clip.py)
         step, t = f["step"], float(f["t"])
@@ -193,7 +192,7 @@ class Ingestor:
             store.add_row("sentinel_group_grad_norm", self._group_labels(base, groups), norms, step, t)
             self._nonfinite("grad", bool(bad) or not math.isfinite(total), add, base)
             if bad:
-                ctx["nonfinite_groups"]["grad"] = bad
+                ctx.nonfinite_groups["grad"] = bad
             gvr = self._gvr.push(base, norm)
             if gvr is not None:
                 add("sentinel_gradient_variance_ratio", gvr)
@@ -203,7 +202,7 @@ class Ingestor:
                 std = _sqrt(mean_sq - mean_abs * mean_abs)
                 add("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan"))
         opt = f.get("opt", "")
-        ctx["crossrank"] = self.crossrank.observe(f, lambda r: self._base(f["job"], f["run"], r, opt), norm)
+        ctx.crossrank = self.crossrank.observe(f, lambda r: self._base(f["job"], f["run"], r, opt), norm)
         psq = f.get("param_sumsq")
         if psq is not None:
             ptotal = math.fsum(psq)
@@ -212,7 +211,7 @@ class Ingestor:
             store.add_row("sentinel_group_param_norm", self._group_labels(base, groups), pnorms, step, t)
             self._nonfinite("param", bool(pbad), add, base)
             if pbad:
-                ctx["nonfinite_groups"]["param"] = pbad
+                ctx.nonfinite_groups["param"] = pbad
             dsq = f.get("delta_sumsq")
             if dsq is not None:
                 ratio = write_update_ratios(store, base, self._group_labels(base, groups), psq, dsq, step, t)
@@ -230,8 +229,8 @@ class Ingestor:
         if isinstance(sat, list) and len(sat) == 2 and sat[1]:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
         self._lr(f.get("lr"), add, base, step)
-        ctx["lr_change_step"] = self.lr_change_step.get(base)
-        ctx["lr_fraction"] = self._schedule(f, add, base)
+        ctx.lr_change_step = self.lr_change_step.get(base)
+        ctx.lr_fraction = self._schedule(f, add, base)
         st = f.get("state_bytes")
         if isinstance(st, dict):
             for key, nbytes in st.items():
@@ -296,6 +295,11 @@ class Ingestor:
     def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels) -> float | None:
         """The lr over its peak (schedule.py); its gauge is written when it moves."""
         lrs, hints = f.get("lr"), f.get("lr_peak")
+        prev = self._sched_in.get(base)
+        if prev is not None and prev[0] == lrs and prev[1] == hints and self.schedule.fraction(base) == prev[2]:
+            # the rates and peaks of the last report again (the usual case between scheduler
+            # steps): the same update would leave the peaks and the fraction as they are
+            return prev[2]
         if not isinstance(lrs, list) or not all(isinstance(x, (int, float)) for x in lrs):
             return self.schedule.fraction(base)
         if not isinstance(hints, list) or not all(isinstance(x, (int, float)) for x in hints):
@@ -304,6 +308,9 @@ class Ingestor:
         if frac is not None and self._sched_last.get(base) != frac:
             self._sched_last[base] = frac
             add("sentinel_learning_rate_schedule_ratio", frac)
+        if len(self._sched_in) > 10_000:
+            self._sched_in.clear()
+        self._sched_in[base] = (list(lrs), list(hints) if isinstance(hints, list) else hints, frac)
         return frac
 
     def _memory(self, mem: dict[str, Any], add: Callable[..., None], base: Labels) -> None:

@@ -52,6 +52,7 @@ import numpy as np
 
 from sentinel.engine.derived import GroupLabels, GvrTracker, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
+from sentinel.engine.ingested import Ingested
 from sentinel.store import Labels, Store
 
 MAX_STEPS = 8
@@ -157,7 +158,7 @@ class ShardAssembler:
         """Steps dropped before all ranks' frames came."""
 
     def route(self, f: dict[str, Any], add: Callable[..., None], base: Labels,
-              ctx: dict[str, Any]) -> dict[str, Any]:
+              ctx: Ingested) -> dict[str, Any]:
         """Handle a step frame's additive fields if it is sharded.
 
         Args:
@@ -169,7 +170,7 @@ class ShardAssembler:
         Returns:
             ``f`` itself when it is not sharded; else a copy without the additive fields,
             for the rest of the ingest, which must not take them for the model's. When this
-            frame completes its step, ``ctx["assembled"]`` gets the step's whole-model sums:
+            frame completes its step, ``ctx.assembled`` gets the step's whole-model sums:
             ``{"job", "run", "rank": 0, "world", "step", "t"`` (rank 0's), ``"groups",
             "grad_sumsq", "param_sumsq"?, "delta_sumsq"?}`` (None in ``delta_sumsq``: a
             group some rank did not sample).
@@ -192,13 +193,13 @@ class ShardAssembler:
                      _state(f.get("state_bytes")))
         done = self._collect((f["job"], f["run"]), f["step"], rank, world, part)
         if done is not None:
-            ctx.setdefault("assembled", []).append(done)
+            ctx.assembled.append(done)
         return rest
 
     # -- per rank, at once ------------------------------------------------------------
 
     def _local(self, groups: list[str], gsq: list[float], psq: Any, add: Callable[..., None],
-               base: Labels, ctx: dict[str, Any], step: int, t: float) -> None:
+               base: Labels, ctx: Ingested, step: int, t: float) -> None:
         add("sentinel_local_grad_norm", _sqrt(math.fsum(gsq)))
         self.store.add_row("sentinel_local_group_grad_norm", self._group_labels(base, groups),
                            _norms(np.asarray(gsq, dtype=np.float64)), step, t)
@@ -209,7 +210,7 @@ class ShardAssembler:
             add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
             self.store.inc("sentinel_nonfinite_total", self._label(base, "source", source), float(bool(bad)))
             if bad:
-                ctx["nonfinite_groups"][source] = bad
+                ctx.nonfinite_groups[source] = bad
 
     # -- assembly ---------------------------------------------------------------------
 

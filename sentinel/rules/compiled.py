@@ -31,6 +31,9 @@ class Compiled:
     params: Any
     until: int = 0  # no verdict after this step unless an alert is open (0: no end)
     floor: float = 0.0  # no verdict while the lr is below this fraction of its peak
+    warmup: int = 0  # rule.warmup_steps
+    lr_resets: bool = False  # rule.lr_resets_baseline
+    lr_for: int = 0  # rule.lr_for_steps
 
 
 @dataclass
@@ -67,7 +70,7 @@ def compile_rule(idx: int, rule: Rule) -> Compiled:
     return Compiled(
         idx, rule, spec, max(1, p.samples()), offset, fast, frozenset(rule.metrics),
         rule.name, gate, rule.every_steps, rule.lr_grace_steps, p, rule.until_steps,
-        rule.schedule_floor,
+        rule.schedule_floor, rule.warmup_steps, rule.lr_resets_baseline, rule.lr_for_steps,
     )  # fmt: skip
 
 

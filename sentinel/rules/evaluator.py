@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from sentinel.engine.ingested import Ingested
 from sentinel.store import Labels, Store, labels_of
 from sentinel.rules.base import Context, Verdict
-from sentinel.rules.compiled import Compiled, RankState, compile_rule, select
+from sentinel.rules.compiled import Compiled, RankState, Selection, compile_rule, select
 from sentinel.rules.config import Rule, RulePack
 from sentinel.rules.lifecycle import Lifecycle, Transition
 from sentinel.rules.threshold import compare
@@ -44,6 +46,28 @@ NODE_JOB = "node"
 _NO_LABELS: Mapping[str, str] = {}  # shared: detectors never modify their context
 NO_RANK = -1
 """The rank of series that belong to no rank; never listed in an alert's ranks."""
+_NO_GROUPS: Mapping[str, Sequence[str]] = {}
+
+
+@dataclass(slots=True)
+class _Frame:
+    """What the steps of one :meth:`RuleEngine.evaluate` share."""
+
+    job: str
+    run: str
+    rank: int
+    step: int
+    t: float
+    now: float
+    rs: RankState
+    ranks: set[int]  # the run's ranks being watched
+    amp_skipped: bool
+    lr_change: int | None
+    lr_fraction: float | None
+    nonfinite: Mapping[str, Sequence[str]]
+    note: str
+    written: frozenset[str] | None
+    guard_skipped: bool = False  # the step guard kept this step out of the weights
 
 
 class RuleEngine:
@@ -85,6 +109,8 @@ class RuleEngine:
         self._done: dict[tuple[int, Labels], tuple[int, float]] = {}
         # what a detector with a quiet() shortcut left at its last full evaluation, per series
         self._memos: dict[tuple[int, Labels], dict[str, Any]] = {}
+        # the step rules to consider per (gauges written, only): see _candidates
+        self._cands: dict[tuple[frozenset[str] | None, tuple[str, ...] | None], list[Compiled]] = {}
         self.evaluations = 0  # verdicts taken (rule × series), for sentinel_daemon_rule_evaluations_total
 
     def evaluate(
@@ -94,7 +120,7 @@ class RuleEngine:
         rank: int,
         step: int,
         t: float,
-        ctx: Mapping[str, Any] | None = None,
+        ctx: Ingested | None = None,
         only: Collection[str] | None = None,
         opt: str = "",
     ) -> list[Transition]:
@@ -102,12 +128,10 @@ class RuleEngine:
 
         Args:
             t: the frame's wall-clock time.
-            ctx: ``nonfinite_groups`` (``{source: [group, ...]}``, first ones first),
-                ``written`` (the gauges this frame wrote: other rules are skipped) and
-                ``lr_change_step`` (the last step at which the learning rate changed by
-                more than the engine's factor, or None), ``lr_fraction`` (the lr over its
-                peak, see ``Context.lr_fraction``), and optionally ``note``, a
-                phrase for detectors that print one (``Context.note``).
+            ctx: what ingesting the frame found (:class:`Ingested`): its non-finite
+                groups, the gauges it wrote (other rules are skipped; None: judge all),
+                the last learning-rate change, the lr over its peak, and a ``note`` for
+                detectors that print one (``Context.note``). None: nothing of the kind.
             only: evaluate just these rules (e.g. the cross-rank ones, for a rank whose
                 frame for ``step`` was judged already).
             opt: the frame's optimizer stream (``""``: the rank's only one).
@@ -115,122 +139,174 @@ class RuleEngine:
         Returns:
             Transitions to firing or resolved, in order.
         """
-        ctx = ctx or {}
-        lr_change: int | None = ctx.get("lr_change_step")
-        lr_fraction: float | None = ctx.get("lr_fraction")
-        nonfinite: Mapping[str, Sequence[str]] = ctx.get("nonfinite_groups") or {}
-        note: str = ctx.get("note") or ""
-        guard_skipped = bool(ctx.get("guard_skipped"))  # the step guard kept this step out
-        written: frozenset[str] | None = ctx.get("written")
-        store, life = self.store, self._life
         with self._lock:
-            now = self._clock()
-            rs = self._rank(job, run, rank, opt)
-            labels = rs.labels
-            ranks = self._runs.setdefault((job, run), set())
-            ranks.add(rank)
-            if only is None:  # a frame of this rank (not a re-evaluation for other ranks' data)
-                rs.last_step = step
-                rs.frames += 1
-                skips = store.counter(AMP_SKIPS, labels)
-                amp_skipped = skips > rs.amp
-                rs.amp = skips
-            else:
-                amp_skipped = False
-            frame = rs.frames
-            touched: list[str] = []
-            sels, judged, refresh, done, gen = rs.sel, rs.judged, self._refresh, self._done, store.generation
-            memos = self._memos
-            for c in self._step_rules if only is None else [c for c in self._step_rules if c.name in only]:
-                if step < c.gate_until or written is not None and c.metrics.isdisjoint(written):
-                    continue  # warming up, or no new sample of its metrics in this frame
-                if c.until and step > c.until and not life.is_open(c.name, job, run):
-                    continue  # an early-phase check, over (an open alert is judged until it resolves)
-                if c.every > 1 and (step + c.offset) % c.every:
-                    # off its phase: run only to catch up (a sparse series, a frozen step)
-                    seen = judged[c.idx]
-                    if seen is not None and step - seen[0] < c.every and frame - seen[1] < 2 * c.every:
-                        continue
-                if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
+            fr = self._begin(job, run, rank, step, t, ctx or Ingested(), only is None, opt)
+            touched = self._judge_due(fr, self._due(fr, self._candidates(fr.written, only)))
+            if only is None:
+                self._time_rules_on_frame(fr, touched)
+            return self._settle(fr, touched)
+
+    def _begin(self, job: str, run: str, rank: int, step: int, t: float, ctx: Ingested,
+               own_frame: bool, opt: str = "") -> _Frame:
+        """Note the rank (its optimizer stream) and its progress; gather what every rule of
+        this evaluation reads."""
+        now = self._clock()
+        rs = self._rank(job, run, rank, opt)
+        ranks = self._runs.get((job, run))
+        if ranks is None:
+            ranks = self._runs[(job, run)] = set()
+        ranks.add(rank)
+        amp_skipped = False
+        if own_frame:  # a frame of this rank (not a re-evaluation for other ranks' data)
+            rs.last_step = step
+            rs.frames += 1
+            skips = self.store.counter(AMP_SKIPS, rs.labels)
+            amp_skipped = skips > rs.amp
+            rs.amp = skips
+        return _Frame(job, run, rank, step, t, now, rs, ranks, amp_skipped, ctx.lr_change_step, ctx.lr_fraction,
+                      ctx.nonfinite_groups or _NO_GROUPS, ctx.note or "", ctx.written, ctx.guard_skipped)
+
+    def _candidates(self, written: frozenset[str] | None, only: Collection[str] | None) -> list[Compiled]:
+        """The step rules to consider, in pack order: those in ``only`` (all by default)
+        reading a metric among ``written`` (all when None). Cached per combination."""
+        key = (written, None if only is None else tuple(only))
+        out = self._cands.get(key)
+        if out is None:
+            if len(self._cands) > 256:
+                self._cands.clear()
+            out = self._cands[key] = [
+                c for c in self._step_rules
+                if (only is None or c.name in only) and (written is None or not c.metrics.isdisjoint(written))
+            ]
+        return out
+
+    def _due(self, fr: _Frame, candidates: list[Compiled]) -> list[Compiled]:
+        """The candidates judged at this frame: not warming up, past their early phase, off
+        their every_steps phase, in their lr grace or under their schedule floor."""
+        step, lr_change, lr_fraction, life = fr.step, fr.lr_change, fr.lr_fraction, self._life
+        judged, frames = fr.rs.judged, fr.rs.frames
+        out = []
+        for c in candidates:
+            if step < c.gate_until:
+                continue  # warming up
+            if c.until and step > c.until and not life.is_open(c.name, fr.job, fr.run):
+                continue  # an early-phase check, over (an open alert is judged until it resolves)
+            if c.every > 1 and (step + c.offset) % c.every:
+                # off its phase: run only to catch up (a sparse series, a frozen step)
+                seen = judged[c.idx]
+                if seen is not None and step - seen[0] < c.every and frames - seen[1] < 2 * c.every:
                     continue
-                if c.floor and lr_fraction is not None and lr_fraction < c.floor:
-                    continue  # the schedule has taken the lr far below its peak: expected
-                sel = sels[c.idx]
-                # looked up again when the store has a new series (the rule's may be among
-                # them) and every refresh_steps
-                if sel is None or sel.generation != gen or not 0 <= step - sel.refreshed < refresh:
-                    sel = select(c, self.store, job, run, rank, rs, step)
-                if sel.metric is None:
-                    continue  # nothing to judge for this rank (yet)
-                name, params, metric = c.name, c.params, sel.metric
-                # with no open alert only a firing verdict changes anything, so a value
-                # that cannot fire (spec.idle) needs no window and no verdict
-                held = life.open_series(name, job, run)
-                idle = None if held is not None else c.spec.idle
-                quiet = None if held is not None else c.spec.quiet
-                since = max(c.rule.warmup_steps, (lr_change or 0) if c.rule.lr_resets_baseline else 0)
-                lr_for = c.rule.lr_for_steps
-                one = 1 if lr_for and lr_change is not None and lr_change <= step < lr_change + lr_for else None
-                sampled = False
-                for series_labels, extra, series in sel.series:
-                    last = series.last()
-                    if last is None or last[0] != step:
-                        continue  # no new sample of this series at this step
-                    sampled = True
-                    if idle is not None and idle(last[2], params):
-                        continue
-                    memo = None
-                    if c.spec.quiet is not None:
-                        memo = memos.get((c.idx, series_labels))
-                        if (quiet is not None and memo is not None and memo.get("since") == since
-                                and quiet(last[2], params, memo, series.count - memo["count"])):
-                            continue  # cannot fire: no window, no verdict
-                    verdict: Verdict | None
-                    if c.fast:  # check() inlined: most values are quiet and need no Verdict
-                        self.evaluations += 1
-                        v = last[2]
-                        if v != v or (params.skip_zero and v == 0.0):
-                            continue  # NaN or a skipped zero: no verdict
-                        firing = compare(v, params.op, params.value)
-                        if not firing and (held is None or (rank, extra) not in held):
-                            continue  # a quiet value of a series the alert does not hold: no change
-                        verdict = Verdict(firing, v, params.value)
-                    done_key = (c.idx, series_labels)
-                    sample = (step, last[1])
-                    if done.get(done_key) == sample:
-                        continue  # judged already, at an earlier frame of this step
-                    done[done_key] = sample
-                    if not c.fast:
-                        window = series.window(c.samples, copy=False)  # read before any append
-                        cctx = self._context(
-                            c.rule, labels, step, t, lr_change, extra, nonfinite, amp_skipped, note
-                        )
-                        cctx.lr_fraction = lr_fraction
-                        cctx.lr_change_step = lr_change
-                        cctx.guard_skipped = guard_skipped
-                        if c.spec.quiet is not None:
-                            if memo is None:
-                                memo = memos[(c.idx, series_labels)] = {}
-                            memo.pop("base", None)  # fn leaves a new one, or none to go by
-                            memo["count"] = series.count
-                            cctx.memo = memo
-                        verdict = c.spec.fn(window, params, cctx)
-                        self.evaluations += 1
-                    life.observe(c.rule, job, run, rank, extra, verdict, step, now, one)
-                if sampled and c.every > 1:
-                    judged[c.idx] = (step, frame)
-                touched.append(name)
-            for c in self._time_rules if only is None else ():
-                # a new frame ends any stall of this rank: judge it now, not at the next tick
-                if life.tracks(c.rule.name, job, run, rank):
-                    self._time_eval(c, job, run, rank, rs, t, now)
-                    touched.append(c.rule.name)
-            out: list[Transition] = []
-            for name in touched:
-                if life.is_open(name, job, run):
-                    out += life.settle(name, job, run, now, ranks)
-            out += life.flush(now)
-            return out
+            if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
+                continue
+            if c.floor and lr_fraction is not None and lr_fraction < c.floor:
+                continue  # the schedule has taken the lr far below its peak: expected
+            out.append(c)
+        return out
+
+    def _judge_due(self, fr: _Frame, due: list[Compiled]) -> list[str]:
+        """Judge each due rule on the rank's series; the names of those judged, in order."""
+        touched: list[str] = []
+        gen, refresh, sels, step = self.store.generation, self._refresh, fr.rs.sel, fr.step
+        for c in due:
+            sel = sels[c.idx]
+            # looked up again when the store has a new series (the rule's may be among
+            # them) and every refresh_steps
+            if sel is None or sel.generation != gen or not 0 <= step - sel.refreshed < refresh:
+                sel = select(c, self.store, fr.job, fr.run, fr.rank, fr.rs, step)
+            if sel.metric is None:
+                continue  # nothing to judge for this rank (yet)
+            self._judge(c, sel, fr)
+            touched.append(c.name)
+        return touched
+
+    def _judge(self, c: Compiled, sel: Selection, fr: _Frame) -> None:
+        """Judge rule ``c`` on each of its series that got a sample at this step, once per
+        sample, and hand the verdicts to the life cycle."""
+        life, done, memos = self._life, self._done, self._memos
+        job, run, rank, step, lr_change = fr.job, fr.run, fr.rank, fr.step, fr.lr_change
+        name, params = c.name, c.params
+        # with no open alert only a firing verdict changes anything, so a value
+        # that cannot fire (spec.idle) needs no window and no verdict
+        held = life.open_series(name, job, run)
+        spec = c.spec
+        idle = None if held is not None else spec.idle
+        quiet = None if held is not None else spec.quiet
+        since = max(c.warmup, (lr_change or 0) if c.lr_resets else 0)
+        lr_for = c.lr_for
+        one = 1 if lr_for and lr_change is not None and lr_change <= step < lr_change + lr_for else None
+        sampled = False
+        for series_labels, extra, series in sel.series:
+            last = series.last()
+            if last is None or last[0] != step:
+                continue  # no new sample of this series at this step
+            sampled = True
+            if idle is not None and idle(last[2], params):
+                continue
+            memo = None
+            if spec.quiet is not None:
+                memo = memos.get((c.idx, series_labels))
+                # a memo holds for the baseline start it was taken with; one with "lr" and
+                # "step" (trend's) also for that lr change only, and samples at later steps
+                if (quiet is not None and memo is not None and memo.get("since") == since
+                        and memo.get("lr", lr_change) == lr_change and memo.get("step", -1) < last[0]
+                        and quiet(last[2], params, memo, series.count - memo["count"])):
+                    if "step" in memo:
+                        memo["step"] = last[0]
+                    continue  # cannot fire: no window, no verdict
+            verdict: Verdict | None
+            if c.fast:  # check() inlined: most values are quiet and need no Verdict
+                self.evaluations += 1
+                v = last[2]
+                if v != v or (params.skip_zero and v == 0.0):
+                    continue  # NaN or a skipped zero: no verdict
+                firing = compare(v, params.op, params.value)
+                if not firing and (held is None or (rank, extra) not in held):
+                    continue  # a quiet value of a series the alert does not hold: no change
+                verdict = Verdict(firing, v, params.value)
+            done_key = (c.idx, series_labels)
+            sample = (step, last[1])
+            if done.get(done_key) == sample:
+                continue  # judged already, at an earlier frame of this step
+            done[done_key] = sample
+            if not c.fast:
+                window = series.window(c.samples, copy=False)  # read before any append
+                cctx = self._context(
+                    c.rule, fr.rs.labels, step, fr.t, lr_change, extra, fr.nonfinite, fr.amp_skipped, fr.note
+                )
+                cctx.lr_fraction = fr.lr_fraction
+                cctx.lr_change_step = lr_change
+                cctx.guard_skipped = fr.guard_skipped  # the step guard kept this step out
+                if spec.quiet is not None:
+                    if memo is None:
+                        memo = memos[(c.idx, series_labels)] = {}
+                    memo.pop("base", None)  # fn leaves a new one, or none to go by
+                    memo["count"] = series.count
+                    cctx.memo = memo
+                verdict = spec.fn(window, params, cctx)
+                self.evaluations += 1
+            life.observe(c.rule, job, run, rank, extra, verdict, step, fr.now, one)
+        if sampled and c.every > 1:
+            fr.rs.judged[c.idx] = (step, fr.rs.frames)
+
+    def _time_rules_on_frame(self, fr: _Frame, touched: list[str]) -> None:
+        """A new frame ends any stall of this rank: judge the time-based rules whose
+        alert holds it now, not at the next tick."""
+        life = self._life
+        for c in self._time_rules:
+            if life.tracks(c.rule.name, fr.job, fr.run, fr.rank):
+                self._time_eval(c, fr.job, fr.run, fr.rank, fr.rs, fr.t, fr.now)
+                touched.append(c.rule.name)
+
+    def _settle(self, fr: _Frame, touched: list[str]) -> list[Transition]:
+        """Move the open alerts of the rules judged to the states their series call for,
+        then fire those whose group wait has passed."""
+        life = self._life
+        out: list[Transition] = []
+        for name in touched:
+            if life.is_open(name, fr.job, fr.run):
+                out += life.settle(name, fr.job, fr.run, fr.now, fr.ranks)
+        out += life.flush(fr.now)
+        return out
 
     def tick(self, now: float | None = None) -> list[Transition]:
         """Evaluate the time-based rules for every known rank; fire alerts whose group

@@ -36,6 +36,6 @@ DETECTORS: dict[str, DetectorSpec] = {
     "skip": DetectorSpec(skip.detect, skip.SkipParams, idle=skip.idle),
     "stall": DetectorSpec(stall.detect, stall.StallParams, time_based=True),
     "exited": DetectorSpec(exited.detect, exited.ExitedParams),
-    "trend": DetectorSpec(trend.detect, trend.TrendParams),
+    "trend": DetectorSpec(trend.detect, trend.TrendParams, quiet=trend.quiet),
 }
 """Every detector kind a rule may name."""

@@ -19,12 +19,16 @@ from ``lr_min`` samples after it with ``lr_z``: a rise that starts as the rate j
 seen within a few steps, and the verdict names the change.
 
 Cost: a median of ``chunk`` values at each end first; the regression (one numpy pass over
-``window`` values) only when the level has risen.
+``window`` values) only when the level has risen. While no alert is open, :func:`quiet`
+moves the last segment on by the new sample and takes the two medians, without reading
+the window.
 """
 
 from __future__ import annotations
 
 import math
+from itertools import pairwise
+from typing import Any
 
 from pydantic import Field, PositiveInt, model_validator
 
@@ -61,6 +65,34 @@ class TrendParams(Params):
         return self.window + self.chunk
 
 
+def quiet(value: float, params: TrendParams, memo: dict[str, Any], appended: int) -> bool:
+    """True when :func:`detect` would find no rise at ``value``, judged from the segment it
+    left in ``memo`` one sample ago, which it then moves on by that sample.
+
+    :func:`detect` leaves one only where the next segment is the last one without its
+    first sample, plus ``value``: no learning-rate change, a full window, steps rising
+    and none before ``since_step``. The engine keeps it to that (the memo's ``since``,
+    ``lr`` and ``step``: same baseline start, no lr change since, a later step)."""
+    base = memo.get("base")
+    if not base or appended != 1 or not (value > 0 and math.isfinite(value)):
+        return False
+    vals = base[1:]
+    vals.append(value)
+    if not median(vals[-params.chunk:]) < params.factor * median(vals[: params.chunk]):
+        return False  # it rose: the full verdict decides
+    memo["base"] = vals
+    memo["count"] += 1
+    return True
+
+
+def _positive(vals: list[float]) -> bool:
+    """Every value is positive and finite (a finite sum and a positive minimum say so at
+    once; the sum overflows or is not finite only in rare cases, checked one by one)."""
+    if min(vals) <= 0:
+        return False
+    return math.isfinite(sum(vals)) or all(v > 0 and math.isfinite(v) for v in vals)
+
+
 def detect(window: Window, params: TrendParams, ctx: Context) -> Verdict | None:
     """Fire when the segment's level rose ``factor``× with a slope ``z`` errors above 0.
 
@@ -69,27 +101,39 @@ def detect(window: Window, params: TrendParams, ctx: Context) -> Verdict | None:
         threshold ``factor ×`` the first level, the baseline the first level.
     """
     w = since(window, ctx.since_step)
-    steps, vals = w.steps.tolist(), w.values.tolist()
     p = params
     lr = ctx.lr_change_step
-    after_lr = lr is not None and sum(1 for s in steps if s >= lr) <= p.window
+    steps: list[int] | None = None  # taken from the window only where needed: most verdicts need none
+    after_lr = False
+    if lr is not None:
+        steps = w.steps.tolist()
+        after_lr = sum(1 for s in steps if s >= lr) <= p.window
     if after_lr:
-        assert lr is not None
+        assert lr is not None and steps is not None
         i = next((j for j, s in enumerate(steps) if s >= lr), len(steps))
         if len(steps) - i < p.lr_min:
             after_lr = False  # too soon to judge the change; the plain window still is
         else:
-            steps, vals = steps[max(0, i - p.chunk):], vals[max(0, i - p.chunk):]
+            steps, vals = steps[max(0, i - p.chunk):], w.values[max(0, i - p.chunk):].tolist()
     if not after_lr:
-        steps, vals = steps[-p.window:], vals[-p.window:]
+        vals = w.values[-p.window:].tolist()
         if len(vals) < p.window:
             return None
-    if len(vals) < 2 * p.chunk or not all(v > 0 and math.isfinite(v) for v in vals):
+    if len(vals) < 2 * p.chunk or not _positive(vals):
         return None
     first, last = median(vals[: p.chunk]), median(vals[-p.chunk :])
     threshold = p.factor * first
+    if ctx.memo is not None and lr is None and len(window) == p.samples():
+        steps = window.steps.tolist()  # the whole window: since() left it as it is
+        if steps[0] >= ctx.since_step and all(a < b for a, b in pairwise(steps)):
+            ctx.memo.update(base=vals, since=ctx.since_step, lr=None, step=steps[-1])  # for quiet()
+        steps = steps[-p.window:]
     if last < threshold:  # the common case: no rise, no regression
         return Verdict(False, last, threshold, baseline=first)
+    if steps is None:
+        steps = w.steps[-p.window:].tolist()
+    elif not after_lr:
+        steps = steps[-p.window:]
     fit = log_trend(steps, vals)
     if fit is None:
         return None

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sentinel.engine.ingested import Ingested
 from sentinel.store import Store, labels_of
 from sentinel.rules import RuleEngine, Transition, load_pack
 
@@ -103,7 +104,7 @@ class Sim:
                 if fault is not None:
                     fault(step, rank, v)
                 self.write(step, rank, v)
-                ctx = {"nonfinite_groups": v["nonfinite_groups"], "lr_change_step": self.lr_change}
+                ctx = Ingested(nonfinite_groups=v["nonfinite_groups"], lr_change_step=self.lr_change)
                 out += self.engine.evaluate("job", "run", rank, step, self.t, ctx)
             if step % 2 == 0:
                 out += self.engine.tick(self.t)

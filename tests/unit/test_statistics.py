@@ -167,7 +167,7 @@ def test_nan_in_one_layer_names_its_group(mlp: MLP) -> None:
     bad = [g for g, v in zip(frame["groups"], frame["grad_sumsq"]) if not math.isfinite(v)]
     assert bad == ["layers.1"]
     ctx = sender.engine.ingest(frame)
-    assert ctx["nonfinite_groups"]["grad"] == ["layers.1"]
+    assert ctx.nonfinite_groups["grad"] == ["layers.1"]
     labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run), ("source", "grad"))
     assert sender.engine.store.counter("sentinel_nonfinite_total", labels) >= 1
     mon.close()
