@@ -16,6 +16,21 @@ __all__ = ["Monitor", "TrainingHalted", "watch"]
 __version__ = "0.1.0"
 
 
+def _start_engine(options: Any) -> Any:
+    """A monitor's own engine: the package root joins the instrument to the daemon side
+    (:func:`sentinel.daemon.launch.start`), so that neither imports the other's floor."""
+    from sentinel.daemon.launch import start
+
+    return start(options)
+
+
+def _config_guard(path: str) -> Any:
+    """A config file's guard options (:func:`sentinel.daemon.launch.config_guard`)."""
+    from sentinel.daemon.launch import config_guard
+
+    return config_guard(path)
+
+
 def __getattr__(name: str) -> Any:
     if name == "watch":
         from sentinel.instrument.watching import watch

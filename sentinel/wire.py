@@ -55,7 +55,7 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    (``instrument/optinfo.py``); with ``state_bytes``
 ``total_steps``?   the run's planned optimizer steps, when the user gave them
 ``env``?           ``{name: str}`` versions, GPU model and numerics flags
-                   (``instrument/environment.py``); at the first step and with
+                   (``instrument/envprobe.py``); at the first step and with
                    ``state_bytes``
 ``amp``?           ``{"scale": float, "skipped": int}``
 ``scalars``?       ``{name: float}`` from ``Monitor.log``

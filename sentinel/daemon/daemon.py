@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 from sentinel import wire
+from sentinel.daemon.processes import Replies
 from sentinel.config import SentinelConfig
 from sentinel.daemon.folder import default_socket_path, remove_folder
 from sentinel.daemon.listener import DatagramListener
@@ -47,7 +48,9 @@ class Daemon:
             self.service.stop()
             raise
         engine = self.service.engine
-        engine.reply_dir = os.path.dirname(os.path.abspath(socket_path))
+        self.replies = Replies(os.path.dirname(os.path.abspath(socket_path)))
+        engine.frame_listeners.append(self.replies.note)
+        engine.dropped_listeners.append(self.replies.dropped)
         self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._out.setblocking(False)
         self.messages_sent = self.messages_failed = 0
@@ -72,7 +75,7 @@ class Daemon:
             log.warning("sentinel daemon: a reply off the schema was not sent", exc_info=True)
             return
         only = msg.get("rank")
-        for rk, path in list(engine.replies.items()):
+        for rk, path in list(self.replies.paths.items()):
             if rk[:2] != key or (only is not None and rk[2] != only):
                 continue
             try:
@@ -85,11 +88,7 @@ class Daemon:
         self.listener.close()
         self.service.stop()
         self._out.close()
-        for path in self.service.engine.replies.values():  # of ranks that crashed: never removed
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        self.replies.close()
         if self.listener.made_folder:
             remove_folder(self.listener.directory)
 

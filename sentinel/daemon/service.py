@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,13 +21,14 @@ from sentinel.config import SentinelConfig
 from sentinel.engine.engine import Engine
 from sentinel.serve.exporter import StoreCollector, make_registry
 from sentinel.serve.profile import profile_filter
+from sentinel.daemon import processes
 from sentinel.daemon.evidence import Capturer
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.serve.http import HttpServer
 from sentinel.serve.snapshot import status_json
 from sentinel.serve.status import asset, status_page
 from sentinel.serve.webconfig import load_web_config
-from sentinel.instrument.options import parse_listen
+from sentinel.listen import parse_listen
 from sentinel.delivery.courier import Courier, notice_of
 from sentinel.dashboards.links import dashboard_link
 from sentinel.delivery.outbox import Outbox, default_path
@@ -106,7 +108,8 @@ class Service:
                  batch_seconds: float = 0.0) -> None:
         self.config = config
         self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
-                             idle_ttl=config.retention.idle_seconds, limits=config.limits.limits())
+                             idle_ttl=config.retention.idle_seconds, limits=config.limits.limits(),
+                             alive=processes.alive, node=socket.gethostname())
         self.on_message = on_message
         self.pack = pack
         self.courier = make_courier(config)

@@ -4,8 +4,6 @@ the daemon."""
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections import deque
@@ -26,17 +24,6 @@ log = logging.getLogger("sentinel")
 
 EXIT_STATUS = "sentinel_exit_status"
 """Gauge: the exit status recorded for a rank that ended without finishing (see rules/exited.py)."""
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process exists (a zombie counts: its parent will report its status)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: exists, another user's
-        return True
-    return True
 
 Listener = Callable[[Transition], object]
 
@@ -64,7 +51,8 @@ class Engine:
 
     def __init__(self, store: Store | None = None, pack: RulePack | None = None,
                  clock: Callable[[], float] = time.time, history: int = 500,
-                 ended_ttl: float = 600.0, idle_ttl: float = 86_400.0, limits: Limits | None = None) -> None:
+                 ended_ttl: float = 600.0, idle_ttl: float = 86_400.0, limits: Limits | None = None,
+                 alive: Callable[[int], bool] | None = None, node: str = "") -> None:
         self.store = store or Store()
         self.limits = limits or Limits()
         self.admission = Admission(self.limits)
@@ -100,16 +88,18 @@ class Engine:
         self._scan: deque[tuple[str, str, int]] = deque()  # ranks still to check in this sweep
         self._gone: dict[tuple[str, str, int], int] = {}  # found dead, crash not recorded yet
         self.ended_ttl, self.idle_ttl = ended_ttl, idle_ttl
-        # a shared daemon's way back to the ranks: their reply sockets, which must lie in
-        # reply_dir (the daemon's own private folder; None: take none)
-        self.reply_dir: str | None = None
-        self.replies: dict[tuple[str, str, int], str] = {}
+        self.alive = alive
+        """Whether a process still exists (the daemon side's; None: processes are not checked)."""
+        self.dropped_listeners: list[Callable[[str, str, set[tuple[str, str, int]]], object]] = []
+        """Told ``(job, run, ranks that exited)`` when a run's series are dropped (the daemon
+        removes the reply sockets crashed ranks left behind)."""
         self.halted: set[tuple[str, str]] = set()  # runs the stop action stopped: their exit is no crash
         self.runs_seen: dict[tuple[str, str], float] = {}  # the time of each run's last frame
         self.runs_dropped = 0
         self._crash_rules = self.rules.rules_of_kind("exited")
         self._cross_rules = self.rules.rules_reading(crossrank.METRICS)
-        self.node = socket.gethostname()  # the run of node-level (GPU) alerts
+        self.node = node
+        """The run of node-level (GPU) alerts: the machine's name (the daemon side's)."""
         self._lock = threading.RLock()
 
     def feed(self, data: bytes, pid: int | None = None) -> bool:
@@ -222,11 +212,6 @@ class Engine:
             if opt:
                 self.streams.setdefault(rk, set()).add(opt)
             self.finished.discard(rk)
-            reply = frame.get("reply")
-            if self.reply_dir is not None and isinstance(reply, str) and reply != self.replies.get(rk):
-                name = os.path.basename(reply)
-                if os.path.dirname(reply) == self.reply_dir and name.startswith("reply-") and len(reply) < 200:
-                    self.replies[rk] = reply
             if rk in self.exited_ranks:  # reporting again (a restart): its crash is over
                 del self.exited_ranks[rk]
                 self.store.add(EXIT_STATUS, self._labels(rk), frame["step"], float(frame["t"]), 0.0)
@@ -314,13 +299,16 @@ class Engine:
         (:meth:`reap`, which the service runs between its batches of frames).
         """
         with self._lock:
+            alive = self.alive
+            if alive is None:  # nothing to check processes with: only goodbyes end ranks
+                return self.reap(now=now)
             if not self._scan:
                 self._scan.extend(self.pids)
             pids, owned, gone = self.pids, self.owned_pids, self._gone
             for _ in range(min(SCAN_PER_CALL, len(self._scan))):
                 rk = self._scan.popleft()
                 pid = pids.get(rk)
-                if pid is not None and pid not in owned and rk not in gone and not _alive(pid):
+                if pid is not None and pid not in owned and rk not in gone and not alive(pid):
                     gone[rk] = pid
             return self.reap(now=now)
 
@@ -383,19 +371,18 @@ class Engine:
             self.store.drop(job, run)
             self.ingestor.forget(job, run)
             self.admission.forget(job, run)
-            for rk, path in self.replies.items():  # a crashed rank never removed its reply socket
-                if rk[:2] == (job, run) and rk in self.exited_ranks:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
+            exited = {rk for rk in self.exited_ranks if rk[:2] == (job, run)}
+            for listener in self.dropped_listeners:  # e.g. a crashed rank's reply socket, left behind
+                try:
+                    listener(job, run, exited)
+                except Exception:
+                    self.listener_errors += 1
             del self.runs_seen[(job, run)]
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
             self.streams = {rk: v for rk, v in self.streams.items() if rk[:2] != (job, run)}
             self._gone = {rk: v for rk, v in self._gone.items() if rk[:2] != (job, run)}
-            self.replies = {rk: v for rk, v in self.replies.items() if rk[:2] != (job, run)}
             self.halted.discard((job, run))
             self.runs_dropped += 1
             log.info("sentinel engine: dropped the series of run %s/%s (%s)", job, run,

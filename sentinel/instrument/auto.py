@@ -3,7 +3,7 @@
 :func:`install` is idempotent and cheap: it tells the registry
 (:mod:`sentinel.instrument.registry`, whose one global optimizer step hook sees every
 optimizer that steps) to attach a monitor to any optimizer no monitor watches, and wraps
-gradient clipping (:mod:`sentinel.instrument.clip`) to keep the pre-clip total norm.
+gradient clipping (:mod:`sentinel.instrument.preclip`) to keep the pre-clip total norm.
 Nothing connects until an optimizer actually steps, so launchers and DataLoader workers
 never do. At an optimizer's first step a :class:`~sentinel.instrument.monitor.Monitor`
 is attached to it, with the module that owns its parameters (found once) naming the
@@ -58,13 +58,13 @@ def install() -> bool:
     atexit.register(close_all)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from sentinel.instrument import clip, losses, registry
+    from sentinel.instrument import losses, preclip, registry
 
     global _early
     _early = losses.LossSum()  # a first step's micro-batches run before its optimizer is seen
     registry.set_fallback(_attach)
     register_optimizer_step_post_hook(_on_post_step)
-    clip.attach(_on_clip)
+    preclip.attach(_on_clip)
     losses.backward_listeners.add(_hand_watch)
     return True
 

@@ -58,7 +58,7 @@ def assemble(report: Report, values: dict[str, list[float]], n_groups: int, shar
     if "delta_sumsq" in values:
         sampled = set(report.delta_groups or ())
         frame.delta_sumsq = [v if i in sampled else None for i, v in enumerate(values["delta_sumsq"])]
-        # the seed's UAR (instrument/magnitude.py)
+        # the seed's UAR (instrument/deltas.py)
         if "delta_l1" in values and len(values["delta_l1"]) == g:
             frame.delta_l1 = [v if i in sampled else None for i, v in enumerate(values["delta_l1"])]
         if "param_l1" in values and len(values["param_l1"]) == g:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from sentinel.instrument.groups import assign_groups
-from sentinel.instrument.magnitude import UpdateSnapshot
+from sentinel.instrument.deltas import UpdateSnapshot
 from sentinel.instrument.stats import GroupedTensors, _local, shard_plan
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import clip, losses, probes, registry
+from sentinel.instrument import losses, preclip, probes, registry
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.guard import make_guard
@@ -169,7 +169,7 @@ class Monitor(Reporter):
         try:
             for k, opt in enumerate(self.optimizers):
                 self._opt_handles.append(self._hook_optimizer(k, opt))
-            self._handles.append(clip.attach(self.note_clip))
+            self._handles.append(preclip.attach(self.note_clip))
             # busy time: data loading plus forward compute, before the step's gradient sync
             self._busy = BusyClock(outer, inner) if outer is not None else None
             if self._busy is not None:
@@ -314,7 +314,7 @@ class Monitor(Reporter):
 
     def note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
         """Record the total gradient norm that ``clip_grad_norm_`` computed before clipping
-        (called by :mod:`sentinel.instrument.clip`). The tensor is read back with the
+        (called by :mod:`sentinel.instrument.preclip`). The tensor is read back with the
         coming step's report, never here. Never raises."""
         if self.active:
             self.boundary.run("clip", self._note_clip, total_norm, max_norm)
@@ -482,7 +482,7 @@ class Monitor(Reporter):
 
     def _update_stats(self, k: int) -> None:
         snap = self.layout.snapshots[k]
-        for name, sums in snap.measure().items():  # ‖Δw‖ and the seed's UAR (magnitude.py)
+        for name, sums in snap.measure().items():  # ‖Δw‖ and the seed's UAR (deltas.py)
             self._add(name, sums)
         self._meta_groups |= snap.groups
 

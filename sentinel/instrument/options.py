@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sentinel.instrument.guardopts import parse_guard
+from sentinel.listen import parse_listen
 
 DEFAULT_LISTEN = "127.0.0.1:9400"
 
@@ -192,18 +193,6 @@ def default_run_name() -> str:
     return launcher_run_name() or f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """Split ``HOST:PORT``.
-
-    Raises:
-        ValueError: not of the form ``HOST:PORT`` with a port in 0..65535.
-    """
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen: expected HOST:PORT, got {listen!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
     """Build options from keyword arguments, filling unset ones from ``SENTINEL_*``.
 
@@ -240,7 +229,7 @@ def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
 
 def rank_world() -> tuple[int, int]:
     """This process's ``(rank, world size)``: torch.distributed's, else the launcher's."""
-    import torch  # here, not at the top: the daemon reads parse_listen and needs no torch
+    import torch  # here, not at the top: importing the options costs no torch
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()

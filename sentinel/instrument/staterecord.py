@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sentinel.instrument import environment, optinfo, optstate, probes
+from sentinel.instrument import envprobe, optinfo, optstate, probes
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.frames import Report
 from sentinel.instrument.layout import Layout
@@ -46,7 +46,7 @@ class StateRecord:
             frame.optim = optim
             if o.total_steps > 0:
                 frame.total_steps = o.total_steps
-        env = self.boundary.run("environment", environment.describe, devices)
+        env = self.boundary.run("environment", envprobe.describe, devices)
         if env:  # at the first step, after a load, and every state_every steps (a restarted daemon)
             frame.env = env
         st = self.boundary.run("state", probes.state_bytes, optimizers)

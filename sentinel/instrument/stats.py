@@ -274,7 +274,7 @@ class GroupedTensors:
     def param_sumsq(self, only: set[int] | None = None) -> dict[torch.device, Tensor]:
         """Per-group ``sum(w**2)``, optionally only for parameters at positions in a group set.
 
-        The norms of the parameters that :meth:`~sentinel.instrument.magnitude.UpdateSnapshot.measure` has just read
+        The norms of the parameters that :meth:`~sentinel.instrument.deltas.UpdateSnapshot.measure` has just read
         (and that no in-place op has changed since) are taken from that pass, not read again.
         """
         out: dict[torch.device, Tensor] = {}

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 from pydantic import PositiveInt, SerializeAsAny, ValidationError, field_validator
 
+from sentinel.errors import ConfigError as ConfigError  # the ground floor's, re-exported
 from sentinel.rules.base import Params
 from sentinel.rules.registry import DETECTORS
 
@@ -51,18 +52,6 @@ SUMMARY_FIELDS: dict[str, object] = {
 groups ("layers.3, layers.4 (+5 more)", or "-" when none); ``where`` is ``ranks`` plus
 the groups in parentheses when there are any.
 """
-
-
-class ConfigError(Exception):
-    """Invalid configuration; ``str()`` is one ``dotted.key: message`` line per problem.
-
-    Attributes:
-        problems: the lines.
-    """
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 def dotted(loc: Sequence[str | int]) -> str:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sentinel
-from sentinel.instrument import link
+from sentinel.daemon import launch as link  # EngineProcess lives with the daemon side
 from tests.helpers import MLP, wait_for
 
 pytestmark = pytest.mark.integration

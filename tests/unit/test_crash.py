@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from sentinel import wire
+from sentinel.daemon import processes
 from sentinel.engine.engine import Engine
 
 
@@ -29,7 +30,7 @@ class Clock:
 
 def _engine(steps: int = 20) -> tuple[Engine, Clock]:
     clock = Clock()
-    engine = Engine(clock=clock)
+    engine = Engine(clock=clock, alive=processes.alive)
     for step in range(steps):
         clock.t += 0.1
         for rank in (0, 1):
@@ -77,7 +78,7 @@ def test_the_whole_command_failing_marks_every_rank_of_the_run() -> None:
 
 
 def test_a_command_that_dies_before_its_first_step_still_alerts() -> None:
-    engine = Engine()
+    engine = Engine(alive=processes.alive)
     out = engine.exited("train", "never-stepped", 2, who="python train.py")
     assert [t.alertname for t in out if t.state_to == "firing"] == ["TrainingCrashed"]
     assert "no step reported" in out[0].summary and "exited with status 2" in out[0].summary
@@ -125,7 +126,7 @@ def test_a_daemon_forgets_runs_that_ended_and_runs_gone_silent() -> None:
     """A node daemon outlives its jobs: the series of a finished run go after ended_ttl
     (time for a last scrape), those of a run silent for idle_ttl after that long."""
     clock = Clock()
-    engine = Engine(clock=clock, ended_ttl=60, idle_ttl=3600)
+    engine = Engine(clock=clock, ended_ttl=60, idle_ttl=3600, alive=processes.alive)
     for run in ("done", "crashed", "going", "silent"):
         for step in range(5):
             clock.t += 0.1
@@ -159,7 +160,7 @@ def test_many_processes_vanishing_at_once_are_recorded_a_slice_at_a_time(monkeyp
 
     monkeypatch.setattr(engine_module, "CRASHES_PER_CALL", 8)  # type: ignore[attr-defined]
     clock = Clock()
-    engine = Engine(clock=clock)
+    engine = Engine(clock=clock, alive=processes.alive)
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(30)]
     try:
         for i, p in enumerate(procs):

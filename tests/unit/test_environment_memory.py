@@ -9,7 +9,7 @@ import torch
 
 from sentinel import wire
 from sentinel.engine.engine import Engine
-from sentinel.instrument import environment
+from sentinel.instrument import envprobe as environment
 from sentinel.store import labels_of
 from tests.helpers import MLP, make_monitor, train_steps
 

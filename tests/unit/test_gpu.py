@@ -94,7 +94,7 @@ def test_gpu_rules_fire_for_the_hot_gpu_its_xid_and_its_ecc_errors() -> None:
     from sentinel.engine.engine import Engine
 
     now = [1000.0]
-    engine = Engine(clock=lambda: now[0])
+    engine = Engine(clock=lambda: now[0], node="node-a")
     nvml = FakeNvml()
     poller = GpuPoller(engine.store, nvml, interval=60, clock=lambda: now[0])
     for _ in range(3):  # GPUOverheating needs 3 polls in a row

@@ -4,12 +4,13 @@ Every ``import`` in the package is read with :mod:`ast`, function-local ones inc
 a lazy import cannot slip past. The rules:
 
 - ``sentinel.instrument`` runs inside training: the standard library, torch, msgpack,
-  ``sentinel.wire`` and itself only. The one exception is the boundary where a monitor
-  starts its own engine (``instrument/link.py``): inside functions only, it validates the
-  config and starts the engine thread. Those lines run after ``watch()`` chose an
-  embedded engine, never at import (``test_never_break`` checks that importing the
-  instrument loads no daemon-side library).
-- the ground floor (``wire``, ``store``, ``catalog``) imports nothing of the package;
+  msgspec, the ground floor's ``wire``, ``errors`` and ``listen``, and itself only. It
+  reaches the daemon side (a monitor's own engine, a config file) only through the package
+  root (``import sentinel``; ``sentinel._start_engine``), which imports
+  ``sentinel.daemon.launch`` when a monitor starts its own engine, never at import
+  (``test_never_break`` checks that importing the instrument loads no daemon-side library).
+- the ground floor (``wire``, ``store``, ``catalog``, ``errors``, ``listen``) imports nothing
+  of the package;
 - ``rules`` imports only the ground floor and itself;
 - ``engine`` (the pipeline) never imports the shells that carry it or what serves it;
 - nothing imports ``sentinel.cli``.
@@ -27,12 +28,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sentinel"
 
-THIRD_PARTY_IN_TRAINING = {"torch", "msgpack"}
-LINK_BOUNDARY = {
-    ("sentinel.instrument.link", "sentinel.config"),  # loud at construction: a bad config raises in watch()
-    ("sentinel.instrument.link", "sentinel.rules.config"),  # ConfigError, to re-raise it
-    ("sentinel.instrument.link", "sentinel.daemon.embedded"),  # engine="thread"
-}
+THIRD_PARTY_IN_TRAINING = {"torch", "msgpack", "msgspec"}
+GROUND_IN_TRAINING = ("sentinel.wire", "sentinel.errors", "sentinel.listen")
 SHELLS = ("sentinel.daemon", "sentinel.serve", "sentinel.delivery", "sentinel.history", "sentinel.cli",
           "sentinel.integrations", "sentinel.demo", "sentinel.run")
 
@@ -41,6 +38,8 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("sentinel.wire", ("sentinel.",)),
     ("sentinel.store", ("sentinel.",)),
     ("sentinel.catalog", ("sentinel.",)),
+    ("sentinel.errors", ("sentinel.",)),
+    ("sentinel.listen", ("sentinel.",)),
     ("sentinel.rules", ("sentinel.engine", "sentinel.config", "sentinel.instrument") + SHELLS),
     ("sentinel.engine", ("sentinel.instrument", "sentinel.config") + SHELLS),
     ("sentinel.serve", ("sentinel.engine", "sentinel.instrument", "sentinel.daemon", "sentinel.delivery",
@@ -100,14 +99,14 @@ def violations(root: Path) -> list[str]:
             if _under(mod, "sentinel.instrument"):
                 top = target.split(".")[0]
                 if top == "sentinel":
-                    ok = (_under(target, "sentinel.instrument") or _under(target, "sentinel.wire")
-                          or target == "sentinel" or any(m == mod and _under(target, t) for m, t in LINK_BOUNDARY))
+                    ok = (_under(target, "sentinel.instrument") or target == "sentinel"
+                          or any(_under(target, g) for g in GROUND_IN_TRAINING))
                     if not ok:
                         out.setdefault(where, f"{where}: {mod} imports {target} (the instrument imports only "
-                                              "itself and wire)")
+                                              "itself and the ground floor's wire, errors and listen)")
                 elif top not in sys.stdlib_module_names and top not in THIRD_PARTY_IN_TRAINING:
                     out.setdefault(where, f"{where}: {mod} imports {target} (inside training: stdlib, torch, "
-                                          "msgpack only)")
+                                          "msgpack, msgspec only)")
                 continue
             for owner, forbidden in FORBIDDEN:
                 if _under(mod, owner) and mod != "sentinel.cli":
@@ -137,6 +136,9 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ("instrument/stats.py", "import numpy\n", "inside training"),
     ("instrument/stats.py", "from sentinel.serve.exporter import Row\n", "the instrument imports only"),
     ("instrument/stats.py", "from sentinel import config\n", "imports sentinel.config"),
+    ("instrument/link.py", "def f():\n    from sentinel.daemon.embedded import EngineThread\n", "imports sentinel.daemon"),
+    ("instrument/link.py", "def f():\n    from sentinel.rules.config import ConfigError\n", "imports sentinel.rules"),
+    ("errors.py", "from sentinel.rules.config import dotted\n", "sentinel.errors imports sentinel.rules"),
     ("engine/ingest.py", "from ..serve.exporter import Row\n", "imports sentinel.serve.exporter"),
     ("daemon/service.py", "from sentinel.cli import app\n", "imports sentinel.cli"),
     ("dashboards/boards.py", "from sentinel.serve.exporter import Row\n", "imports sentinel.serve.exporter"),
@@ -152,6 +154,7 @@ def test_a_forbidden_import_is_found(tmp_path: Path, rel: str, text: str, found:
 
 @pytest.mark.parametrize(("rel", "text"), [
     ("instrument/stats.py", "import torch\nfrom sentinel import wire\nfrom . import probes\n"),
+    ("instrument/link.py", "import sentinel\nfrom sentinel.errors import ConfigError\nfrom sentinel.listen import parse_listen\n"),
     ("engine/ingest.py", "from sentinel.store import Store\nfrom sentinel.rules.base import median\n"),
     ("daemon/service.py", "from sentinel.engine.engine import Engine\nfrom sentinel.serve import http\n"),
     ("cli.py", "from sentinel.daemon.daemon import Daemon\n"),

@@ -10,7 +10,7 @@ import torch
 
 from sentinel.instrument import monitor as monitor_mod
 from sentinel import wire
-from sentinel.instrument import magnitude, probes, staterecord, stats
+from sentinel.instrument import deltas as magnitude, probes, staterecord, stats
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.readback import Readback
 from tests.helpers import MLP, make_monitor, train_steps

@@ -258,7 +258,7 @@ def test_watch_never_raises_for_what_it_cannot_watch(mlp: MLP, model: Any, optim
     assert [r for r in caplog.records if "cannot watch" in r.getMessage()]
     mon.log(loss=1.0)  # an inert monitor takes calls and does nothing
     mon.close()
-    from sentinel.instrument import clip
+    from sentinel.instrument import preclip as clip
     assert mon.note_clip not in clip._listeners  # nothing stays attached
     children = subprocess.run(["ps", "-o", "args=", "--ppid", str(os.getpid())], capture_output=True, text=True)
     assert "sentinel.daemon.child" not in children.stdout  # no engine process left behind

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sentinel.instrument import magnitude, stats
+from sentinel.instrument import deltas as magnitude, stats
 
 
 @pytest.mark.parametrize(("shape", "dtype", "scratch"), [

@@ -1,0 +1,19 @@
+"""The errors every floor of the package may raise or catch (the ground floor: it imports
+nothing of the package). A bad config is found by the daemon side and must reach the
+training side's ``watch()`` as itself."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ConfigError(Exception):
+    """Invalid configuration; ``str()`` is one ``dotted.key: message`` line per problem.
+
+    Attributes:
+        problems: the lines.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
