@@ -31,7 +31,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import yaml
 

@@ -148,7 +148,7 @@ def wandb_peer(b: Bench, wandb_dir: str) -> Peer | str:
             stats(tensor, name)
         finally:
             inside[0] += time.perf_counter() - t0
-    setattr(hist, "log_tensor_stats", timed_stats)  # the hooks look it up on the instance
+    hist.log_tensor_stats = timed_stats  # the hooks look it up on the instance
 
     def step() -> tuple[float, float]:
         inside[0] = 0.0

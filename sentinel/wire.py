@@ -77,7 +77,7 @@ the data meets. The format never carries pickled objects.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgpack
 import msgspec
@@ -115,9 +115,9 @@ GroupName = Annotated[str, Meta(max_length=200)]
 Groups = Annotated[list[GroupName], Meta(max_length=256)]
 Sums = list[NonNegOrInf]
 """Per-group sums of squares, aligned to ``groups`` (the length is checked against it after decoding)."""
-SampledSums = list[Union[NonNegOrInf, None]]
+SampledSums = list[NonNegOrInf | None]
 """Per-group sums of the groups sampled this step (None: not sampled)."""
-Sampled = list[Union[float, None]]
+Sampled = list[float | None]
 """Per-group values of the groups sampled this step (None: not sampled)."""
 ShortKey = Annotated[str, Meta(min_length=1, max_length=64)]
 SCALAR_NAME = r"^[A-Za-z0-9_.:/@+\-]+\Z"  # \Z: "$" would let a trailing newline through
@@ -382,7 +382,7 @@ class Capture(Struct, tag="capture", tag_field="kind", kw_only=True):
     max_bytes: int
 
 
-Message = Union[Ready, Alert, Stop, Arm, Capture]
+Message = Ready | Alert | Stop | Arm | Capture
 _messages = msgspec.msgpack.Decoder(Message)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from sentinel import wire
 from sentinel.daemon.processes import Replies
 from sentinel.config import SentinelConfig
-from sentinel.daemon.folder import default_socket_path, remove_folder
+from sentinel.daemon.folder import default_socket_path as default_socket_path, remove_folder  # re-exported (cli.py)
 from sentinel.daemon.listener import DatagramListener
 from sentinel.daemon.service import Service
 from sentinel.rules.config import RulePack

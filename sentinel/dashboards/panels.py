@@ -166,8 +166,8 @@ def limit(pack: RulePack, name: str, key: str | None = None) -> float:
         KeyError: the rule has no such constant (a renamed parameter must fail the build).
     """
     params = pack.get(name).params
-    for key in (key,) if key else ("value", "ratio", "floor"):
-        v = getattr(params, key, None)
+    for k in (key,) if key else ("value", "ratio", "floor"):
+        v = getattr(params, k, None)
         if isinstance(v, (int, float)):
             return float(v)
     raise KeyError(f"rule {name} has no constant threshold")

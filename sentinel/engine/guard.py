@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from sentinel.engine.ingested import Ingested
+from sentinel.rules.ingested import Ingested
 from sentinel.store import Labels, Store
 from sentinel.wire import GUARD_REASONS, FrameError, GuardNote
 

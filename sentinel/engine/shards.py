@@ -52,7 +52,7 @@ import numpy as np
 
 from sentinel.engine.derived import GroupLabels, GvrTracker, write_update_ratios
 from sentinel.engine.derived import sqrt as _sqrt
-from sentinel.engine.ingested import Ingested
+from sentinel.rules.ingested import Ingested
 from sentinel.store import Labels, Store
 
 MAX_STEPS = 8

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from sentinel.engine.ingested import Ingested
+from sentinel.rules.ingested import Ingested
 from sentinel.store import Labels, Store, labels_of
 from sentinel.rules.base import Context, Verdict
 from sentinel.rules.compiled import Compiled, RankState, Selection, compile_rule, select

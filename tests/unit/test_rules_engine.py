@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sentinel.engine.ingested import Ingested
+from sentinel.rules.ingested import Ingested
 from sentinel.store import Store, labels_of
 from sentinel.rules import RuleEngine, Transition, load_pack
 

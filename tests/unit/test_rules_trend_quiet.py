@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sentinel.engine.ingested import Ingested
+from sentinel.rules.ingested import Ingested
 from sentinel.rules import RuleEngine, Transition, load_pack
 from sentinel.store import Store, labels_of
 
