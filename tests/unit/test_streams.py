@@ -155,14 +155,22 @@ def test_two_watched_optimizers_label_their_frames_in_creation_order() -> None:
     assert len(bye) == 1 and bye[0]["opt"] == "1"
 
 
-def test_one_optimizer_sends_no_stream_label() -> None:
+def _alone(steps: int) -> tuple[Any, CaptureSender]:
+    """A monitor of one SGD over an MLP after ``steps`` steps (left open)."""
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), 0.1)
     mon, sender = make_monitor(model, opt)
-    for _ in range(2):
+    for _ in range(steps):
         opt.zero_grad()
-        model(torch.randn(4, 16)).sum().backward()
+        loss = model(torch.randn(4, 16)).sum()
+        loss.backward()
         opt.step()
+        mon.log(loss=loss)  # the step's report leaves now
+    return mon, sender
+
+
+def test_one_optimizer_sends_no_stream_label() -> None:
+    mon, sender = _alone(2)
     mon.close()
     assert sender.frames and all("opt" not in f for f in sender.frames)
 
@@ -170,21 +178,9 @@ def test_one_optimizer_sends_no_stream_label() -> None:
 def test_a_monitor_left_open_by_an_earlier_run_does_not_make_a_second_stream() -> None:
     """A notebook cell run again, a script's second experiment: the first monitor was never
     closed and had reported before the second was made, so the second is alone (no label)."""
-    first = MLP()
-    opt1 = torch.optim.SGD(first.parameters(), 0.1)
-    old, old_sender = make_monitor(first, opt1)
-    opt1.zero_grad()
-    first(torch.randn(4, 16)).sum().backward()
-    opt1.step()
-    old.log(loss=1.0)
+    old, old_sender = _alone(1)
     assert old_sender.frames and all("opt" not in f for f in old_sender.frames)
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), 0.1)
-    mon, sender = make_monitor(model, opt)
-    for _ in range(2):
-        opt.zero_grad()
-        model(torch.randn(4, 16)).sum().backward()
-        opt.step()
+    mon, sender = _alone(2)
     mon.close()
     old.close()
     assert sender.frames and all("opt" not in f for f in sender.frames)
