@@ -49,7 +49,8 @@ class Daemon:
             raise
         engine = self.service.engine
         self.replies = Replies(os.path.dirname(os.path.abspath(socket_path)))
-        engine.frame_listeners.append(self.replies.note)
+        # first: the service's listeners (the capture action's arm) answer a rank's first frame
+        engine.frame_listeners.insert(0, self.replies.note)
         engine.dropped_listeners.append(self.replies.dropped)
         self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._out.setblocking(False)
