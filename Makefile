@@ -58,7 +58,7 @@ test: setup system-deps lint ## lint, type-check and run the suite (not the `slo
 	$(PY) -m pytest -q -m "not slow"
 
 # the slow part (a Slurm time limit, the dashboards in the fleet profile): .ci/run runs it too
-test-slow: setup system-deps ## run the tests marked slow (the program zoo, Slurm, the fleet profile)
+test-slow: setup system-deps ## run the tests marked slow (the program zoo, Slurm, the fleet profile, a few long runs)
 	$(PY) -m pytest -q -m slow
 
 lint: setup ## ruff, configured in pyproject.toml

@@ -41,6 +41,7 @@ def _get(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
     return hits[0]
 
 
+@pytest.mark.slow  # make test-slow (the two-node FSDP test in make test covers the sharded path too)
 def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> None:
     ref_file, release = tmp_path / "reference.json", tmp_path / "release"
     torchrun = str(Path(sys.executable).with_name("torchrun"))

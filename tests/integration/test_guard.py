@@ -86,7 +86,7 @@ def test_config_guard_skips_alerts_captures_and_lists_the_batch(tmp_path: Path) 
     assert "nonfinite" in out.stdout
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2 ranks: make test-slow
 def test_sentinel_run_guards_a_zero_code_script_exactly(tmp_path: Path, ranks: int) -> None:
     """``actions.guard`` reaches the zero-code monitors of every rank; DDP's all-reduce gives
     each rank the NaN, each skips, and every rank ends bit for bit where a run that left

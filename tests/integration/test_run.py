@@ -161,7 +161,8 @@ def _alerts(url: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(("fault", "rule", "ranks"), [("perturb", "RankDivergence", [0, 1]),
-                                                      ("slow", "RankStraggler", [1])])
+                                                      pytest.param("slow", "RankStraggler", [1],
+                                                                   marks=pytest.mark.slow)])  # make test-slow
 def test_torchrun_cross_rank_faults_fire_their_rule(tmp_path: Path, fault: str, rule: str, ranks: list[int]) -> None:
     release = tmp_path / "release"
     torchrun = str(Path(sys.executable).with_name("torchrun"))

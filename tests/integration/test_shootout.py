@@ -15,6 +15,7 @@ pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "optimizer_shootout.py"
 
 
+@pytest.mark.slow  # 18 s of real training: make test-slow
 def test_the_quick_shootout_ends_with_the_comparison_table(tmp_path: Path) -> None:
     pytest.importorskip("pytorch_optimizer")
     db = tmp_path / "h.sqlite"

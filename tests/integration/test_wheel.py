@@ -13,6 +13,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # builds a wheel: make test-slow
 def test_wheel_contains_the_shim_and_the_rule_pack(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
                           "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
