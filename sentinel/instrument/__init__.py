@@ -1,4 +1,6 @@
-"""What runs inside training. Imports only the standard library, torch and msgpack."""
+"""What runs inside training. Imports only the standard library, torch, msgpack, msgspec
+and the ground floor's ``wire``, ``errors`` and ``listen``; it reaches the daemon side (a
+monitor's own engine) only through the package root (``sentinel._start_engine``)."""
 
 from __future__ import annotations
 
