@@ -75,7 +75,8 @@ class Scraped:
 
 # both export profiles (serve/profile.py): the dashboards and rules must work in each; the
 # fleet one is switched on by the config file for the torchrun job, by the environment for the demo
-@pytest.fixture(scope="module", params=["full", pytest.param("fleet", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=[pytest.param("full", marks=pytest.mark.slow),  # a real Prometheus over real runs:
+                                        pytest.param("fleet", marks=pytest.mark.slow)])  # make test-slow
 def scraped(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Scraped]:
     import os
 

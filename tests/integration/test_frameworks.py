@@ -37,7 +37,8 @@ RUNS = {"plain4": "plain4", "lbfgs": "lbfgs", "accelerate": "accelerate", "light
 ADAPTER_CASES = list(RUNS)
 # under `sentinel run` each case is a fresh Python that imports its framework: the cases
 # that together cover closures, accumulation and clipping in every framework
-ZERO_CODE_CASES = ["plain4", "lbfgs", "accelerate", "lightning_accum_clip", "hf"]
+ZERO_CODE_CASES = [pytest.param("plain4", marks=pytest.mark.slow), pytest.param("lbfgs", marks=pytest.mark.slow),
+                   "accelerate", "lightning_accum_clip", "hf"]  # plain and LBFGS scripts: the zoo has them too
 
 for _name in ("lightning", "transformers", "accelerate"):
     pytest.importorskip(_name, reason="the frameworks extra: pip install -e '.[frameworks]'")

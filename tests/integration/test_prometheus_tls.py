@@ -28,6 +28,7 @@ def _job(name: str, port: int, tmp: Path, cert: bool, password: str) -> str:
             f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
 
 
+@pytest.mark.slow  # make test-slow
 def test_prometheus_scrapes_over_mutual_tls_with_basic_auth(tmp_path: Path) -> None:
     make_certs(tmp_path)
     hashed = bcrypt.hashpw(b"scrape-me", bcrypt.gensalt(4)).decode()

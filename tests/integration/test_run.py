@@ -160,7 +160,8 @@ def _alerts(url: str) -> list[dict[str, Any]]:
         return list(json.loads(r.read())["data"]["alerts"])
 
 
-@pytest.mark.parametrize(("fault", "rule", "ranks"), [("perturb", "RankDivergence", [0, 1]),
+@pytest.mark.parametrize(("fault", "rule", "ranks"), [pytest.param("perturb", "RankDivergence", [0, 1],
+                                                                   marks=pytest.mark.slow),
                                                       pytest.param("slow", "RankStraggler", [1],
                                                                    marks=pytest.mark.slow)])  # make test-slow
 def test_torchrun_cross_rank_faults_fire_their_rule(tmp_path: Path, fault: str, rule: str, ranks: list[int]) -> None:
