@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -105,17 +104,21 @@ def serve_forever(daemon: Daemon, ready: Callable[[], object] | None = None, dra
             inside a Slurm job, ``scancel`` and the time limit send SIGTERM to the daemon
             and the ranks at once (keep it below ``KillWait``).
     """
-    done = threading.Event()
+    stopping: list[int] = []
 
     def handle(signum: int, frame: FrameType | None) -> None:
-        done.set()
+        # no lock here, so not threading.Event.set: the handler runs in the main thread,
+        # which may hold that Event's lock at the very moment the signal lands (entering
+        # its wait), and the daemon would never stop
+        stopping.append(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handle)
     if ready is not None:
         ready()
     log.warning("sentinel daemon: frames on %s, metrics at %s/metrics", daemon.socket_path, daemon.url)
-    done.wait()
+    while not stopping:
+        time.sleep(0.1)  # a signal cuts the sleep short only to run the handler; the loop sees it
     deadline = time.monotonic() + drain_seconds
     engine = daemon.service.engine
     while time.monotonic() < deadline:
