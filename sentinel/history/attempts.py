@@ -11,6 +11,11 @@ frame's rank (:func:`starts_new`):
 - this rank said goodbye in it (cleanly or on an exception);
 - this rank starts over: a step frame for step 1 from a rank that already reported a step.
 
+A rank that had not reported yet when the others said goodbye (a short run, a slow rank:
+rank 1's first frame after rank 0's bye) joins their run instead, as long as it is one of
+the ``world`` ranks the run's frames named and the run has no exit status
+(:func:`late_rank`); the run is ``running`` again until that rank says goodbye too.
+
 ``sentinel run`` also starts a new row when it starts a command, unless the latest row of
 that name has seen no frame and no end yet. A rank that crashed while the others go on
 (one rank's exception, or ``TrainingCrashed``) does not end the run for the others.
@@ -53,6 +58,8 @@ class RunRow:
     optimizers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Each stream's optimizer record (the ``optim`` of its frames), by stream label."""
     groups: list[str] | None = None
+    world: int | None = None
+    """The world size the run's frames named (None: not said)."""
     first_loss: float | None = None
     sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # grad sum, n, delta sum, n
     peak: float | None = None
@@ -76,13 +83,22 @@ def starts_new(r: RunRow, kind: str, rank: Stream, step: int) -> bool:
     begins a new run rather than continuing ``r`` (see the module's docstring)."""
     if kind == "bye":
         return False
+    if r.state == "finished" and late_rank(r, rank):
+        return False
     if r.state == "finished" or r.exit_status is not None or rank in r.byes:
         return True
     return kind == "step" and step == 1 and r.last.get(rank, 0) >= 1
 
 
+def late_rank(r: RunRow, stream: Stream) -> bool:
+    """Whether ``stream`` is a rank of ``r`` that had not reported when the others said
+    goodbye: one of the run's ``world`` ranks, new to it, and no exit status recorded."""
+    rank = stream[0] if isinstance(stream, tuple) else stream
+    return r.exit_status is None and r.world is not None and 0 <= rank < r.world and rank not in r.ranks
+
+
 _COLS = ("id, attempt, stride, samples, min_loss, ranks, groups, first_loss, grad_norm_sum, grad_norm_n, "
-         "delta_sum, delta_n, peak_memory, state, exit_status, steps")
+         "delta_sum, delta_n, peak_memory, state, exit_status, steps, world")
 
 
 def load_latest(db: sqlite3.Connection, job: str, run: str) -> RunRow | None:
@@ -97,7 +113,7 @@ def load_latest(db: sqlite3.Connection, job: str, run: str) -> RunRow | None:
     return RunRow(row[0], row[1], row[2], row[3], records, row[4], state=state, exit_status=row[14],
                   ranks=ranks, streams=set(ranks), byes=set(ranks) if state != "running" else set(),
                   last={0: steps} if steps else {}, groups=json.loads(row[6]) if row[6] else None,
-                  first_loss=row[7], sums=[float(x) for x in row[8:12]], peak=row[12])
+                  world=row[16], first_loss=row[7], sums=[float(x) for x in row[8:12]], peak=row[12])
 
 
 def insert(db: sqlite3.Connection, job: str, run: str, host: str, t: float, attempt: int) -> RunRow:

@@ -93,6 +93,9 @@ class BatchWriter:
         r = self._run(db, f["job"], f["run"], t)
         if starts_new(r, kind, who, step):
             r = self._new_run(db, f["job"], f["run"], t, r)
+        elif r.state == "finished" and kind != "bye":  # a rank that had not reported yet joins
+            r.state = r.agg["state"] = "running"
+            r.agg["ended"] = None
         agg = r.agg
         agg["last_seen"] = t
         r.streams.add(who)
@@ -100,7 +103,7 @@ class BatchWriter:
             r.ranks.add(rank)
             agg["ranks"] = len(r.ranks)
             if isinstance(f.get("world"), int):
-                agg["world"] = f["world"]
+                r.world = agg["world"] = f["world"]
         if kind == "bye":
             r.byes.add(who)
             agg["ended"] = t

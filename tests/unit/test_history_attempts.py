@@ -32,8 +32,17 @@ def row(**kw: Any) -> RunRow:
     (row(ranks={0, 1}, byes={1}, state="crashed", last={0: 4}), "step", 0, 5, False),  # rank 1 crashed, 0 goes on
     (row(ranks={0, 1}, byes={1}, state="crashed"), "step", 1, 1, True),  # the crashed rank again
     (row(ranks={0}, last={0: 5}, state="crashed"), "step", 0, 6, False),  # TrainingCrashed, still reporting
+    # rank 1's first frame after rank 0's goodbye, in a run of 2: the same run
+    (row(ranks={0}, byes={0}, state="finished", world=2), "step", 1, 1, False),
+    (row(ranks={0}, byes={0}, state="finished", world=2), "log", 1, 0, False),
+    (row(ranks={0}, byes={0}, state="finished", world=2), "step", (1, "0"), 1, False),  # a stream of rank 1
+    (row(ranks={0}, byes={0}, state="finished", world=2), "step", 0, 1, True),  # rank 0 again: a new run
+    (row(ranks={0}, byes={0}, state="finished", world=2), "step", 2, 1, True),  # not one of the 2 ranks
+    (row(ranks={0}, byes={0}, state="finished"), "step", 1, 1, True),  # no world said: a new run
+    (row(ranks={0}, byes={0}, state="finished", world=2, exit_status=0), "step", 1, 1, True),  # command ended
 ])
-def test_which_frames_start_a_new_run(r: RunRow, kind: str, rank: int, step: int, new: bool) -> None:
+def test_which_frames_start_a_new_run(r: RunRow, kind: str, rank: int | tuple[int, str], step: int,
+                                      new: bool) -> None:
     assert starts_new(r, kind, rank, step) is new
 
 
@@ -61,6 +70,9 @@ SCENARIOS: dict[str, tuple[list[tuple[str, Any]], list[tuple[int, str]]]] = {
     "one rank crashed, the other goes on": (
         steps(1, 1) + steps(1, 1, rank=1, world=2) + [("frame", frame("bye", 1, rank=1, exc="RuntimeError"))]
         + steps(2, 3), [(3, "crashed")]),
+    "rank 1 starts after rank 0 said goodbye": (
+        steps(1, 2, world=2) + [("frame", frame("bye", 0, world=2))] + steps(1, 2, rank=1, world=2)
+        + [("frame", frame("bye", 0, rank=1, world=2))], [(2, "finished")]),
     "sentinel run twice": (S + steps(1, 2) + [BYE] + END + S + steps(1, 4), [(2, "finished"), (4, "running")]),
     "a command ended with no frame, then the name again": (S + END + S + steps(1, 1), [(0, "finished"),
                                                                                        (1, "running")]),
