@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import sentinel
-from sentinel.instrument.monitor import TrainingHalted
+from sentinel.instrument.monitor import Monitor, TrainingHalted
 from sentinel.rules.alert import Transition
 from sentinel.store import labels_of
-from tests.helpers import MLP, make_monitor
+from sentinel.instrument.options import from_kwargs
+from tests.helpers import MLP, CaptureSender, make_monitor
 
 
 def _loop(mon: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, bad: set[int],
@@ -425,3 +426,49 @@ def test_a_state_dict_between_a_skipped_step_and_the_next_has_the_applied_steps_
     assert taken == [1, 2, 2, 3, 4]
     mon.close()
     assert not opt._optimizer_state_dict_pre_hooks  # nothing of the guard left on the optimizer
+
+
+@pytest.mark.parametrize("bad_g", [set(), {5}])
+def test_two_guarded_optimizers_keep_their_own_nan_out_without_a_page(bad_g: set[int]) -> None:
+    """A GAN's two guarded optimizers in one process (two ``watch`` calls, two streams): a NaN
+    in the discriminator's gradients at step 5 is skipped by its guard alone (the generator
+    steps), raises StepSkipped for that stream, and pages for neither; with a NaN in both at
+    the same step, both skip and still nothing pages."""
+    torch.manual_seed(0)
+    disc, gen_net = MLP(), MLP()
+    opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    opt_g = torch.optim.Adam(gen_net.parameters(), lr=1e-3)
+    sender = CaptureSender()
+    fired = _transitions(sender)
+    opts = {"guard": {"warmup": 3}, "engine": "off", "job": "gan", "run": "r"}
+    mon_d = Monitor(disc, [opt_d], from_kwargs(dict(opts)), sender=sender)
+    mon_g = Monitor(gen_net, [opt_g], from_kwargs(dict(opts)), sender=sender)
+    data = torch.Generator().manual_seed(0)
+    g_moved = []
+    for step in range(1, 9):
+        x = torch.randn(8, 16, generator=data)
+        opt_d.zero_grad()
+        loss_d = disc(x * gen_net(x).detach()).pow(2).mean()  # MLP gives one value a row
+        loss_d.backward()
+        if step == 5:
+            disc.layers[1][0].weight.grad[0, 0] = float("nan")
+        opt_d.step()
+        mon_d.log(loss=loss_d)
+        opt_g.zero_grad()
+        loss_g = (disc(x * gen_net(x)) - 1).pow(2).mean()
+        loss_g.backward()
+        if step in bad_g:
+            gen_net.layers[1][0].weight.grad[0, 0] = float("nan")
+        before = gen_net.head.weight.detach().clone()
+        opt_g.step()
+        mon_g.log(loss=loss_g)
+        g_moved.append(not torch.equal(before, gen_net.head.weight))
+    mon_d.close()
+    mon_g.close()
+    assert mon_d.guard.steps == [5] and mon_g.guard.steps == sorted(bad_g)
+    assert g_moved[4] is (not bad_g)  # the discriminator's skip is its own
+    skipped = [t for t in fired if t.alertname == "StepSkipped"]
+    assert [(t.step, t.optimizers) for t in skipped if t.state_to == "firing"] == [(5, ("0",))]
+    # the second stream's skip at the same step joins the alert already firing
+    assert {o for t in skipped for o in t.optimizers} == ({"0", "1"} if bad_g else {"0"})
+    assert [t for t in fired if t.state_to == "firing" and t.alertname == "TrainingNonFinite"] == []
