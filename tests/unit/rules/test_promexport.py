@@ -13,7 +13,7 @@ import yaml
 from sentinel.rules.config import load_pack
 from sentinel.rules.promexport import export_prometheus, promtool_tests
 
-ALERTS = Path(__file__).resolve().parents[2] / "alerts"
+ALERTS = Path(__file__).resolve().parents[3] / "alerts"
 
 
 def test_committed_rules_and_their_tests_match_a_fresh_export() -> None:

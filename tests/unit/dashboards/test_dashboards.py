@@ -16,7 +16,7 @@ from sentinel.cli import app  # noqa: E402
 from sentinel.dashboards import build, panel_queries, render  # noqa: E402
 from sentinel.rules.config import load_pack  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 UIDS = {"overview": "sentinel-overview", "layers": "sentinel-layers",
         "optimizer-memory": "sentinel-optimizer-memory", "ranks-gpus": "sentinel-ranks-gpus"}
 

@@ -135,7 +135,7 @@ def test_instrument_imports_no_daemon_side_modules() -> None:
 def test_the_shim_does_not_import_torch_in_pythons_that_never_train() -> None:
     import os
 
-    hooks = os.path.join(os.path.dirname(__file__), "..", "..", "hooks")
+    hooks = os.path.join(os.path.dirname(__file__), "..", "..", "..", "hooks")
     env = {**os.environ, "SENTINEL_AUTO": "1", "PYTHONPATH": hooks}
     code = ("import sys; assert 'sitecustomize' in sys.modules; print('torch' in sys.modules); "
             "import torch, sentinel.instrument.auto as a; print(a._installed)")

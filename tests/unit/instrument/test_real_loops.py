@@ -24,7 +24,7 @@ import sentinel
 from sentinel.instrument import watching
 from tests.helpers import MLP, CaptureSender, make_monitor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _norm(model: nn.Module) -> float:

@@ -12,7 +12,7 @@ from sentinel.rules.config import parse_rule
 from sentinel.rules.spike import SpikeParams
 from sentinel.rules.threshold import ThresholdParams
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 BUILTIN = [
     "TrainingNonFinite",
