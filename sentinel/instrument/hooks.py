@@ -1,11 +1,13 @@
 """What a monitor hooks: each optimizer's step (handed over by the registry's global step
 hooks, :mod:`sentinel.instrument.registry`), the model's and ``clip_grad_norm_``'s hooks,
-and, when ``step()`` is given a closure, the closure."""
+when ``step()`` is given a closure, the closure; and the interpreter's exit."""
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -15,6 +17,36 @@ from sentinel.instrument.measure import Measure
 from sentinel.instrument.staterecord import StateRecord
 
 StepHook = Callable[[torch.optim.Optimizer, Any, Any], Any]
+
+
+class _Closable(Protocol):
+    auto: bool
+
+    def close(self) -> None: ...
+
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_exit_hooked = False
+
+
+def close_at_exit(mon: _Closable) -> None:
+    """Close, at interpreter exit, the monitors a script never closed (their last report,
+    the goodbye frame); zero-code mode's own are closed by :func:`sentinel.instrument.auto.close_all`."""
+    global _exit_hooked
+    if mon.auto:
+        return
+    if not _exit_hooked:
+        _exit_hooked = True
+        atexit.register(_close_live)
+    _live.add(mon)
+
+
+def _close_live() -> None:
+    for mon in list(_live):
+        try:
+            mon.close()
+        except Exception:  # at exit: nothing may raise
+            pass
 
 
 def hook_body(fn: Callable[..., Any]) -> Callable[..., Any]:

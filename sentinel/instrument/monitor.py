@@ -9,10 +9,8 @@ does what."""
 
 from __future__ import annotations
 
-import atexit
 import logging
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +22,7 @@ from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.guard import make_guard
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.frames import Report
-from sentinel.instrument.hooks import Hooks, StepHook
+from sentinel.instrument.hooks import Hooks, StepHook, close_at_exit
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
@@ -36,30 +34,6 @@ from sentinel.instrument.staterecord import StateRecord
 from sentinel.instrument.timing import BusyClock, ddp_parts
 
 log = logging.getLogger("sentinel")
-
-
-_live: weakref.WeakSet[Monitor] = weakref.WeakSet()
-_exit_hooked = False
-
-
-def _at_exit(mon: Monitor) -> None:
-    """Close, at interpreter exit, the monitors a script never closed (their last report,
-    the goodbye frame); zero-code mode's own are closed by :func:`sentinel.instrument.auto.close_all`."""
-    global _exit_hooked
-    if mon.auto:
-        return
-    if not _exit_hooked:
-        _exit_hooked = True
-        atexit.register(_close_live)
-    _live.add(mon)
-
-
-def _close_live() -> None:
-    for mon in list(_live):
-        try:
-            mon.close()
-        except Exception:  # at exit: nothing may raise
-            pass
 
 
 class TrainingHalted(RuntimeError):
@@ -117,7 +91,7 @@ class Monitor:
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
         losses.install()  # counts backward() calls: which step a log() belongs to
-        _at_exit(self)
+        close_at_exit(self)
 
         outer, inner, self.ddp = ddp_parts(model, self.world)
         self.measure = Measure(self.boundary, self.cadence, self.optimizers, o.memory_capacity_bytes, self.ddp)
