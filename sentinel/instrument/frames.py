@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from sentinel.instrument.scalars import means
 from sentinel.wire import UNSET, Amp, Frame
+
+Segs = dict[torch.device, dict[str, torch.Tensor]]
+"""A report's device-side figures: per device, the tensors by segment name (``grad_sumsq``, ...)."""
 
 
 @dataclass

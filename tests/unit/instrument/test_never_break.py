@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from sentinel.instrument import monitor as monitor_mod
+from sentinel.instrument import outbox as outbox_mod
 from sentinel import wire
 from sentinel.instrument import deltas as magnitude, probes, staterecord, stats
 from sentinel.instrument.layout import Layout
@@ -34,8 +34,8 @@ PROBES = [
     (Readback, "poll"),
     (wire, "encode"),
     (Layout, "changed"),
-    (monitor_mod, "to_value"),
-    (monitor_mod.Monitor, "_log"),
+    (outbox_mod, "to_value"),
+    (outbox_mod.Outbox, "log"),
 ]
 
 

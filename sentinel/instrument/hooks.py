@@ -1,0 +1,149 @@
+"""What a monitor hooks: each optimizer's step (handed over by the registry's global step
+hooks, :mod:`sentinel.instrument.registry`), the model's and ``clip_grad_norm_``'s hooks,
+when ``step()`` is given a closure, the closure; and the interpreter's exit."""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from sentinel.instrument.boundary import Boundary
+from sentinel.instrument.losses import LossSum
+from sentinel.instrument.measure import Measure
+from sentinel.instrument.staterecord import StateRecord
+
+StepHook = Callable[[torch.optim.Optimizer, Any, Any], Any]
+
+
+class _Closable(Protocol):
+    auto: bool
+
+    def close(self) -> None: ...
+
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_exit_hooked = False
+
+
+def close_at_exit(mon: _Closable) -> None:
+    """Close, at interpreter exit, the monitors a script never closed (their last report,
+    the goodbye frame); zero-code mode's own are closed by :func:`sentinel.instrument.auto.close_all`."""
+    global _exit_hooked
+    if mon.auto:
+        return
+    if not _exit_hooked:
+        _exit_hooked = True
+        atexit.register(_close_live)
+    _live.add(mon)
+
+
+def _close_live() -> None:
+    for mon in list(_live):
+        try:
+            mon.close()
+        except Exception:  # at exit: nothing may raise
+            pass
+
+
+def hook_body(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Hook bodies run without autograd and are never traced by torch.compile."""
+    return torch.compiler.disable(torch.no_grad()(fn))
+
+
+class _Unhook:
+    """Stops handing an optimizer's steps to its monitor."""
+
+    def __init__(self, hooks: Hooks, opt: torch.optim.Optimizer) -> None:
+        self.hooks, self.key = hooks, id(opt)
+
+    def remove(self) -> None:
+        for table in (self.hooks.pres, self.hooks.posts, self.hooks.states):
+            table.pop(self.key, None)
+
+
+class Hooks:
+    """The step hooks of a monitor's optimizers, and every other handle it holds.
+
+    Args:
+        boundary: the monitor's boundary (the closure's gradient read runs inside it).
+        record: the state record, due again when an optimizer is given new state.
+        measure: what reads the gradients.
+        loss_sum: the losses captured at ``backward()``, or None.
+
+    Attributes:
+        handles: the handles of hooks on the model and on ``clip_grad_norm_``.
+        opt_handles: per optimizer, the handles that stop its step hooks.
+        closure_done: per optimizer stepping with a closure, whether its gradients were read yet.
+    """
+
+    def __init__(self, boundary: Boundary, record: StateRecord, measure: Measure, loss_sum: LossSum | None) -> None:
+        self.boundary, self.record, self.measure, self.losses = boundary, record, measure, loss_sum
+        self.handles: list[Any] = []
+        self.opt_handles: list[list[Any]] = []
+        self.pres: dict[int, StepHook] = {}
+        self.posts: dict[int, StepHook] = {}
+        self.states: dict[int, Any] = {}  # each optimizer's state dict, to see a load_state_dict
+        self.closure_done: dict[int, bool] = {}
+
+    def hook(self, opt: torch.optim.Optimizer, pre: StepHook, post: StepHook) -> list[Any]:
+        """Hand ``opt``'s steps to ``pre`` and ``post``; the handles that stop it."""
+        # the registry's global step hooks hand this optimizer's steps to step_pre/step_post:
+        # nothing is registered on the optimizer, so nothing of ours is pickled with it
+        self.pres[id(opt)] = hook_body(pre)
+        self.posts[id(opt)] = hook_body(post)
+        self.states[id(opt)] = opt.state
+        return [_Unhook(self, opt)]
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for h in self.handles + [h for hs in self.opt_handles for h in hs]:
+            h.remove()
+        self.handles.clear()
+        self.opt_handles.clear()
+
+    def step_pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        """The registry's global step pre-hook, for an optimizer this monitor watches."""
+        fn = self.pres.get(id(opt))
+        if fn is None:
+            return None
+        if opt.state is not self.states.get(id(opt)):  # load_state_dict gives it new state
+            self.states[id(opt)] = opt.state
+            self.record.due = True
+        return fn(opt, args, kwargs)
+
+    def step_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The registry's global step post-hook, for an optimizer this monitor watches."""
+        fn = self.posts.get(id(opt))
+        if fn is not None:
+            fn(opt, args, kwargs)
+
+    def closure_aware(self, k: int, step: int, args: Any, kwargs: Any) -> Any:
+        """Read the gradients now, or, when ``step`` was given a closure (Lightning's
+        automatic optimization, LBFGS), right after the closure's first call inside
+        ``step()``: the gradients the optimizer applies. The plain loop pays nothing."""
+        # torch passes step()'s own arguments, the optimizer first: (opt, closure?)
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            m = self.measure
+            m.guard_grads(k, step, m.grad_stats(k, step))
+            return None
+        self.closure_done[k] = False
+        measure, done, run, sums = self.measure, self.closure_done, self.boundary.run, self.losses
+
+        def closure_then_read(*a: Any, **kw: Any) -> Any:
+            out = closure(*a, **kw)
+            if not done.get(k, True):
+                done[k] = True
+                with torch.no_grad():
+                    measure.guard_grads(k, step, run("grad", measure.grad_stats, k, step))
+                if sums is not None:
+                    sums.freeze()  # LBFGS re-evaluates: the first loss is the step's
+            return out
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_read}
+        return (args[0], closure_then_read, *args[2:]), kwargs

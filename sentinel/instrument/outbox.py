@@ -1,0 +1,245 @@
+"""What a monitor sends: its reports, held for ``log()``'s values, read back from the device,
+framed (:class:`~sentinel.wire.Frame`) and sent; and what the engine says back (alerts, the
+stop and capture actions)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from sentinel import wire
+from sentinel.instrument import losses
+from sentinel.instrument.boundary import Boundary
+from sentinel.instrument.capture import InputCapture
+from sentinel.instrument.frames import Report, Segs, assemble
+from sentinel.instrument.layout import Layout
+from sentinel.instrument.losses import LossSum
+from sentinel.instrument.options import WatchOptions
+from sentinel.instrument.readback import Readback
+from sentinel.instrument.scalars import NameBudget, Scalars, to_value
+from sentinel.instrument.sender import Sender
+
+
+class Outbox:
+    """A monitor's way out: the report waiting for ``log()``, the values logged before their
+    step ends, the readback, the frames and the sender, and the engine's replies.
+
+    Args:
+        options: the monitor's options (the frames' identity, the readback's depth).
+        boundary: the monitor's boundary (every send and callback runs inside it).
+        rank, world: this process's place.
+        sender: where frames go.
+        engine: the monitor's own engine, or a shared daemon's handle (its ``poll()`` gives
+            the replies, its ``reply_path`` the way back), or None.
+        capture: the capture action's input capture (its ``arm`` and ``take``).
+        on_alert: the alert callbacks.
+        request_stop: the stop action's way into the training loop.
+        stream_label: the ``optimizer`` label of the frames, asked once, at the first send.
+        loss_sum: the losses captured at ``backward()`` (``capture_loss``), or None.
+        layout: the current groups (the monitor sets it again at each new layout).
+        scaler: the script's ``GradScaler``, if known (found once it scaled a loss).
+        auto: zero-code mode's monitor: a report never waits for ``log()``.
+    """
+
+    def __init__(self, options: WatchOptions, boundary: Boundary, rank: int, world: int, sender: Sender,
+                 engine: Any, capture: InputCapture, on_alert: list[Callable[[dict[str, Any]], None]],
+                 request_stop: Callable[[str], None], stream_label: Callable[[], str],
+                 loss_sum: LossSum | None, layout: Layout, *, scaler: Any = None, auto: bool = False) -> None:
+        self.options, self.boundary, self.rank, self.world = options, boundary, rank, world
+        self.sender, self.engine, self.capture, self.on_alert = sender, engine, capture, on_alert
+        self.request_stop, self.stream_label, self.losses = request_stop, stream_label, loss_sum
+        self.layout, self.scaler, self.auto = layout, scaler, auto
+        self.stream: str | None = None  # decided once, at the first send
+        self.readback = Readback(options.max_pending, on_drop=self._count_drop)
+        self.report_drops = 0
+        self.guard: Any = None  # the step guard (sentinel.instrument.guard.Guard) or None
+        self.names = NameBudget()
+        self.waiting: tuple[Report, Segs, Scalars] | None = None  # finalized, waiting for log()
+        self.pending = Scalars()  # logged while no report was open: the coming step's
+        self.backwards_at_step = self.backwards_at_log = -1  # losses.backward_calls then
+        self.logs = 0  # log() calls so far: a script that never logs never makes a report wait
+
+    @property
+    def frames_dropped(self) -> int:
+        return self.sender.dropped + self.report_drops
+
+    def frame(self, kind: Literal["step", "log", "bye"], step: int, t: float) -> wire.Frame:
+        """A new frame of this process (its identity is set again as it leaves)."""
+        o = self.options
+        return wire.Frame(kind=kind, job=o.job, run=o.run, rank=self.rank, world=self.world, step=step, t=t)
+
+    def step_frame(self, steps: int, now: float, groups: list[str], lrs: list[float]) -> wire.Frame:
+        """The frame of step ``steps``, with its groups and learning rates (read as it
+        began), and the tags and the command line when they are due."""
+        o = self.options
+        frame = self.frame("step", steps, now)
+        frame.groups, frame.lr = groups, lrs
+        if o.tags and (steps == 1 or steps % o.tags_every == 0):
+            frame.tags = o.tags
+        if steps == 1:  # the history's record of what ran (engine side)
+            frame.cmd = " ".join(sys.argv)[:1000]
+        return frame
+
+    # -- reports --------------------------------------------------------------------------
+
+    def hold(self, report: Report, segs: Segs, steps: int) -> None:
+        """Take a step's finalized report (``steps``: its number): it waits for ``log()``'s
+        values unless nothing more is coming for it."""
+        if self.waiting is not None:
+            self.submit_open()
+        scalars, self.pending = self.pending, Scalars()  # logged before this step's end: its own
+        loss_in = False  # captured at backward(): nothing more comes for this step's loss
+        if self.losses is not None:
+            if self.scaler is None:
+                self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
+            captured = self.losses.claim()
+            if captured is not None and "loss" not in scalars:
+                scalars.add("loss", captured)
+                loss_in = True
+        logged_last = bool(scalars) and self.backwards_at_log == losses.backward_calls
+        self.waiting = (report, segs, scalars)
+        self.backwards_at_step = losses.backward_calls
+        # send it now when nothing more is coming: zero-code mode, the loss in (captured at
+        # backward(), or logged before the step), a script that has not logged by its
+        # second step (it never waits for a log() again), or values logged after the
+        # step's last backward(); else at the next log(), backward() or step
+        if self.auto or logged_last or loss_in or (not self.logs and steps > 1):
+            self.submit_open()
+
+    def log(self, scalars: dict[str, Any], step: int | None, steps: int) -> None:
+        """Route ``log()``'s values (``steps``: the steps taken so far) to their step's report."""
+        self.logs += 1
+        values = Scalars()
+        for name, v in scalars.items():
+            value = to_value(v) if self.names.admit(name) else None
+            if value is None:
+                if name in self.names.names:
+                    self.names.dropped += 1  # a known name with a bad value
+                continue
+            values.add(name, value)
+        report = self.waiting
+        if step is not None and (report is None or report[0].frame.step != step):
+            if 0 < step <= steps:  # a step whose report has left: its own frame
+                self.submit(Report(self.frame("log", int(step), time.time())), {}, values)
+            return
+        # the common loop logs right after the step: ride on that step's report (one frame)
+        if report is not None and report[0].frame.step == steps:
+            if step is not None or losses.backward_calls == self.backwards_at_step:
+                report[2].merge(values)
+                self.submit_open()
+                return
+            self.submit_open()  # a backward() since the step: these values are the next step's
+        elif (report is None and steps > 0 and step is None and not self.pending
+              and losses.backward_calls == self.backwards_at_step):
+            # right after a step whose report has left (the first of a loop that logs after
+            # the step): the values are that step's, in a frame of their own
+            self.submit(Report(self.frame("log", steps, time.time())), {}, values)
+            return
+        if self.scaler is not None and not self.pending:
+            # with a GradScaler, an iteration without an optimizer step is a step the scaler
+            # skipped: report it at once, so the loss and the scale of skipped steps show
+            self.submit(Report(self.frame("log", steps, time.time())), {}, values)
+            return
+        self.pending.merge(values)  # before the step (gradient accumulation): the coming step's
+        self.backwards_at_log = losses.backward_calls
+
+    def submit_open(self) -> None:
+        """Start the readback of the finalized report (with any scalars log() added)."""
+        if self.waiting is None:
+            return
+        (report, segs, scalars), self.waiting = self.waiting, None
+        self.submit(report, segs, scalars)
+
+    def submit(self, report: Report, segs: Segs, scalars: Scalars) -> None:
+        if scalars:
+            report.scalars = scalars.meta()
+            for dev, named in scalars.segments().items():
+                segs.setdefault(dev, {}).update(named)
+        if self.names.dropped:
+            report.frame.scalars_dropped = self.names.dropped
+        self._add_amp_scale(segs)
+        self.readback.submit(report, segs)
+        self.emit_ready(False)
+
+    def _add_amp_scale(self, segs: Segs) -> None:
+        """The GradScaler's scale tensor, read back with the report (``get_scale()`` would sync)."""
+        scale = getattr(self.scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor) and getattr(self.scaler, "_enabled", True):
+            segs.setdefault(scale.device, {})["amp_scale"] = scale.detach().reshape(1).to(torch.float32)
+
+    # -- emission -------------------------------------------------------------------------
+
+    def emit_ready(self, wait: bool) -> None:
+        ready = self.readback.poll(wait)
+        if ready and self.guard is not None:  # the guard's notes of these steps go first (issue 21)
+            steps = [int(r.frame.step) for r, _ in ready if r.frame.kind == "step"]
+            if steps:
+                self.boundary.run("guard", self.guard.notes_upto, max(steps))
+        for report, values in ready:
+            self.boundary.run("emit", self._emit, report, values)
+
+    def _emit(self, report: Report, values: dict[str, list[float]]) -> None:
+        frame = assemble(report, values, len(self.layout.groups), self.layout.sharded)
+        frame.errors = self.boundary.errors
+        frame.dropped = self.frames_dropped
+        self.send(frame)
+
+    def send(self, frame: wire.Frame | dict[str, Any]) -> None:
+        """Send a frame (a map: the step guard's notes) as this process's."""
+        o = self.options
+        if self.stream is None:  # decided once, at the first report
+            self.stream = self.stream_label()
+        reply = getattr(self.engine, "reply_path", None)  # a shared daemon's way back to us
+        if isinstance(frame, wire.Frame):
+            frame.job, frame.run, frame.rank, frame.world = o.job, o.run, self.rank, self.world
+            if self.stream:
+                frame.opt = self.stream
+            if reply and frame.kind == "step":
+                frame.reply = reply
+        else:
+            frame.update(job=o.job, run=o.run, rank=self.rank, world=self.world)
+            if self.stream:
+                frame["opt"] = self.stream
+        self.sender.send(wire.encode(frame))
+
+    def _count_drop(self) -> None:
+        self.report_drops += 1
+
+    def close(self, steps: int, exc: str | None) -> None:
+        """The last reports, the goodbye frame (``exc``: the type of the exception that ended
+        training, if one did), the sender's backlog; then the engine stops and its last
+        alerts reach ``on_alert``."""
+        run = self.boundary.run
+        run("report", self.submit_open)
+        run("emit", self.emit_ready, True)
+        bye = self.frame("bye", steps, time.time())
+        if exc is not None:
+            bye.exc = exc
+        run("emit", self.send, bye)
+        run("emit", self.sender.close)  # delivers any backlog while the engine still listens
+        if self.engine is not None:
+            run("engine", self.engine.stop)
+            run("messages", self.messages)  # the last alerts reach on_alert too
+
+    # -- replies --------------------------------------------------------------------------
+
+    def messages(self) -> None:
+        """Act on what the engine said: alert callbacks, the stop action, and the capture
+        action's ``arm`` and ``capture`` (training thread)."""
+        if self.engine is None:
+            return
+        for msg in self.engine.poll():  # maps decoded and checked by wire.decode_message
+            if msg.get("kind") == "stop":
+                self.request_stop(str(msg.get("reason", "sentinel stop action")))
+            elif msg.get("kind") == "arm":
+                self.boundary.run("capture_message", self.capture.arm, msg)
+            elif msg.get("kind") == "capture":
+                self.boundary.run("capture_message", self.capture.take, msg)
+            elif msg.get("kind") == "alert":
+                alert = {k: v for k, v in msg.items() if k != "kind"}
+                for cb in self.on_alert:
+                    self.boundary.run("on_alert", cb, alert)
