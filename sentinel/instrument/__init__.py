@@ -5,7 +5,7 @@ monitor's own engine) only through the package root (``sentinel._start_engine``)
 A :class:`~sentinel.instrument.monitor.Monitor` is composed of parts with their own small
 interfaces: :mod:`~sentinel.instrument.hooks` (what is hooked: the optimizers' steps, the
 model, ``clip_grad_norm_``, a step's closure), :mod:`~sentinel.instrument.measure` (what is
-measured per step) and :mod:`~sentinel.instrument.outbox` (what is sent: reports, readback,
+measured per step) and :mod:`~sentinel.instrument.reporter` (what is sent: reports, readback,
 frames, the sender; and the engine's replies: alerts, stop, capture)."""
 
 from __future__ import annotations

@@ -425,4 +425,4 @@ def make_guard(mon: Any) -> Guard | None:
         opts = parse_guard(config_guard(o.config))
     if opts is None:
         return None
-    return Guard(opts, lambda: mon.groups, mon.outbox.send, mon.request_stop, lambda: mon.scaler, lambda: mon.sharded)
+    return Guard(opts, lambda: mon.groups, mon.reporter.send, mon.request_stop, lambda: mon.scaler, lambda: mon.sharded)

@@ -3,7 +3,7 @@
 A :class:`Monitor` is composed of parts, each with its own small interface: its
 :class:`~sentinel.instrument.hooks.Hooks` (what is hooked), its
 :class:`~sentinel.instrument.measure.Measure` (what is measured per step) and its
-:class:`~sentinel.instrument.outbox.Outbox` (what is sent, and what the engine says back).
+:class:`~sentinel.instrument.reporter.Reporter` (what is sent, and what the engine says back).
 The monitor itself holds the step count and decides, at each optimizer step, which part
 does what."""
 
@@ -28,7 +28,7 @@ from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
 from sentinel.instrument.measure import HandUpdated, Measure
 from sentinel.instrument.options import WatchOptions, rank_world
-from sentinel.instrument.outbox import Outbox
+from sentinel.instrument.reporter import Reporter
 from sentinel.instrument.sender import NullSender, Sender
 from sentinel.instrument.staterecord import StateRecord
 from sentinel.instrument.timing import BusyClock, ddp_parts
@@ -103,14 +103,14 @@ class Monitor:
         self._new_layout()
         if sender is None:
             sender, self.engine, self.url = connect(o)
-        self.outbox = Outbox(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,
+        self.reporter = Reporter(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,
                              self.on_alert, self.request_stop, self._stream_label, self._losses, self.layout,
                              scaler=scaler, auto=auto)
         losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step
         if self.optimizers:
             registry.add_stream(self)
         self.guard = make_guard(self)  # issue 21: the step guard (opt-in); None when off, nothing hooked
-        self.measure.guard = self.outbox.guard = self.guard
+        self.measure.guard = self.reporter.guard = self.guard
         try:
             for k, opt in enumerate(self.optimizers):
                 self.hooks.opt_handles.append(self._hook_optimizer(k, opt))
@@ -166,7 +166,7 @@ class Monitor:
         t0 = time.perf_counter()
         if loss is not None:
             scalars["loss"] = loss
-        self.boundary.run("log", self.outbox.log, scalars, step, self.steps)
+        self.boundary.run("log", self.reporter.log, scalars, step, self.steps)
         self.probe_seconds += time.perf_counter() - t0
 
     def sync_step(self, step: int) -> None:
@@ -198,7 +198,7 @@ class Monitor:
             self.boundary.run("guard", self.guard.flush)
         crashed = error is not None and not isinstance(error, TrainingHalted) and not (
             isinstance(error, SystemExit) and error.code in (0, None))
-        self.outbox.close(self.steps, type(error).__name__ if crashed else None)
+        self.reporter.close(self.steps, type(error).__name__ if crashed else None)
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
 
     def before_backward(self, loss: Any = None) -> None:
@@ -210,8 +210,8 @@ class Monitor:
         if self.measure.hand_read:
             self.measure.hand_read = False
             self.boundary.run("report", self._finalize)
-        if self.outbox.waiting is not None:
-            self.boundary.run("report", self.outbox.submit_open)
+        if self.reporter.waiting is not None:
+            self.boundary.run("report", self.reporter.submit_open)
 
     def replay_first(self, params: Sequence[torch.Tensor], norms: torch.Tensor,
                      clip: tuple[torch.Tensor, float] | None = None) -> None:
@@ -281,31 +281,31 @@ class Monitor:
     @property
     def frames_dropped(self) -> int:
         """Frames dropped so far: by the sender, and reports the readback had no room for."""
-        return self.outbox.frames_dropped
+        return self.reporter.frames_dropped
 
     @property
     def stream(self) -> str | None:
         """The ``optimizer`` label of this monitor's stream, set at its first report
         (:func:`registry.stream_label`; ``""``: the process's only stream)."""
-        return self.outbox.stream
+        return self.reporter.stream
 
     @property
     def sender(self) -> Sender:
         """Where frames go."""
-        return self.outbox.sender
+        return self.reporter.sender
 
     @sender.setter
     def sender(self, sender: Sender) -> None:
-        self.outbox.sender = sender
+        self.reporter.sender = sender
 
     @property
     def scaler(self) -> Any:
         """The script's ``GradScaler`` (given, or found once it scaled a loss), or None."""
-        return self.outbox.scaler
+        return self.reporter.scaler
 
     @scaler.setter
     def scaler(self, scaler: Any) -> None:
-        self.outbox.scaler = scaler
+        self.reporter.scaler = scaler
 
     def _stream_label(self) -> str:
         return registry.stream_label(self) if self.optimizers else ""
@@ -329,14 +329,14 @@ class Monitor:
 
     def _relayout(self) -> None:
         self._new_layout()
-        self.outbox.layout = self.layout
+        self.reporter.layout = self.layout
         if self.hooks.opt_handles:  # parameters added to an optimizer are watched ones now
             for opt in self.optimizers:
                 registry.claim(self, opt, [p for g in opt.param_groups for p in g["params"]])
 
     def _make_pre(self, k: int) -> Callable[..., Any]:
-        run, cadence, contributed, outbox = self.boundary.run, self.cadence, self._contributed, self.outbox
-        messages, closure_aware, finalize = outbox.messages, self.hooks.closure_aware, self._finalize
+        run, cadence, contributed, reporter = self.boundary.run, self.cadence, self._contributed, self.reporter
+        messages, closure_aware, finalize = reporter.messages, self.hooks.closure_aware, self._finalize
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
             t0 = time.perf_counter()
@@ -345,8 +345,8 @@ class Monitor:
                 run("guard", self.guard.before_step, k)
             if self._halt is not None:  # opt-in stop action: deliberately raised into the loop
                 raise TrainingHalted(self._halt)
-            if outbox.waiting is not None:  # no log() since the last step: send it without a loss
-                run("report", outbox.submit_open)
+            if reporter.waiting is not None:  # no log() since the last step: send it without a loss
+                run("report", reporter.submit_open)
             if k in contributed:  # this optimizer steps again: a new report begins
                 run("report", finalize)
             step = self.steps + 1
@@ -382,11 +382,11 @@ class Monitor:
         return post
 
     def _finalize(self) -> None:
-        """Close the current report: add host-side values; the outbox holds it for ``log()``."""
+        """Close the current report: add host-side values; the reporter holds it for ``log()``."""
         self._contributed.clear()
         self.steps += 1
         o, now, steps = self.options, time.time(), self.steps
-        report = Report(self.outbox.step_frame(steps, now, self.groups, self.cadence.lrs))
+        report = Report(self.reporter.step_frame(steps, now, self.groups, self.cadence.lrs))
         measure = self.measure
         measure.close_step(report, now)
         self._record.add_to(report, measure.add, steps, self.optimizers, self.layout, self.devices)
@@ -394,4 +394,4 @@ class Monitor:
             mem = self.boundary.run("memory", measure.memory)
             if mem:
                 report.frame.mem = mem
-        self.outbox.hold(report, measure.take(), steps)
+        self.reporter.hold(report, measure.take(), steps)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from sentinel.instrument import outbox as outbox_mod
+from sentinel.instrument import reporter as reporter_mod
 from sentinel import wire
 from sentinel.instrument import deltas as magnitude, probes, staterecord, stats
 from sentinel.instrument.layout import Layout
@@ -34,8 +34,8 @@ PROBES = [
     (Readback, "poll"),
     (wire, "encode"),
     (Layout, "changed"),
-    (outbox_mod, "to_value"),
-    (outbox_mod.Outbox, "log"),
+    (reporter_mod, "to_value"),
+    (reporter_mod.Reporter, "log"),
 ]
 
 

@@ -24,7 +24,7 @@ from sentinel.instrument.scalars import NameBudget, Scalars, to_value
 from sentinel.instrument.sender import Sender
 
 
-class Outbox:
+class Reporter:
     """A monitor's way out: the report waiting for ``log()``, the values logged before their
     step ends, the readback, the frames and the sender, and the engine's replies.
 
