@@ -104,8 +104,8 @@ class Monitor:
         if sender is None:
             sender, self.engine, self.url = connect(o)
         self.reporter = Reporter(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,
-                             self.on_alert, self.request_stop, self._stream_label, self._losses, self.layout,
-                             scaler=scaler, auto=auto)
+                                 self.on_alert, self.request_stop, self._stream_label, self._losses, self.layout,
+                                 scaler=scaler, auto=auto)
         losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step
         if self.optimizers:
             registry.add_stream(self)
