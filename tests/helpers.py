@@ -57,7 +57,8 @@ def make_monitor(model: nn.Module | None, opts: list[torch.optim.Optimizer] | to
     sender = CaptureSender()
     optimizers = opts if isinstance(opts, list) else [opts]
     options.setdefault("engine", "off")
-    return Monitor(model, optimizers, from_kwargs(options), sender=sender), sender
+    scaler = options.pop("scaler", None)
+    return Monitor(model, optimizers, from_kwargs(options), sender=sender, scaler=scaler), sender
 
 
 def write_config(tmp_path: Path, **doc: Any) -> str:

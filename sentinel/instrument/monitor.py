@@ -290,22 +290,9 @@ class Monitor:
         return self.reporter.stream
 
     @property
-    def sender(self) -> Sender:
-        """Where frames go."""
-        return self.reporter.sender
-
-    @sender.setter
-    def sender(self, sender: Sender) -> None:
-        self.reporter.sender = sender
-
-    @property
     def scaler(self) -> Any:
         """The script's ``GradScaler`` (given, or found once it scaled a loss), or None."""
         return self.reporter.scaler
-
-    @scaler.setter
-    def scaler(self, scaler: Any) -> None:
-        self.reporter.scaler = scaler
 
     def _stream_label(self) -> str:
         return registry.stream_label(self) if self.optimizers else ""

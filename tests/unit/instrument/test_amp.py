@@ -13,8 +13,7 @@ def _amp_run(overflow_at: set[int], steps: int = 30) -> tuple[object, object, to
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1000)
-    mon, sender = make_monitor(model, opt)
-    mon.scaler = scaler
+    mon, sender = make_monitor(model, opt, scaler=scaler)
     gen = torch.Generator().manual_seed(0)
     for i in range(steps):
         x = torch.randn(8, 16, generator=gen)

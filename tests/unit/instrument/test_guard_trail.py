@@ -128,11 +128,7 @@ def test_an_amp_overflow_is_never_a_guard_skip() -> None:
     model = MLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    mon, sender = make_monitor(model, opt, guard={"warmup": 3})
-    mon.scaler = scaler
-
-    def overflow_at(step: int) -> None:
-        pass
+    mon, sender = make_monitor(model, opt, guard={"warmup": 3}, scaler=scaler)
     gen = torch.Generator().manual_seed(0)
     for step in range(1, 8):
         x = torch.randn(8, 16, generator=gen)
@@ -156,8 +152,7 @@ def test_a_guard_skip_leaves_the_grad_scaler_scale_and_growth_as_they_were(fused
     model = MLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
-    mon, _ = make_monitor(model, opt, guard={"warmup": 3})
-    mon.scaler = scaler
+    mon, _ = make_monitor(model, opt, guard={"warmup": 3}, scaler=scaler)
     scales = []
     gen = torch.Generator().manual_seed(0)
     for step in range(1, 9):

@@ -308,7 +308,7 @@ def test_a_re_created_optimizer_is_followed_and_steps_continue(mlp: MLP, caplog:
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     mon = sentinel.watch(mlp, opt, engine="off")
     sender = CaptureSender()
-    mon.sender = sender
+    mon.reporter.sender = sender  # watch() takes no sender: capture its frames
     with caplog.at_level(logging.WARNING, logger="sentinel"):
         for i in range(6):
             if i == 3:  # an LR finder's restart: a new optimizer over the same parameters
