@@ -53,8 +53,10 @@ class MLP(nn.Module):
 
 
 def make_monitor(model: nn.Module | None, opts: list[torch.optim.Optimizer] | torch.optim.Optimizer,
-                 **options: Any) -> tuple[Monitor, CaptureSender]:
-    sender = CaptureSender()
+                 sender: CaptureSender | None = None, **options: Any) -> tuple[Monitor, CaptureSender]:
+    """A monitor (engine off) whose frames go to ``sender`` (a new one by default: pass one
+    to have several monitors report to the same engine, as a GAN's two ``watch`` calls do)."""
+    sender = CaptureSender() if sender is None else sender
     optimizers = opts if isinstance(opts, list) else [opts]
     options.setdefault("engine", "off")
     scaler = options.pop("scaler", None)

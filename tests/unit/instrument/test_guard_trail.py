@@ -10,11 +10,10 @@ import pytest
 import torch
 
 import sentinel
-from sentinel.instrument.monitor import Monitor, TrainingHalted
+from sentinel.instrument.monitor import TrainingHalted
 from sentinel.rules.alert import Transition
 from sentinel.store import labels_of
-from sentinel.instrument.options import from_kwargs
-from tests.helpers import MLP, CaptureSender, make_monitor
+from tests.helpers import MLP, make_monitor
 
 
 def _loop(mon: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, bad: set[int],
@@ -425,7 +424,7 @@ def test_a_state_dict_between_a_skipped_step_and_the_next_has_the_applied_steps_
 
 @pytest.mark.parametrize("bad_g", [set(), {5}])
 def test_two_guarded_optimizers_keep_their_own_nan_out_without_a_page(bad_g: set[int]) -> None:
-    """A GAN's two guarded optimizers in one process (two ``watch`` calls, two streams): a NaN
+    """A GAN's two guarded optimizers in one process (two monitors, two streams): a NaN
     in the discriminator's gradients at step 5 is skipped by its guard alone (the generator
     steps), raises StepSkipped for that stream, and pages for neither; with a NaN in both at
     the same step, both skip and still nothing pages."""
@@ -433,11 +432,9 @@ def test_two_guarded_optimizers_keep_their_own_nan_out_without_a_page(bad_g: set
     disc, gen_net = MLP(), MLP()
     opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
     opt_g = torch.optim.Adam(gen_net.parameters(), lr=1e-3)
-    sender = CaptureSender()
+    mon_d, sender = make_monitor(disc, opt_d, guard={"warmup": 3}, job="gan", run="r")
+    mon_g, _ = make_monitor(gen_net, opt_g, sender, guard={"warmup": 3}, job="gan", run="r")
     fired = _transitions(sender)
-    opts = {"guard": {"warmup": 3}, "engine": "off", "job": "gan", "run": "r"}
-    mon_d = Monitor(disc, [opt_d], from_kwargs(dict(opts)), sender=sender)
-    mon_g = Monitor(gen_net, [opt_g], from_kwargs(dict(opts)), sender=sender)
     data = torch.Generator().manual_seed(0)
     g_moved = []
     for step in range(1, 9):
