@@ -110,6 +110,55 @@ def test_the_daemon_prefers_xdg_runtime_dir_and_cleans_up(tmp_path: Path) -> Non
     assert os.listdir(runtime) == []  # the socket and the folder it made are gone
 
 
+# The daemon, with SIGTERM sent at the worst moment after its address line: just as its
+# main thread has taken a threading.Condition's lock (what an Event.wait() holds on its way
+# in), or at its first sleep, whichever comes first. A handler that takes that lock (an
+# Event.set(), as the handler did when CI hung at stop 24) then waits on it for ever.
+_TERM_AT_THE_WORST_MOMENT = r"""
+import os, signal, sys, threading, time
+import sentinel.daemon.daemon as daemon_module
+
+def fire(frame, event, arg):
+    in_condition = (event == "c_return" and frame.f_code.co_name == "__enter__"
+                    and frame.f_code.co_filename == threading.__file__)
+    if in_condition or (event == "c_call" and arg is time.sleep):
+        sys.setprofile(None)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+serve = daemon_module.serve_forever
+
+def serve_forever(daemon, ready=None, drain_seconds=0.0):
+    def armed():
+        if ready is not None:
+            ready()
+        sys.setprofile(fire)  # the main thread only, from here on
+    serve(daemon, ready=armed, drain_seconds=drain_seconds)
+
+daemon_module.serve_forever = serve_forever
+sys.argv = ["sentinel", "daemon", "--listen", "127.0.0.1:0"]
+from sentinel.cli import main
+main()
+"""
+
+
+def test_a_sigterm_just_after_the_address_line_stops_the_daemon(tmp_path: Path) -> None:
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if k != "SENTINEL_SOCKET"}
+    env.update(XDG_RUNTIME_DIR=str(runtime), TMPDIR=str(tmp_path / "unused"))
+    proc = subprocess.Popen([sys.executable, "-c", _TERM_AT_THE_WORST_MOMENT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the daemon did not stop after SIGTERM")
+    assert "export SENTINEL_SOCKET=" in out
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert os.listdir(runtime) == []  # stopped cleanly: the socket and its folder are gone
+
+
 _CRASHING_RANK = r"""
 import os, socket, sys
 folder = os.path.dirname(os.environ["SENTINEL_SOCKET"])
