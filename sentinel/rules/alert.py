@@ -194,7 +194,7 @@ class Alert:
     series: dict[SeriesKey, _Series] = field(default_factory=dict)
     _active_since: float | None = None
     _seen_pending: bool = False
-    _dirty: bool = True  # a series came, went or changed state since the last _refresh
+    _dirty: bool = True  # a series became active or stopped being so since the last _refresh
     _touched: _Series | None = None  # the series of the latest failing verdict
 
     @property

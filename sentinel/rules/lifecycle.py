@@ -79,8 +79,7 @@ class Lifecycle:
             if s is None:
                 group = next((v for k, v in extra if k == "group"), None)
                 opt = next((v for k, v in extra if k == "optimizer"), None)
-                s = alert.series[skey] = _Series(rank, group, optimizer=opt)
-                alert._dirty = True
+                s = alert.series[skey] = _Series(rank, group, optimizer=opt)  # not active yet: no refresh
             s.record(verdict, step, s.fails == 0)
             s.fails += 1
             s.oks = 0
@@ -94,9 +93,9 @@ class Lifecycle:
             s.oks += 1
             if s.active and s.oks >= rule.resolve_after:
                 s.active = False
+                alert._dirty = True  # the firing set changed
             if not s.active:
                 del alert.series[skey]
-                alert._dirty = True
 
     def tracks(self, name: str, job: str, run: str, rank: int) -> bool:
         """Whether an open alert of rule ``name`` holds a series of ``rank``."""
@@ -185,6 +184,7 @@ class Lifecycle:
                 continue
             for skey in [k for k in a.series if rank is None or k[0] == rank]:
                 del a.series[skey]
+                a._dirty = True
             if a.state == "pending" and not any(s.active for s in a.series.values()):
                 a._active_since = None  # the ranks that held it are gone: nothing to report
             out += self.settle(*key, now=now)
