@@ -34,6 +34,7 @@ class Compiled:
     warmup: int = 0  # rule.warmup_steps
     lr_resets: bool = False  # rule.lr_resets_baseline
     lr_for: int = 0  # rule.lr_for_steps
+    plain: bool = False  # no phase, early end, lr grace or schedule floor: due whenever past its gate
 
 
 @dataclass
@@ -71,6 +72,7 @@ def compile_rule(idx: int, rule: Rule) -> Compiled:
         idx, rule, spec, max(1, p.samples()), offset, fast, frozenset(rule.metrics),
         rule.name, gate, rule.every_steps, rule.lr_grace_steps, p, rule.until_steps,
         rule.schedule_floor, rule.warmup_steps, rule.lr_resets_baseline, rule.lr_for_steps,
+        rule.every_steps <= 1 and not rule.until_steps and not rule.lr_grace_steps and not rule.schedule_floor,
     )  # fmt: skip
 
 

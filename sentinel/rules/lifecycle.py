@@ -41,6 +41,8 @@ class Lifecycle:
 
     def __init__(self, recent_limit: int = 200) -> None:
         self._open: dict[AlertKey, Alert] = {}
+        # the same alerts by run, then rule name: what the evaluator reads on every frame
+        self._by_run: dict[tuple[str, str], dict[str, Alert]] = {}
         self._recent: deque[Alert] = deque(maxlen=recent_limit)
         self._resolved_at: dict[AlertKey, float] = {}
 
@@ -72,7 +74,7 @@ class Lifecycle:
         if alert is None:
             if not verdict.firing:
                 return
-            alert = self._open[key] = Alert(rule, job, run, pending_since=now)
+            alert = self._put(key, Alert(rule, job, run, pending_since=now))
         skey = (rank, extra)
         s = alert.series.get(skey)
         if verdict.firing:
@@ -107,6 +109,26 @@ class Lifecycle:
         ``name`` in the run, or None when none is open."""
         alert = self._open.get((name, job, run))
         return None if alert is None else alert.series
+
+    def open_in(self, job: str, run: str) -> Mapping[str, Alert]:
+        """The open alerts of a run by rule name: a live view, which alerts opened or
+        closed later join or leave (until the run is dropped)."""
+        return self._of_run(job, run)
+
+    def _of_run(self, job: str, run: str) -> dict[str, Alert]:
+        opened = self._by_run.get((job, run))
+        if opened is None:
+            opened = self._by_run[(job, run)] = {}
+        return opened
+
+    def _put(self, key: AlertKey, alert: Alert) -> Alert:
+        self._open[key] = alert
+        self._of_run(key[1], key[2])[key[0]] = alert
+        return alert
+
+    def _remove(self, key: AlertKey) -> None:
+        del self._open[key]
+        self._by_run[(key[1], key[2])].pop(key[0], None)
 
     def is_open(self, name: str, job: str, run: str) -> bool:
         """Whether rule ``name`` has a pending or firing alert in the run."""
@@ -145,7 +167,7 @@ class Lifecycle:
                 fired = self._fire(key, a, now)
                 return [fired, self._resolve(key, a, now)]
             if not a.series:
-                del self._open[key]  # never held for for_steps: quietly back to inactive
+                self._remove(key)  # never held for for_steps: quietly back to inactive
                 return []
             a._refresh(list(a.series.values()))
             a._seen_pending = True
@@ -188,6 +210,8 @@ class Lifecycle:
             if a.state == "pending" and not any(s.active for s in a.series.values()):
                 a._active_since = None  # the ranks that held it are gone: nothing to report
             out += self.settle(*key, now=now)
+        if rank is None and not self._by_run.get((job, run)):
+            self._by_run.pop((job, run), None)
         return out
 
     def active(self) -> list[Alert]:
@@ -239,9 +263,9 @@ class Lifecycle:
     def _resolve(self, key: AlertKey, a: Alert, now: float) -> Transition:
         a.state = "resolved"
         a.resolved_at = now
-        del self._open[key]
+        self._remove(key)
         if a.series:  # series still counting towards for_steps carry over to a new alert
-            b = self._open[key] = Alert(a.rule, a.job, a.run, pending_since=now, series=a.series)
+            b = self._put(key, Alert(a.rule, a.job, a.run, pending_since=now, series=a.series))
             b._refresh(list(b.series.values()))
             a.series = {}
         self._recent.appendleft(a)

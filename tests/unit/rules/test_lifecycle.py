@@ -180,6 +180,52 @@ def test_groups_are_listed_per_series() -> None:
     assert life.active()[0].groups == ("layers.4",)
 
 
+def test_a_large_alert_follows_its_firing_series_only() -> None:
+    """Past 16 series an alert takes its ranks and groups again only when a series starts
+    or stops firing; a series that failed once and recovered never fired, so it is not
+    listed, while one that stopped firing leaves, and so does a rank that was retired."""
+    life, r = Lifecycle(), rule(per="group", for_steps=2)
+    groups = [f"layers.{i}" for i in range(20)]
+    for step in (1, 2):
+        for rank in (0, 1):
+            for g in groups:
+                life.observe(r, "job", "run", rank, (("group", g),), FAIL, step, float(step))
+        life.settle(r.name, "job", "run", float(step), [0, 1])
+    [a] = life.active()
+    assert a.state == "firing" and a.ranks == (0, 1) and a.groups == tuple(groups)
+    # a new group fails once (pending, for_steps 2) then recovers: never listed
+    life.observe(r, "job", "run", 0, (("group", "head"),), FAIL, 3, 3.0)
+    life.settle(r.name, "job", "run", 3.0, [0, 1])
+    life.observe(r, "job", "run", 0, (("group", "head"),), OK, 4, 4.0)
+    life.settle(r.name, "job", "run", 4.0, [0, 1])
+    assert "head" not in a.groups
+    # layers.0 recovers on both ranks: it leaves
+    for rank in (0, 1):
+        life.observe(r, "job", "run", rank, (("group", "layers.0"),), OK, 5, 5.0)
+    life.settle(r.name, "job", "run", 5.0, [0, 1])
+    assert a.groups == tuple(groups[1:])
+    # rank 0 is retired: only rank 1 holds the alert
+    assert life.drop("job", "run", 0, 6.0) == []
+    assert a.ranks == (1,) and a.state == "firing"
+
+
+def test_open_in_is_a_live_view_of_a_runs_open_alerts() -> None:
+    """The rule engine reads a run's open alerts once per frame and relies on the view
+    following alerts that open and close meanwhile; a dropped run leaves nothing behind."""
+    life, r = Lifecycle(), rule()
+    opened = life.open_in("job", "run")
+    assert dict(opened) == {}
+    life.observe(r, "job", "run", 0, (), FAIL, 1, 1.0)
+    assert set(opened) == {r.name}
+    life.settle(r.name, "job", "run", 1.0, [0])
+    life.observe(r, "job", "run", 0, (), OK, 2, 2.0)
+    life.settle(r.name, "job", "run", 2.0, [0])
+    assert dict(opened) == {} and life.open_in("job", "other") == {}
+    life.observe(r, "job", "run", 0, (), FAIL, 3, 3.0)
+    life.drop("job", "run", None, 4.0)
+    assert ("job", "run") not in life._by_run and ("job", "other") in life._by_run
+
+
 def test_detector_named_groups_are_listed_in_order() -> None:
     life, r = Lifecycle(), rule()
     v = Verdict(True, 1.0, 0.0, detail="grad", groups=("layers.9", "layers.2"))
