@@ -157,9 +157,9 @@ class RuleEngine:
     def _time_rules_on_frame(self, fr: Evaluation, touched: list[str]) -> None:
         """A new frame ends any stall of this rank: judge the time-based rules whose
         alert holds it now, not at the next tick."""
-        life = self._life
+        life, opened = self._life, fr.opened
         for c in self._time_rules:
-            if life.tracks(c.rule.name, fr.job, fr.run, fr.rank):
+            if c.name in opened and life.tracks(c.name, fr.job, fr.run, fr.rank):
                 self._time_eval(c, fr.job, fr.run, fr.rank, fr.rs, fr.t, fr.now)
                 touched.append(c.rule.name)
 
