@@ -112,12 +112,12 @@ class RuleEngine:
             Transitions to firing or resolved, in order.
         """
         with self._lock:
-            fr = self._begin(job, run, rank, step, t, ctx or Ingested(), only is None, opt)
+            ev = self._begin(job, run, rank, step, t, ctx or Ingested(), only is None, opt)
             judge = self._judge
-            touched = judge.judge_due(fr, judge.due(fr, self._candidates(fr.written, only)))
+            touched = judge.judge_due(ev, judge.due(ev, self._candidates(ev.written, only)))
             if only is None:
-                self._time_rules_on_frame(fr, touched)
-            return self._settle(fr, touched)
+                self._time_rules_on_frame(ev, touched)
+            return self._settle(ev, touched)
 
     def _begin(self, job: str, run: str, rank: int, step: int, t: float, ctx: Ingested,
                own_frame: bool, opt: str = "") -> Evaluation:
@@ -154,24 +154,24 @@ class RuleEngine:
             ]
         return out
 
-    def _time_rules_on_frame(self, fr: Evaluation, touched: list[str]) -> None:
+    def _time_rules_on_frame(self, ev: Evaluation, touched: list[str]) -> None:
         """A new frame ends any stall of this rank: judge the time-based rules whose
         alert holds it now, not at the next tick."""
-        life, opened = self._life, fr.opened
+        life, opened = self._life, ev.opened
         for c in self._time_rules:
-            if c.name in opened and life.tracks(c.name, fr.job, fr.run, fr.rank):
-                self._time_eval(c, fr.job, fr.run, fr.rank, fr.rs, fr.t, fr.now)
+            if c.name in opened and life.tracks(c.name, ev.job, ev.run, ev.rank):
+                self._time_eval(c, ev.job, ev.run, ev.rank, ev.rs, ev.t, ev.now)
                 touched.append(c.rule.name)
 
-    def _settle(self, fr: Evaluation, touched: list[str]) -> list[Transition]:
+    def _settle(self, ev: Evaluation, touched: list[str]) -> list[Transition]:
         """Move the open alerts of the rules judged to the states their series call for,
         then fire those whose group wait has passed."""
-        life, opened = self._life, fr.opened
+        life, opened = self._life, ev.opened
         out: list[Transition] = []
         for name in touched:
             if name in opened:
-                out += life.settle(name, fr.job, fr.run, fr.now, fr.ranks)
-        out += life.flush(fr.now)
+                out += life.settle(name, ev.job, ev.run, ev.now, ev.ranks)
+        out += life.flush(ev.now)
         return out
 
     def tick(self, now: float | None = None) -> list[Transition]:

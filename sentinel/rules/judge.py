@@ -90,11 +90,11 @@ class Judge:
                 if any(p in gone_pairs for p in dk[1]):
                     del table[dk]
 
-    def due(self, fr: Evaluation, candidates: list[Compiled]) -> list[Compiled]:
+    def due(self, ev: Evaluation, candidates: list[Compiled]) -> list[Compiled]:
         """The candidates judged at this frame: not warming up, past their early phase, off
         their every_steps phase, in their lr grace or under their schedule floor."""
-        step, lr_change, lr_fraction, opened = fr.step, fr.lr_change, fr.lr_fraction, fr.opened
-        judged, frames = fr.rs.judged, fr.rs.frames
+        step, lr_change, lr_fraction, opened = ev.step, ev.lr_change, ev.lr_fraction, ev.opened
+        judged, frames = ev.rs.judged, ev.rs.frames
         out = []
         for c in candidates:
             if step < c.gate_until:
@@ -116,29 +116,29 @@ class Judge:
             out.append(c)
         return out
 
-    def judge_due(self, fr: Evaluation, due: list[Compiled]) -> list[str]:
+    def judge_due(self, ev: Evaluation, due: list[Compiled]) -> list[str]:
         """Judge each due rule on the rank's series; the names of those judged, in order."""
         touched: list[str] = []
         for c in due:
-            sel = self.selection(c, fr.job, fr.run, fr.rank, fr.rs, fr.step)
+            sel = self.selection(c, ev.job, ev.run, ev.rank, ev.rs, ev.step)
             if sel.metric is None:
                 continue  # nothing to judge for this rank (yet)
-            self.judge(c, sel, fr)
+            self.judge(c, sel, ev)
             touched.append(c.name)
         return touched
 
-    def judge(self, c: Compiled, sel: Selection, fr: Evaluation) -> None:
+    def judge(self, c: Compiled, sel: Selection, ev: Evaluation) -> None:
         """Judge rule ``c`` on each of its series that got a sample at this step, once per
         sample, and hand the verdicts to the life cycle."""
-        step, params, spec = fr.step, c.params, c.spec
+        step, params, spec = ev.step, c.params, c.spec
         # with no open alert only a firing verdict changes anything, so a value
         # that cannot fire (spec.idle, spec.quiet) needs no window and no verdict
-        alert = fr.opened.get(c.name)
+        alert = ev.opened.get(c.name)
         held = None if alert is None else alert.series
         idle = quiet = None
         if held is None:
             idle, quiet = spec.idle, spec.quiet
-        lr_change = fr.lr_change
+        lr_change = ev.lr_change
         since = max(c.warmup, (lr_change or 0) if c.lr_resets else 0)
         memos = self._memos
         sampled = False
@@ -167,29 +167,29 @@ class Judge:
                 if v != v or (params.skip_zero and v == 0.0):
                     continue  # NaN or a skipped zero: no verdict
                 firing = compare(v, params.op, params.value)
-                if not firing and (held is None or (fr.rank, extra) not in held):
+                if not firing and (held is None or (ev.rank, extra) not in held):
                     continue  # a quiet value of a series the alert does not hold: no change
                 verdict = Verdict(firing, v, params.value)
             if not self.fresh((c.idx, series_labels), (step, last[1])):
                 continue  # judged already, at an earlier frame of this step
             if not c.fast:
-                verdict = self.verdict(c, fr, series_labels, extra, series, memo)
+                verdict = self.verdict(c, ev, series_labels, extra, series, memo)
             lr_for = c.lr_for
             one = 1 if lr_for and lr_change is not None and lr_change <= step < lr_change + lr_for else None
-            self._life.observe(c.rule, fr.job, fr.run, fr.rank, extra, verdict, step, fr.now, one)
+            self._life.observe(c.rule, ev.job, ev.run, ev.rank, extra, verdict, step, ev.now, one)
         if sampled and c.every > 1:
-            fr.rs.judged[c.idx] = (step, fr.rs.frames)
+            ev.rs.judged[c.idx] = (step, ev.rs.frames)
 
-    def verdict(self, c: Compiled, fr: Evaluation, series_labels: Labels, extra: Labels, series: Series | Column,
+    def verdict(self, c: Compiled, ev: Evaluation, series_labels: Labels, extra: Labels, series: Series | Column,
                  memo: dict[str, Any] | None) -> Verdict | None:
         """The detector's full verdict on one series' window (the memo it keeps renewed)."""
         window = series.window(c.samples, copy=False)  # read before any append
-        lr_change = fr.lr_change
-        cctx = self.context(c.rule, fr.rs.labels, fr.step, fr.t, lr_change, extra, fr.nonfinite, fr.amp_skipped,
-                             fr.note)
-        cctx.lr_fraction = fr.lr_fraction
+        lr_change = ev.lr_change
+        cctx = self.context(c.rule, ev.rs.labels, ev.step, ev.t, lr_change, extra, ev.nonfinite, ev.amp_skipped,
+                             ev.note)
+        cctx.lr_fraction = ev.lr_fraction
         cctx.lr_change_step = lr_change
-        cctx.guard_skipped = fr.guard_skipped  # the step guard kept this step out
+        cctx.guard_skipped = ev.guard_skipped  # the step guard kept this step out
         if c.spec.quiet is not None:
             if memo is None:
                 memo = self._memos[(c.idx, series_labels)] = {}
