@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,8 @@ Labels = tuple[tuple[str, str], ...]
 Row = tuple[str, str, Labels, float]
 """An exported sample that lives outside the store: ``(name, kind, labels, value)``."""
 """Sorted ``(name, value)`` pairs; always includes ``job``, ``run`` and ``rank``."""
+PlanKey = str | tuple[Any, ...]
+"""A row of a :class:`Plan`: a metric name, or the name and further ``(label, value)`` pairs."""
 
 
 def labels_of(**kv: object) -> Labels:
@@ -161,6 +164,30 @@ class Column:
         return self._block._n
 
 
+class Plan:
+    """The gauge series one writer (a rank of a run) appends to at every frame, for
+    :meth:`Store.add_planned`: each is looked up in the store once, not at every sample.
+
+    A row's key is a metric name (its series is labelled ``base``) or a tuple of the metric
+    name and the further ``(label, value)`` pairs of the series. The series found are kept
+    until the store's :attr:`~Store.generation` moves (a series created, replaced or
+    dropped anywhere), so a kept one is always the series the store holds for its key.
+    """
+
+    __slots__ = ("base", "series", "generation")
+
+    def __init__(self, base: Labels) -> None:
+        self.base = base
+        self.series: dict[PlanKey, tuple[str, Series]] = {}
+        self.generation = -1
+
+    def labels(self, key: PlanKey) -> tuple[str, Labels]:
+        """The metric and label set a key stands for."""
+        if isinstance(key, str):
+            return key, self.base
+        return key[0], tuple(sorted(self.base + key[1:]))
+
+
 @dataclass
 class _Metric:
     kind: str  # "gauge" or "counter"
@@ -236,6 +263,36 @@ class Store:
                     s = m.series[labels] = Series(cap)
                     self.generation += 1
                 s.append(step, t, value)
+
+    def add_planned(self, plan: Plan, rows: Iterable[tuple[PlanKey, float]], step: int, t: float) -> None:
+        """As :meth:`add_rows`, for rows keyed as ``plan`` says: one lock, and no lookup of
+        a series the plan has found before."""
+        with self.lock:
+            if plan.generation != self.generation:
+                plan.series.clear()
+            found, written = plan.series, self.written
+            for key, value in rows:
+                hit = found.get(key)
+                if hit is None:
+                    name, labels = plan.labels(key)
+                    hit = found[key] = (name, self._gauge(name, labels))
+                written.add(hit[0])
+                hit[1].append(step, t, value)
+            plan.generation = self.generation  # the series it created replaced none it keeps
+
+    def _gauge(self, name: str, labels: Labels) -> Series:
+        """The series of a gauge's label set, created if there is none or if it is a column
+        of a block (the block then no longer holds every series). Call with the lock held."""
+        m = self._metrics.get(name)
+        if m is None:
+            m = self._metrics[name] = _Metric("gauge")
+        s = m.series.get(labels)
+        if not isinstance(s, Series):
+            if s is not None:
+                m.blocks.clear()
+            s = m.series[labels] = Series(self.capacity)
+            self.generation += 1
+        return s
 
     def add_row(self, name: str, labels: tuple[Labels, ...], values: Sequence[float] | np.ndarray,
                 step: int, t: float) -> None:
