@@ -42,25 +42,26 @@ class Window:
 class Series:
     """A fixed-capacity ring buffer of samples."""
 
-    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "_last", "count")
+    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "_last", "count", "_put")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._steps = np.zeros(capacity, dtype=np.int64)
         self._times = np.zeros(capacity, dtype=np.float64)
         self._values = np.zeros(capacity, dtype=np.float64)
+        # the rings as memoryviews: a Python number is stored through one at half the cost
+        self._put: tuple[Any, Any, Any] = (self._steps.data, self._times.data, self._values.data)
         self._n = 0
         self._head = 0  # next write position
         self._last: tuple[int, float, float] | None = None  # the rules read it on every frame
         self.count = 0  # samples ever appended
 
     def append(self, step: int, t: float, value: float) -> None:
-        self._last = (int(step), float(t), float(value))
+        last = self._last = (int(step), float(t), float(value))
         self.count += 1
         i = self._head
-        self._steps[i] = step
-        self._times[i] = t
-        self._values[i] = value
+        steps, times, values = self._put
+        steps[i], times[i], values[i] = last
         i += 1
         self._head = 0 if i == self.capacity else i
         if self._n < self.capacity:

@@ -400,8 +400,8 @@ class Admission:
         ranks = self._runs.get(key)
         r = None if ranks is None else ranks.get(rank)
         if r is not None and _adds_nothing(r, f):
-            if f.get("groups") is not None:
-                r.last_groups = f["groups"]
+            if f.get("groups") is not None:  # the names admitted last, the same string objects: the
+                f["groups"] = r.last_groups  # ingest and the history compare the list to theirs at once
             return
         dropped = Dropped() if dropped is None else dropped
         if ranks is None:
