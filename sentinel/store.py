@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,8 @@ Labels = tuple[tuple[str, str], ...]
 Row = tuple[str, str, Labels, float]
 """An exported sample that lives outside the store: ``(name, kind, labels, value)``."""
 """Sorted ``(name, value)`` pairs; always includes ``job``, ``run`` and ``rank``."""
+PlanKey = str | tuple[Any, ...]
+"""A row of a :class:`Plan`: a metric name, or the name and further ``(label, value)`` pairs."""
 
 
 def labels_of(**kv: object) -> Labels:
@@ -39,25 +42,26 @@ class Window:
 class Series:
     """A fixed-capacity ring buffer of samples."""
 
-    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "_last", "count")
+    __slots__ = ("_steps", "_times", "_values", "_n", "_head", "capacity", "_last", "count", "_put")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._steps = np.zeros(capacity, dtype=np.int64)
         self._times = np.zeros(capacity, dtype=np.float64)
         self._values = np.zeros(capacity, dtype=np.float64)
+        # the rings as memoryviews: a Python number is stored through one at half the cost
+        self._put: tuple[Any, Any, Any] = (self._steps.data, self._times.data, self._values.data)
         self._n = 0
         self._head = 0  # next write position
         self._last: tuple[int, float, float] | None = None  # the rules read it on every frame
         self.count = 0  # samples ever appended
 
     def append(self, step: int, t: float, value: float) -> None:
-        self._last = (int(step), float(t), float(value))
+        last = self._last = (int(step), float(t), float(value))
         self.count += 1
         i = self._head
-        self._steps[i] = step
-        self._times[i] = t
-        self._values[i] = value
+        steps, times, values = self._put
+        steps[i], times[i], values[i] = last
         i += 1
         self._head = 0 if i == self.capacity else i
         if self._n < self.capacity:
@@ -161,6 +165,30 @@ class Column:
         return self._block._n
 
 
+class Plan:
+    """The gauge series one writer (a rank of a run) appends to at every frame, for
+    :meth:`Store.add_planned`: each is looked up in the store once, not at every sample.
+
+    A row's key is a metric name (its series is labelled ``base``) or a tuple of the metric
+    name and the further ``(label, value)`` pairs of the series. The series found are kept
+    until the store's :attr:`~Store.generation` moves (a series created, replaced or
+    dropped anywhere), so a kept one is always the series the store holds for its key.
+    """
+
+    __slots__ = ("base", "series", "generation")
+
+    def __init__(self, base: Labels) -> None:
+        self.base = base
+        self.series: dict[PlanKey, tuple[str, Series]] = {}
+        self.generation = -1
+
+    def labels(self, key: PlanKey) -> tuple[str, Labels]:
+        """The metric and label set a key stands for."""
+        if isinstance(key, str):
+            return key, self.base
+        return key[0], tuple(sorted(self.base + key[1:]))
+
+
 @dataclass
 class _Metric:
     kind: str  # "gauge" or "counter"
@@ -236,6 +264,36 @@ class Store:
                     s = m.series[labels] = Series(cap)
                     self.generation += 1
                 s.append(step, t, value)
+
+    def add_planned(self, plan: Plan, rows: Iterable[tuple[PlanKey, float]], step: int, t: float) -> None:
+        """As :meth:`add_rows`, for rows keyed as ``plan`` says: one lock, and no lookup of
+        a series the plan has found before."""
+        with self.lock:
+            if plan.generation != self.generation:
+                plan.series.clear()
+            found, written = plan.series, self.written
+            for key, value in rows:
+                hit = found.get(key)
+                if hit is None:
+                    name, labels = plan.labels(key)
+                    hit = found[key] = (name, self._gauge(name, labels))
+                written.add(hit[0])
+                hit[1].append(step, t, value)
+            plan.generation = self.generation  # the series it created replaced none it keeps
+
+    def _gauge(self, name: str, labels: Labels) -> Series:
+        """The series of a gauge's label set, created if there is none or if it is a column
+        of a block (the block then no longer holds every series). Call with the lock held."""
+        m = self._metrics.get(name)
+        if m is None:
+            m = self._metrics[name] = _Metric("gauge")
+        s = m.series.get(labels)
+        if not isinstance(s, Series):
+            if s is not None:
+                m.blocks.clear()
+            s = m.series[labels] = Series(self.capacity)
+            self.generation += 1
+        return s
 
     def add_row(self, name: str, labels: tuple[Labels, ...], values: Sequence[float] | np.ndarray,
                 step: int, t: float) -> None:

@@ -17,9 +17,32 @@ from sentinel.engine.optimizer import ingest_health, ingest_optimizers
 from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
 from sentinel.engine.schedule import SchedulePeaks
 from sentinel.engine.shards import ShardAssembler
-from sentinel.store import Labels, Store, labels_of
+from sentinel.store import Labels, Plan, PlanKey, Store, labels_of
 
 ENV_INFO = "sentinel_environment_info"
+
+
+class _Rank:
+    """What the ingest keeps of one rank (stream) from frame to frame: its labels, the
+    series its gauges go to (:class:`~sentinel.store.Plan`), the label sets of its groups,
+    and which of its counters exist."""
+
+    __slots__ = ("base", "plan", "rows", "groups", "group_labels", "totals", "nonfinite", "amp_counted")
+
+    def __init__(self, base: Labels) -> None:
+        self.base = base
+        self.plan = Plan(base)
+        self.rows: list[tuple[PlanKey, float]] = []
+        self.groups: list[str] | None = None
+        self.group_labels: tuple[Labels, ...] = ()
+        self.totals: dict[str, Any] = {}  # the last total written per counter
+        self.nonfinite: dict[str, Labels] = {}  # source -> labels of its counter, once it exists
+        self.amp_counted = False
+
+    def add(self, metric: str, value: float, /, **extra: str) -> None:
+        """Queue a gauge sample of this rank for the frame's one write. ``metric`` is
+        positional-only, so a ``name=`` label (``sentinel_scalar``) does not clash with it."""
+        self.rows.append(((metric, *extra.items()) if extra else metric, value))
 
 
 class Ingestor:
@@ -37,9 +60,7 @@ class Ingestor:
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
         self._scale_last: dict[Labels, float] = {}
-        self._labels: dict[tuple[object, ...], Labels] = {}
-        self._bases: dict[tuple[object, ...], Labels] = {}
-        self._totals: dict[tuple[Labels, str], Any] = {}  # the last total written per counter
+        self._ranks: dict[tuple[str, str, int, str], _Rank] = {}
         self._group_labels = GroupLabels()
         self.schedule = SchedulePeaks()
         self._sched_last: dict[Labels, float] = {}
@@ -52,34 +73,37 @@ class Ingestor:
         Returns:
             What the rules need of it (:class:`Ingested`; ``written`` is the engine's to fill).
         """
-        base = self._base(f["job"], f["run"], f["rank"], f.get("opt", ""))
+        r = self._rank(f["job"], f["run"], f["rank"], f.get("opt", ""))
+        base = r.base
         step, t = f["step"], float(f["t"])
         ctx = Ingested(lr_change_step=self.lr_change_step.get(base), lr_fraction=self.schedule.fraction(base))
-        rows: list[tuple[str, Labels, float]] = []
-        add = self._adder(base, rows)
+        r.rows = []  # a fresh queue: a frame that failed halfway leaves nothing behind
+        add = r.add
         if "errors" in f:
-            self._total("sentinel_instrument_errors_total", base, f["errors"])
+            self._total(r, "sentinel_instrument_errors_total", f["errors"])
         if "dropped" in f:
-            self._total("sentinel_frames_dropped_total", base, f["dropped"])
+            self._total(r, "sentinel_frames_dropped_total", f["dropped"])
         if "scalars_dropped" in f:
-            self._total("sentinel_scalars_dropped_total", base, f["scalars_dropped"])
+            self._total(r, "sentinel_scalars_dropped_total", f["scalars_dropped"])
         kind = f["kind"]
         amp = f.get("amp")
         if isinstance(amp, dict) and isinstance(amp.get("scale"), (int, float)):
-            self._amp(float(amp["scale"]), add, base)
+            self._amp(float(amp["scale"]), r)
         tags = f.get("tags")
+        info: Labels | None = None
         if isinstance(tags, dict) and kind in ("step", "log"):  # checked by engine/validate.py
             info = labels_of(job=f["job"], run=f["run"], **tags)
             if self.store.last("sentinel_run_info", info) is None:
                 self._drop_info(f["job"], f["run"])  # one info series per run: the latest tags
-            rows.append(("sentinel_run_info", info, 1.0))
         if kind == "step":
-            self._step(f, add, base, ctx)
+            self._step(f, r, ctx)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
-            self._scalars(f["scalars"], add, base, ctx)
+            self._scalars(f["scalars"], r, ctx)
         if "guard" in f:  # the step guard's note (issue 21)
             ingest_guard(self.store, f, add, base, ctx)
-        self.store.add_rows(rows, step, t)
+        if info is not None:
+            self.store.add("sentinel_run_info", info, step, t, 1.0)
+        self.store.add_planned(r.plan, r.rows, step, t)
         if ctx.nonfinite_groups:  # non-finite: did the step guard keep this step out? (issue 21)
             ctx.guard_skipped = kept_out(self.store, base, step)
         return ctx
@@ -96,8 +120,8 @@ class Ingestor:
         for b in gone:
             self._sched_last.pop(b, None)  # type: ignore[arg-type]
             self._sched_in.pop(b, None)  # type: ignore[arg-type]
-        for key in [k for k in self._totals if all(p in k[0] for p in pairs)]:
-            del self._totals[key]  # a run started again under the same name gets its counters back
+        for key in [k for k in self._ranks if k[:2] == (job, run)]:
+            del self._ranks[key]  # a run started again under the same name gets its series and counters back
 
     def _drop_info(self, job: str, run: str) -> None:
         for labels in self.store.labelsets("sentinel_run_info"):
@@ -105,71 +129,59 @@ class Ingestor:
             if d.get("job") == job and d.get("run") == run:
                 self.store.remove("sentinel_run_info", labels)
 
-    def _base(self, job: str, run: str, rank: int, opt: str = "") -> Labels:
-        """The ``job, run, rank`` labels (built once per rank), and ``optimizer`` for a
-        stream of a process with several optimizers."""
+    def _rank(self, job: str, run: str, rank: int, opt: str = "") -> _Rank:
+        """What is kept of a rank, with its ``job, run, rank`` labels (and ``optimizer`` for
+        a stream of a process with several optimizers)."""
         rk = (job, run, rank, opt)
-        base = self._bases.get(rk)
-        if base is None:
-            if len(self._bases) > 10_000:
-                self._bases.clear()
-            base = self._bases[rk] = (labels_of(job=job, run=run, rank=rank, optimizer=opt) if opt
-                                      else labels_of(job=job, run=run, rank=rank))
-        return base
+        r = self._ranks.get(rk)
+        if r is None:
+            if len(self._ranks) > 10_000:
+                self._ranks.clear()
+            r = self._ranks[rk] = _Rank(labels_of(job=job, run=run, rank=rank, optimizer=opt) if opt
+                                        else labels_of(job=job, run=run, rank=rank))
+        return r
 
-    def _adder(self, base: Labels, rows: list[tuple[str, Labels, float]]) -> Callable[..., None]:
-        """``add(metric, value, /, **extra)``: queue a gauge sample of this frame's rank (the
-        queue is written to the store in one go). ``metric`` is positional-only, so a
-        ``name=`` label (``sentinel_scalar``) does not clash with it."""
-        cache, append = self._labels, rows.append
+    def _base(self, job: str, run: str, rank: int, opt: str = "") -> Labels:
+        return self._rank(job, run, rank, opt).base
 
-        def add(metric: str, value: float, /, **extra: str) -> None:
-            if extra:
-                key = (base, *extra.items())
-                labels = cache.get(key)
-                if labels is None:  # label tuples are built once per series, not per frame
-                    if len(cache) > 100_000:
-                        cache.clear()
-                    labels = cache[key] = tuple(sorted(base + tuple(extra.items())))
-            else:
-                labels = base
-            append((metric, labels, value))
-        return add
+    def _group_labels_of(self, r: _Rank, groups: list[str]) -> tuple[Labels, ...]:
+        """The rank's group label sets (:class:`GroupLabels`), looked up only when its groups
+        changed: one comparison of the lists, not a hash of every name."""
+        if groups != r.groups:
+            r.group_labels = self._group_labels(r.base, groups)
+            r.groups = list(groups)
+        return r.group_labels
 
-    def _total(self, name: str, labels: Labels, total: Any) -> None:
+    def _total(self, r: _Rank, name: str, total: Any) -> None:
         """Set a counter from the sender's running total, only when it moved (most stay 0)."""
-        key = (labels, name)
-        if self._totals.get(key) != total:
-            if len(self._totals) > 100_000:
-                self._totals.clear()
-            self._totals[key] = total
-            self.store.set_counter(name, labels, float(total))
+        if r.totals.get(name) != total:
+            r.totals[name] = total
+            self.store.set_counter(name, r.base, float(total))
 
-    def _nonfinite(self, source: str, bad: bool, add: Callable[..., None], base: Labels) -> None:
-        add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
+    def _nonfinite(self, source: str, bad: bool, r: _Rank) -> None:
+        r.add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
         # inc by 0 too, so the counter exists (at 0) from the first report
-        key = (base, ("source", source))
-        labels = self._labels.get(key)
-        if labels is None:
-            labels = self._labels[key] = tuple(sorted(base + (("source", source),)))
-        if bad or (labels, "nf") not in self._totals:
-            self._totals[(labels, "nf")] = 0.0
+        labels = r.nonfinite.get(source)
+        if labels is None or bad:
+            if labels is None:
+                labels = r.nonfinite[source] = tuple(sorted(r.base + (("source", source),)))
             self.store.inc("sentinel_nonfinite_total", labels, float(bad))
 
-    def _scalars(self, scalars: dict[str, Any], add: Callable[..., None], base: Labels,
-                 ctx: Ingested) -> None:
+    def _scalars(self, scalars: dict[str, Any], r: _Rank, ctx: Ingested) -> None:
+        add = r.add
         for name, value in scalars.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
             if name == "loss":
                 add("sentinel_loss", float(value))
-                self._nonfinite("loss", not math.isfinite(value), add, base)
+                self._nonfinite("loss", not math.isfinite(value), r)
                 if not math.isfinite(value):
                     ctx.nonfinite_groups["loss"] = []
             else:  # the engine's admission caps the names (engine/validate.py)
                 add("sentinel_scalar", float(value), name=str(name))
 
-    def _step(self, f: dict[str, Any], add: Callable[..., None], base: Labels, ctx: Ingested) -> None:
+    def _step(self, f: dict[str, Any], r: _Rank, ctx: Ingested) -> None:
+        base, add = r.base, r.add
         f = self.shards.route(f, add, base, ctx)  # sharded: local norms, global assembly (shards.py)
         ingest_clip(f, add, self.store, base)  # the pre-clip grad norm (clip.py)
         step, t = f["step"], float(f["t"])
@@ -182,6 +194,7 @@ class Ingestor:
         if isinstance(f.get("busy_seconds"), (int, float)):
             add("sentinel_step_busy_seconds", float(f["busy_seconds"]))
         groups: list[str] = f.get("groups") or []
+        glabels = self._group_labels_of(r, groups)
         gsq = f.get("grad_sumsq")
         norm: float | None = None
         if gsq is not None:
@@ -189,8 +202,8 @@ class Ingestor:
             norm = _sqrt(total)
             add("sentinel_grad_norm", norm)
             norms, bad = group_norms(gsq, groups, total)
-            store.add_row("sentinel_group_grad_norm", self._group_labels(base, groups), norms, step, t)
-            self._nonfinite("grad", bool(bad) or not math.isfinite(total), add, base)
+            store.add_row("sentinel_group_grad_norm", glabels, norms, step, t)
+            self._nonfinite("grad", bool(bad) or not math.isfinite(total), r)
             if bad:
                 ctx.nonfinite_groups["grad"] = bad
             gvr = self._gvr.push(base, norm)
@@ -202,23 +215,22 @@ class Ingestor:
                 std = _sqrt(mean_sq - mean_abs * mean_abs)
                 add("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan"))
         opt = f.get("opt", "")
-        ctx.crossrank = self.crossrank.observe(f, lambda r: self._base(f["job"], f["run"], r, opt), norm)
+        ctx.crossrank = self.crossrank.observe(f, lambda rank: self._base(f["job"], f["run"], rank, opt), norm)
         psq = f.get("param_sumsq")
         if psq is not None:
             ptotal = math.fsum(psq)
             add("sentinel_param_norm", _sqrt(ptotal))
             pnorms, pbad = group_norms(psq, groups, ptotal)
-            store.add_row("sentinel_group_param_norm", self._group_labels(base, groups), pnorms, step, t)
-            self._nonfinite("param", bool(pbad), add, base)
+            store.add_row("sentinel_group_param_norm", glabels, pnorms, step, t)
+            self._nonfinite("param", bool(pbad), r)
             if pbad:
                 ctx.nonfinite_groups["param"] = pbad
             dsq = f.get("delta_sumsq")
             if dsq is not None:
-                ratio = write_update_ratios(store, base, self._group_labels(base, groups), psq, dsq, step, t)
+                ratio = write_update_ratios(store, base, glabels, psq, dsq, step, t)
                 if ratio is not None:
                     add("sentinel_update_ratio", ratio)
                 if isinstance(dsq, list) and len(dsq) == len(groups):  # magnitude.py: ‖Δw‖ and the seed's UAR
-                    glabels = self._group_labels(base, groups)
                     unorm = write_update_norms(store, glabels, dsq, step, t)
                     if unorm is not None:
                         add("sentinel_update_norm", unorm)
@@ -252,16 +264,19 @@ class Ingestor:
             ingest_optimizers(f["optim"], f.get("total_steps"), add, clip)
         trust = ingest_health(f, add)
         if trust is not None and len(trust) == len(groups):
-            rows = [(ls, v) for ls, v in zip(self._group_labels(base, groups), trust) if v is not None]
+            rows = [(ls, v) for ls, v in zip(glabels, trust) if v is not None]
             store.add_many("sentinel_group_trust_ratio", rows, step, float(f["t"]))
 
-    def _amp(self, scale: float, add: Callable[..., None], base: Labels) -> None:
+    def _amp(self, scale: float, r: _Rank) -> None:
         # GradScaler halves the scale exactly when it skips a step for inf/NaN grads, so each
         # decrease seen is one skipped step (frames come at least once per iteration via log)
-        add("sentinel_amp_loss_scale", scale)
+        base = r.base
+        r.add("sentinel_amp_loss_scale", scale)
         prev = self._scale_last.get(base)
         skipped = prev is not None and scale < prev
-        self.store.inc("sentinel_amp_skipped_steps_total", base, float(skipped))
+        if skipped or not r.amp_counted:  # the counter exists (at 0) from the first report
+            self.store.inc("sentinel_amp_skipped_steps_total", base, float(skipped))
+            r.amp_counted = True
         self._scale_last[base] = scale
 
     def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:

@@ -366,6 +366,14 @@ class _Rank:
         self.cost = BASE_SERIES
 
 
+def _adds_nothing(r: _Rank, f: dict[str, Any]) -> bool:
+    """Whether a frame of a known rank names only what the rank has named before (the
+    usual case): its footprint stays, and :meth:`Admission.admit` has nothing to check."""
+    groups, scalars, st, lr = f.get("groups"), f.get("scalars"), f.get("state_bytes"), f.get("lr")
+    return ((groups is None or groups == r.last_groups) and (not scalars or r.scalars.issuperset(scalars))
+            and (not st or r.state.issuperset(st)) and (not lr or len(lr) <= r.lr))
+
+
 class Admission:
     """The engine's caps over what it keeps: runs, ranks per run, distinct group and scalar
     names per rank, and an estimate of the series in the store (bounded work per frame).
@@ -387,15 +395,19 @@ class Admission:
         Raises:
             Refused: the frame would take the engine past its runs, ranks or series caps.
         """
-        dropped = Dropped() if dropped is None else dropped
         lim, key = self.limits, (f["job"], f["run"])
         rank: int | tuple[int, str] = (f["rank"], f["opt"]) if "opt" in f else f["rank"]  # a rank's stream
         ranks = self._runs.get(key)
+        r = None if ranks is None else ranks.get(rank)
+        if r is not None and _adds_nothing(r, f):
+            if f.get("groups") is not None:  # the names admitted last, the same string objects: the
+                f["groups"] = r.last_groups  # ingest and the history compare the list to theirs at once
+            return
+        dropped = Dropped() if dropped is None else dropped
         if ranks is None:
             if len(self._runs) >= lim.max_runs:
                 raise Refused("runs", f"{len(self._runs)} runs tracked already (limits.max_runs)")
             ranks = {}
-        r = ranks.get(rank)
         if r is None:
             if len(ranks) >= lim.max_ranks:
                 raise Refused("ranks", f"{len(ranks)} ranks in the run already (limits.max_ranks)")
