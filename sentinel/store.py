@@ -301,7 +301,8 @@ class Store:
 
         Pass the *same* ``labels`` tuple object each time (e.g. cached per rank): the
         series are kept as one :class:`Block` found by that object's identity. A new tuple
-        starts a new block, and series it shares with an older block restart their history.
+        starts a new block, and series it shares with an older block restart their history
+        (the older block is dropped: its tuple passed again starts anew too).
         """
         with self.lock:
             self.written.add(name)
@@ -313,8 +314,14 @@ class Store:
                 if len(m.blocks) > 1000:  # label tuples are cached by the caller; bound stale ones
                     m.blocks.clear()
                 block = Block(self.capacity, len(labels))
+                taken: set[int] = set()  # older blocks this one takes series from
                 for col, ls in enumerate(labels):
+                    old = m.series.get(ls)
+                    if isinstance(old, Column):
+                        taken.add(id(old.block))
                     m.series[ls] = Column(block, col)
+                for key in [k for k, (_, b) in m.blocks.items() if id(b) in taken]:
+                    del m.blocks[key]  # their label tuple, passed again, starts a block of its own
                 self.generation += 1
                 hit = m.blocks[id(labels)] = (labels, block)
             hit[1].append(step, t, values)

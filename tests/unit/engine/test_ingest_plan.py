@@ -70,3 +70,17 @@ def test_a_known_rank_naming_something_new_is_still_held_to_the_caps() -> None:
     assert engine.fields_dropped == {("scalars", "scalars"): 1}
     assert engine.store.last("sentinel_scalar", labels_of(job="j", run="r", rank=0, name="acc")) == (3, 1003.0, 0.5)
     assert engine.store.last("sentinel_scalar", labels_of(job="j", run="r", rank=0, name="f1")) is None
+
+
+def test_groups_that_change_and_change_back_keep_every_group_current() -> None:
+    """A rank whose groups go A, then B, then A again (the same label tuples, as the ingest
+    caches them): a group in both lists still gets each new sample."""
+    store = Store(capacity=8)
+    a_ls, b_ls, c_ls = (labels_of(job="j", run="r", rank=0, group=g) for g in ("a", "b", "c"))
+    first, second = (a_ls, b_ls), (a_ls, c_ls)
+    store.add_row("m", first, [1.0, 2.0], 1, 1.0)
+    store.add_row("m", second, [3.0, 4.0], 2, 2.0)
+    store.add_row("m", first, [5.0, 6.0], 3, 3.0)
+    assert store.last("m", a_ls) == (3, 3.0, 5.0) and store.last("m", b_ls) == (3, 3.0, 6.0)
+    store.add_row("m", second, [7.0, 8.0], 4, 4.0)
+    assert store.last("m", a_ls) == (4, 4.0, 7.0) and store.last("m", c_ls) == (4, 4.0, 8.0)
