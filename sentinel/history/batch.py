@@ -26,6 +26,9 @@ _UPSERT_STREAM = (f"INSERT INTO stream_samples (run_id, stream, step, t, {', '.j
                   f"VALUES (?, ?, ?, ?, {', '.join('?' * len(COLUMNS))}, ?) ON CONFLICT (run_id, stream, step) "
                   "DO UPDATE SET " + ", ".join(f"{c} = COALESCE(excluded.{c}, {c})" for c in ("t", *COLUMNS, "groups")))
 
+_NOTES = frozenset(("guard", "tags", "optim", "cmd", "env"))
+"""The fields that only some frames carry (:meth:`BatchWriter._notes`)."""
+
 
 class BatchWriter:
     """Applies batches of queued items to the history file.
@@ -115,6 +118,37 @@ class BatchWriter:
             return r
         if kind == "step":
             r.last[who] = step
+        if not f.keys().isdisjoint(_NOTES):
+            self._notes(db, r, f, opt)
+        if rank == 0:
+            self._sample(db, r, f, opt)
+        return r
+
+    def _sample(self, db: sqlite3.Connection, r: RunRow, f: dict[str, Any], opt: str) -> None:
+        """Rank 0's values: the run's aggregates, and the step's row when the stride keeps it."""
+        t, step, kind, agg = float(f["t"]), f["step"], f["kind"], r.agg
+        if f.get("shard") == "sharded":  # rank 0's shards only: the model's norms come assembled
+            f = local_only(f)
+        vals = sample(f)
+        if opt not in ("", "0"):  # a further optimizer stream: its own rows, no run aggregates
+            if vals and not (step > 1 and step % r.stride):
+                db.execute(_UPSERT_STREAM, (r.id, opt, step, t, *map(vals.get, COLUMNS), group_blob(f)))
+            return
+        if kind == "step":
+            agg["steps"] = step
+            groups = f.get("groups")
+            if isinstance(groups, list) and groups != r.groups:
+                r.groups = list(groups)
+                agg["groups"] = json.dumps(r.groups)
+        self._aggregate(db, r, step, vals)
+        if not vals:
+            return
+        self._put(db, r, step, t, vals, group_blob(f), count=kind == "step")
+
+    def _notes(self, db: sqlite3.Connection, r: RunRow, f: dict[str, Any], opt: str) -> None:
+        """What a frame tells of its run besides its values: a guard note, tags, the optimizer,
+        the command, the environment."""
+        agg = r.agg
         if isinstance(f.get("guard"), dict):  # the step guard's note (issue 21)
             skips.record(db, r.id, f)
         if "tags" in f:
@@ -131,26 +165,6 @@ class BatchWriter:
             db.execute("UPDATE runs SET command = ? WHERE id = ? AND command IS NULL", (f["cmd"][:1000], r.id))
         if isinstance(f.get("env"), dict):
             agg["env"] = json.dumps(f["env"], default=str)[:20_000]
-        if rank != 0:
-            return r
-        if f.get("shard") == "sharded":  # rank 0's shards only: the model's norms come assembled
-            f = local_only(f)
-        vals = sample(f)
-        if opt not in ("", "0"):  # a further optimizer stream: its own rows, no run aggregates
-            if vals and not (step > 1 and step % r.stride):
-                db.execute(_UPSERT_STREAM, (r.id, opt, step, t, *(vals.get(c) for c in COLUMNS), group_blob(f)))
-            return r
-        if kind == "step":
-            agg["steps"] = step
-            groups = f.get("groups")
-            if isinstance(groups, list) and groups != r.groups:
-                r.groups = list(groups)
-                agg["groups"] = json.dumps(r.groups)
-        self._aggregate(db, r, step, vals)
-        if not vals:
-            return r
-        self._put(db, r, step, t, vals, group_blob(f), count=kind == "step")
-        return r
 
     def _assembled(self, db: sqlite3.Connection, a: dict[str, Any]) -> RunRow:
         """The whole model's norms of a sharded step, merged into rank 0's row of that step."""
@@ -170,7 +184,7 @@ class BatchWriter:
         """Write (or complete) the step's row when the stride keeps it."""
         if step > 1 and step % r.stride:
             return  # off the stride: only the aggregates count it
-        db.execute(_UPSERT, (r.id, step, t, *(vals.get(c) for c in COLUMNS), blob))
+        db.execute(_UPSERT, (r.id, step, t, *map(vals.get, COLUMNS), blob))
         if count:
             r.samples += 1
             if r.samples > self.max_points:
