@@ -28,6 +28,20 @@ _UPSERT_STREAM = (f"INSERT INTO stream_samples (run_id, stream, step, t, {', '.j
 
 _NOTES = frozenset(("guard", "tags", "optim", "cmd", "env"))
 """The fields that only some frames carry (:meth:`BatchWriter._notes`)."""
+READ = ("t", "rank", "step", "kind", "opt", "job", "run", "world", "exc", *sorted(_NOTES))
+"""What the writer reads of a frame of a rank other than 0 (rank 0's frame is its row: all of it)."""
+
+
+def queued(frame: dict[str, Any]) -> dict[str, Any]:
+    """What the recorder queues of a frame: rank 0's whole, any other rank's :data:`READ` fields.
+
+    A frame of a rank other than 0 only updates its run's row, so its per-group lists are let go
+    on the engine's thread with the rest of the frame, at once: the queue holds a few fields,
+    and the writer does not free, long after, the bulk of every frame that writes no row.
+    """
+    if frame.get("rank") == 0:
+        return frame
+    return {k: frame[k] for k in READ if k in frame}
 
 
 class BatchWriter:
