@@ -3,7 +3,8 @@ steps, alert transitions, and ``sentinel run``'s start and end, each applied to 
 row (:mod:`sentinel.history.attempts` picks the row) inside the writer's transaction.
 
 The writer (:class:`sentinel.history.recorder.Recorder`) owns the thread, the queue and
-the retries; this module owns the SQL and the in-memory view of the runs being written.
+the retries; this module owns the SQL, the in-memory view of the runs being written, and
+what of a frame the queue holds (:func:`queued`: what the writer reads of it).
 """
 
 from __future__ import annotations
