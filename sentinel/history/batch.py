@@ -158,7 +158,7 @@ class BatchWriter:
         self._aggregate(db, r, step, vals)
         if not vals:
             return
-        self._put(db, r, step, t, vals, group_blob(f), count=kind == "step")
+        self._put(db, r, step, t, vals, f, count=kind == "step")
 
     def _notes(self, db: sqlite3.Connection, r: RunRow, f: dict[str, Any], opt: str) -> None:
         """What a frame tells of its run besides its values: a guard note, tags, the optimizer,
@@ -188,18 +188,19 @@ class BatchWriter:
             # rank 0's frame of this step is not in yet (its own ingest completed the step),
             # and the row is over: this step opens the new run rank 0's frame will join
             r = self._new_run(db, a["job"], a["run"], float(a["t"]), r)
-        vals = sample({**a, "kind": "step"})
+        frame = {**a, "kind": "step"}
+        vals = sample(frame)
         self._aggregate(db, r, a["step"], vals)
         if vals:
-            self._put(db, r, a["step"], float(a["t"]), vals, group_blob({**a, "kind": "step"}), count=False)
+            self._put(db, r, a["step"], float(a["t"]), vals, frame, count=False)
         return r
 
     def _put(self, db: sqlite3.Connection, r: RunRow, step: int, t: float, vals: dict[str, float | None],
-             blob: bytes | None, count: bool) -> None:
-        """Write (or complete) the step's row when the stride keeps it."""
+             frame: dict[str, Any], count: bool) -> None:
+        """Write (or complete) the step's row, with ``frame``'s group blob, when the stride keeps it."""
         if step > 1 and step % r.stride:
             return  # off the stride: only the aggregates count it
-        db.execute(_UPSERT, (r.id, step, t, *map(vals.get, COLUMNS), blob))
+        db.execute(_UPSERT, (r.id, step, t, *map(vals.get, COLUMNS), group_blob(frame)))
         if count:
             r.samples += 1
             if r.samples > self.max_points:
