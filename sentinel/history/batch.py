@@ -3,7 +3,8 @@ steps, alert transitions, and ``sentinel run``'s start and end, each applied to 
 row (:mod:`sentinel.history.attempts` picks the row) inside the writer's transaction.
 
 The writer (:class:`sentinel.history.recorder.Recorder`) owns the thread, the queue and
-the retries; this module owns the SQL and the in-memory view of the runs being written.
+the retries; this module owns the SQL, the in-memory view of the runs being written, and
+what of a frame the queue holds (:func:`queued`: what the writer reads of it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,23 @@ _UPSERT = (f"INSERT INTO samples (run_id, step, t, {', '.join(COLUMNS)}, groups)
 _UPSERT_STREAM = (f"INSERT INTO stream_samples (run_id, stream, step, t, {', '.join(COLUMNS)}, groups) "
                   f"VALUES (?, ?, ?, ?, {', '.join('?' * len(COLUMNS))}, ?) ON CONFLICT (run_id, stream, step) "
                   "DO UPDATE SET " + ", ".join(f"{c} = COALESCE(excluded.{c}, {c})" for c in ("t", *COLUMNS, "groups")))
+
+_NOTES = frozenset(("guard", "tags", "optim", "cmd", "env"))
+"""The fields that only some frames carry (:meth:`BatchWriter._notes`)."""
+READ = ("t", "rank", "step", "kind", "opt", "job", "run", "world", "exc", *sorted(_NOTES))
+"""What the writer reads of a frame of a rank other than 0 (rank 0's frame is its row: all of it)."""
+
+
+def queued(frame: dict[str, Any]) -> dict[str, Any]:
+    """What the recorder queues of a frame: rank 0's whole, any other rank's :data:`READ` fields.
+
+    A frame of a rank other than 0 only updates its run's row, so its per-group lists are let go
+    on the engine's thread with the rest of the frame, at once: the queue holds a few fields,
+    and the writer does not free, long after, the bulk of every frame that writes no row.
+    """
+    if frame.get("rank") == 0:
+        return frame
+    return {k: frame[k] for k in READ if k in frame}
 
 
 class BatchWriter:
@@ -115,6 +133,37 @@ class BatchWriter:
             return r
         if kind == "step":
             r.last[who] = step
+        if not f.keys().isdisjoint(_NOTES):
+            self._notes(db, r, f, opt)
+        if rank == 0:
+            self._sample(db, r, f, opt)
+        return r
+
+    def _sample(self, db: sqlite3.Connection, r: RunRow, f: dict[str, Any], opt: str) -> None:
+        """Rank 0's values: the run's aggregates, and the step's row when the stride keeps it."""
+        t, step, kind, agg = float(f["t"]), f["step"], f["kind"], r.agg
+        if f.get("shard") == "sharded":  # rank 0's shards only: the model's norms come assembled
+            f = local_only(f)
+        vals = sample(f)
+        if opt not in ("", "0"):  # a further optimizer stream: its own rows, no run aggregates
+            if vals and not (step > 1 and step % r.stride):
+                db.execute(_UPSERT_STREAM, (r.id, opt, step, t, *map(vals.get, COLUMNS), group_blob(f)))
+            return
+        if kind == "step":
+            agg["steps"] = step
+            groups = f.get("groups")
+            if isinstance(groups, list) and groups != r.groups:
+                r.groups = list(groups)
+                agg["groups"] = json.dumps(r.groups)
+        self._aggregate(db, r, step, vals)
+        if not vals:
+            return
+        self._put(db, r, step, t, vals, f, count=kind == "step")
+
+    def _notes(self, db: sqlite3.Connection, r: RunRow, f: dict[str, Any], opt: str) -> None:
+        """What a frame tells of its run besides its values: a guard note, tags, the optimizer,
+        the command, the environment."""
+        agg = r.agg
         if isinstance(f.get("guard"), dict):  # the step guard's note (issue 21)
             skips.record(db, r.id, f)
         if "tags" in f:
@@ -131,26 +180,6 @@ class BatchWriter:
             db.execute("UPDATE runs SET command = ? WHERE id = ? AND command IS NULL", (f["cmd"][:1000], r.id))
         if isinstance(f.get("env"), dict):
             agg["env"] = json.dumps(f["env"], default=str)[:20_000]
-        if rank != 0:
-            return r
-        if f.get("shard") == "sharded":  # rank 0's shards only: the model's norms come assembled
-            f = local_only(f)
-        vals = sample(f)
-        if opt not in ("", "0"):  # a further optimizer stream: its own rows, no run aggregates
-            if vals and not (step > 1 and step % r.stride):
-                db.execute(_UPSERT_STREAM, (r.id, opt, step, t, *(vals.get(c) for c in COLUMNS), group_blob(f)))
-            return r
-        if kind == "step":
-            agg["steps"] = step
-            groups = f.get("groups")
-            if isinstance(groups, list) and groups != r.groups:
-                r.groups = list(groups)
-                agg["groups"] = json.dumps(r.groups)
-        self._aggregate(db, r, step, vals)
-        if not vals:
-            return r
-        self._put(db, r, step, t, vals, group_blob(f), count=kind == "step")
-        return r
 
     def _assembled(self, db: sqlite3.Connection, a: dict[str, Any]) -> RunRow:
         """The whole model's norms of a sharded step, merged into rank 0's row of that step."""
@@ -159,18 +188,19 @@ class BatchWriter:
             # rank 0's frame of this step is not in yet (its own ingest completed the step),
             # and the row is over: this step opens the new run rank 0's frame will join
             r = self._new_run(db, a["job"], a["run"], float(a["t"]), r)
-        vals = sample({**a, "kind": "step"})
+        frame = {**a, "kind": "step"}
+        vals = sample(frame)
         self._aggregate(db, r, a["step"], vals)
         if vals:
-            self._put(db, r, a["step"], float(a["t"]), vals, group_blob({**a, "kind": "step"}), count=False)
+            self._put(db, r, a["step"], float(a["t"]), vals, frame, count=False)
         return r
 
     def _put(self, db: sqlite3.Connection, r: RunRow, step: int, t: float, vals: dict[str, float | None],
-             blob: bytes | None, count: bool) -> None:
-        """Write (or complete) the step's row when the stride keeps it."""
+             frame: dict[str, Any], count: bool) -> None:
+        """Write (or complete) the step's row, with ``frame``'s group blob, when the stride keeps it."""
         if step > 1 and step % r.stride:
             return  # off the stride: only the aggregates count it
-        db.execute(_UPSERT, (r.id, step, t, *(vals.get(c) for c in COLUMNS), blob))
+        db.execute(_UPSERT, (r.id, step, t, *map(vals.get, COLUMNS), group_blob(frame)))
         if count:
             r.samples += 1
             if r.samples > self.max_points:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.history import db as hdb
-from sentinel.history.batch import BatchWriter
+from sentinel.history.batch import BatchWriter, queued
 from sentinel.history.retry import Backoff, is_locked
 from sentinel.rules.alert import Transition
 from sentinel.store import Row
@@ -116,8 +116,9 @@ class Recorder:
         return True
 
     def offer_frame(self, frame: dict[str, Any]) -> bool:
-        """Queue a decoded, admitted frame (an engine frame listener). False if dropped."""
-        return self._offer(("frame", frame))
+        """Queue a decoded, admitted frame (an engine frame listener), or of a rank other than 0
+        only what the writer reads of it (:func:`sentinel.history.batch.queued`). False if dropped."""
+        return self._offer(("frame", queued(frame)))
 
     def offer_assembled(self, values: dict[str, Any]) -> bool:
         """Queue the whole model's sums of one step of a sharded run, as the engine assembled

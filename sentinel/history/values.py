@@ -17,6 +17,8 @@ MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 16, 32, 64
 
 
 def _num(v: Any) -> float | None:
+    if type(v) is float:  # what a decoded frame holds: the common case first
+        return v
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)
@@ -35,15 +37,23 @@ def _sqrt_sum(xs: list[Any]) -> float | None:
     return math.sqrt(total) if total >= 0 else float("nan")
 
 
-def _roots(xs: Any, n: int) -> list[float]:
-    """Square roots of per-group sums (NaN where not sent)."""
-    nan = float("nan")
+def _roots(xs: Any, n: int) -> list[float] | None:
+    """Square roots of per-group sums (NaN where one is negative or not a number); None unless one per group."""
     if not isinstance(xs, list) or len(xs) != n:
-        return [nan] * n
+        return None
     try:
         return list(map(math.sqrt, xs))
     except (TypeError, ValueError):
+        nan = float("nan")
         return [math.sqrt(x) if isinstance(x, (int, float)) and x >= 0 else nan for x in xs]
+
+
+_NAN32 = array("f", [float("nan")]).tobytes()
+
+
+def _float32(xs: list[float] | None, n: int) -> bytes:
+    """``xs`` as float32 bytes; ``n`` NaNs for None (a part the frame did not send)."""
+    return _NAN32 * n if xs is None else array("f", xs).tobytes()
 
 
 def sample(frame: dict[str, Any]) -> dict[str, float | None]:
@@ -56,15 +66,17 @@ def sample(frame: dict[str, Any]) -> dict[str, float | None]:
     """
     out: dict[str, float | None] = {}
     scalars = frame.get("scalars")
-    if isinstance(scalars, dict) and _num(scalars.get("loss")) is not None:
-        out["loss"] = _num(scalars["loss"])
+    loss = _num(scalars.get("loss")) if isinstance(scalars, dict) else None
+    if loss is not None:
+        out["loss"] = loss
     if frame["kind"] != "step":
         return out
     gsq, psq, dsq = frame.get("grad_sumsq"), frame.get("param_sumsq"), frame.get("delta_sumsq")
     if isinstance(gsq, list):
         out["grad_norm"] = _sqrt_sum(gsq)
-    if _num(frame.get("clip_norm")) is not None:
-        out["clip_norm"] = _num(frame["clip_norm"])
+    clip = _num(frame.get("clip_norm"))
+    if clip is not None:
+        out["clip_norm"] = clip
     if isinstance(psq, list):
         out["param_norm"] = _sqrt_sum(psq)
         if isinstance(dsq, list) and len(dsq) == len(psq):
@@ -77,9 +89,10 @@ def sample(frame: dict[str, Any]) -> dict[str, float | None]:
                     out["update_ratio"] = dn / pn
                 if every:  # every group sampled: the whole update's norm
                     out["delta_norm"] = dn
-    lr = frame.get("lr")
-    if isinstance(lr, list) and lr and _num(lr[0]) is not None:
-        out["lr"] = _num(lr[0])
+    lrs = frame.get("lr")
+    lr = _num(lrs[0]) if isinstance(lrs, list) and lrs else None
+    if lr is not None:
+        out["lr"] = lr
     mem = frame.get("mem")
     if isinstance(mem, dict):
         cuda = _num(mem.get("cuda_allocated"))
@@ -90,10 +103,12 @@ def sample(frame: dict[str, Any]) -> dict[str, float | None]:
         if peak is not None:
             out["mem_peak"] = peak
     amp = frame.get("amp")
-    if isinstance(amp, dict) and _num(amp.get("scale")) is not None:
-        out["loss_scale"] = _num(amp["scale"])
-    if _num(frame.get("step_seconds")) is not None:
-        out["step_seconds"] = _num(frame["step_seconds"])
+    scale = _num(amp.get("scale")) if isinstance(amp, dict) else None
+    if scale is not None:
+        out["loss_scale"] = scale
+    seconds = _num(frame.get("step_seconds"))
+    if seconds is not None:
+        out["step_seconds"] = seconds
     return out
 
 
@@ -116,14 +131,13 @@ def group_blob(frame: dict[str, Any]) -> bytes | None:
     if "grad_sumsq" not in frame and "param_sumsq" not in frame:
         return None
     n = len(groups)
-    nan = float("nan")
     g, p = _roots(frame.get("grad_sumsq"), n), _roots(frame.get("param_sumsq"), n)
-    if "delta_sumsq" in frame:
-        d = _roots(frame.get("delta_sumsq"), n)
+    d = _roots(frame.get("delta_sumsq"), n)
+    ratio = None
+    if d is not None and p is not None:
+        nan = float("nan")
         ratio = [dd / pp if pp else nan for dd, pp in zip(d, p)]
-    else:
-        ratio = [nan] * n
-    return array("f", g + p + ratio).tobytes()
+    return _float32(g, n) + _float32(p, n) + _float32(ratio, n)
 
 
 def unpack_groups(blob: bytes | None, n: int) -> tuple[list[float], list[float], list[float]] | None:
