@@ -81,8 +81,8 @@ from detection import record, render  # noqa: E402  (a sibling script, not a pac
 from sentinel import wire  # noqa: E402
 from sentinel.config import load_config  # noqa: E402
 from sentinel.daemon.daemon import Daemon  # noqa: E402
-from sentinel.engine.engine import Engine  # noqa: E402
 from sentinel.daemon.service import Service, attach_history  # noqa: E402
+from sentinel.engine.engine import Engine  # noqa: E402
 from sentinel.history.recorder import Recorder  # noqa: E402
 from sentinel.rules.config import RulePack, default_rules, load_pack  # noqa: E402
 

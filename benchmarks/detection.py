@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import statistics
@@ -38,8 +39,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-
-import dataclasses
 
 from sentinel.demo.scenarios import SCENARIOS, Scenario, ScenarioResult, run_scenario
 from sentinel.demo.tasks import MLP, backward_and_step

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from overhead import DEPTH, DIM, HEADS, SEQ, VOCAB, _available_cores, _med, _ms, render
 
-from overhead import DIM, DEPTH, HEADS, SEQ, VOCAB, _available_cores, _med, _ms, render
 import sentinel
 from sentinel.demo.model import TinyGPT, loss_fn, synthetic_batch
 

@@ -54,9 +54,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
 from overhead import SEQ, Bench, _available_cores, _med, _ms, render
+
 from sentinel.demo.model import loss_fn
+
 
 @dataclass
 class Peer:

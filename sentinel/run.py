@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 import sentinel_hooks
+
 from sentinel.config import SentinelConfig
 from sentinel.daemon.daemon import Daemon
 from sentinel.instrument.options import MAX_TAGS, default_run_name, env_tags, slurm_tags

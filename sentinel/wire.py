@@ -81,7 +81,9 @@ from typing import Annotated, Any, Literal
 
 import msgpack
 import msgspec
-from msgspec import UNSET as UNSET, Meta, Struct, UnsetType as UnsetType
+from msgspec import UNSET as UNSET
+from msgspec import Meta, Struct
+from msgspec import UnsetType as UnsetType
 
 SCHEMA_VERSION = 2
 ACCEPTED_VERSIONS = (SCHEMA_VERSION - 1, SCHEMA_VERSION)

@@ -16,10 +16,11 @@ from types import FrameType
 from typing import Any
 
 from sentinel import wire
-from sentinel.daemon.processes import Replies
 from sentinel.config import SentinelConfig
-from sentinel.daemon.folder import default_socket_path as default_socket_path, remove_folder  # re-exported (cli.py)
+from sentinel.daemon.folder import default_socket_path as default_socket_path  # re-exported (cli.py)
+from sentinel.daemon.folder import remove_folder
 from sentinel.daemon.listener import DatagramListener
+from sentinel.daemon.processes import Replies
 from sentinel.daemon.service import Service
 from sentinel.rules.config import RulePack
 

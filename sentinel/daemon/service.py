@@ -18,26 +18,26 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sentinel.config import SentinelConfig
-from sentinel.engine.engine import Engine
-from sentinel.serve.exporter import StoreCollector, make_registry
-from sentinel.serve.profile import profile_filter
 from sentinel.daemon import processes
 from sentinel.daemon.evidence import Capturer
 from sentinel.daemon.gpu import GpuPoller, load_nvml
+from sentinel.dashboards.links import dashboard_link
+from sentinel.delivery.courier import Courier, notice_of
+from sentinel.delivery.outbox import Outbox, default_path
+from sentinel.delivery.routes import build_routes
+from sentinel.engine.engine import Engine
+from sentinel.history.db import default_path as default_history_path
+from sentinel.history.recorder import Recorder
+from sentinel.listen import parse_listen
+from sentinel.rules.config import RulePack
+from sentinel.rules.lifecycle import Transition
+from sentinel.serve.exporter import StoreCollector, make_registry
 from sentinel.serve.http import HttpServer
+from sentinel.serve.profile import profile_filter
 from sentinel.serve.snapshot import status_json
 from sentinel.serve.status import asset, status_page
 from sentinel.serve.webconfig import load_web_config
-from sentinel.listen import parse_listen
-from sentinel.delivery.courier import Courier, notice_of
-from sentinel.dashboards.links import dashboard_link
-from sentinel.delivery.outbox import Outbox, default_path
-from sentinel.delivery.routes import build_routes
-from sentinel.history.db import default_path as default_history_path
-from sentinel.history.recorder import Recorder
-from sentinel.rules.config import RulePack
 from sentinel.store import Row
-from sentinel.rules.lifecycle import Transition
 
 log = logging.getLogger("sentinel")
 

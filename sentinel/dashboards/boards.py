@@ -9,8 +9,23 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
 
 from sentinel.dashboards.panels import (
-    GROUP, LEGEND, RANK, RUN, Panel, above, alert_annotation, band, event_annotation, graph, heatmap_panel, limit, row,
-    stat_panel, table_panel, variables)
+    GROUP,
+    LEGEND,
+    RANK,
+    RUN,
+    Panel,
+    above,
+    alert_annotation,
+    band,
+    event_annotation,
+    graph,
+    heatmap_panel,
+    limit,
+    row,
+    stat_panel,
+    table_panel,
+    variables,
+)
 from sentinel.rules.config import RulePack
 
 RATE = "$__rate_interval"

@@ -16,15 +16,24 @@ the fault step, and the clock is advanced (no sleeping) until the stall rule fir
 from __future__ import annotations
 
 import time
-from functools import partial
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import torch
 
-from sentinel.demo.tasks import DEFAULT_LR, MODELS, MORE_OPTIMIZERS, OPTIMIZERS, ModelName, OptimizerName, Task
-from sentinel.demo.tasks import backward_and_step, make_optimizer
+from sentinel.demo.tasks import (
+    DEFAULT_LR,
+    MODELS,
+    MORE_OPTIMIZERS,
+    OPTIMIZERS,
+    ModelName,
+    OptimizerName,
+    Task,
+    backward_and_step,
+    make_optimizer,
+)
 from sentinel.engine.engine import Engine
 from sentinel.instrument import probes
 from sentinel.instrument.monitor import Monitor

@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sentinel.store import Labels, Store
 from sentinel.rules.base import median
+from sentinel.store import Labels, Store
 
 DEVIATION = "sentinel_rank_grad_norm_deviation"
 STEP_RATIO = "sentinel_rank_step_time_ratio"

@@ -13,12 +13,12 @@ from typing import Any
 from sentinel import wire
 from sentinel.engine import crossrank
 from sentinel.engine.ingest import Ingestor
-from sentinel.rules.ingested import Ingested
 from sentinel.engine.validate import Admission, Dropped, Limits, Refused, check_frame, fits
-from sentinel.store import Row, Store, labels_of
 from sentinel.rules.config import RulePack, load_pack
 from sentinel.rules.evaluator import RuleEngine
+from sentinel.rules.ingested import Ingested
 from sentinel.rules.lifecycle import Transition
+from sentinel.store import Row, Store, labels_of
 
 log = logging.getLogger("sentinel")
 

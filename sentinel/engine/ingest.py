@@ -12,11 +12,11 @@ from sentinel.engine.derived import GroupLabels, GvrTracker, group_norms, write_
 from sentinel.engine.derived import sqrt as _sqrt
 from sentinel.engine.environment import env_labels
 from sentinel.engine.guard import ingest_guard, kept_out
-from sentinel.rules.ingested import Ingested
-from sentinel.engine.optimizer import ingest_health, ingest_optimizers
 from sentinel.engine.magnitude import write_mean_abs_ratios, write_update_norms
+from sentinel.engine.optimizer import ingest_health, ingest_optimizers
 from sentinel.engine.schedule import SchedulePeaks
 from sentinel.engine.shards import ShardAssembler
+from sentinel.rules.ingested import Ingested
 from sentinel.store import Labels, Plan, PlanKey, Store, labels_of
 
 ENV_INFO = "sentinel_environment_info"

@@ -18,7 +18,6 @@ its class, and ``index``, its position):
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from typing import Any
 

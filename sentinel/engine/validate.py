@@ -33,6 +33,7 @@ from msgspec import UNSET
 
 from sentinel.engine.guard import valid as guard_note_valid
 from sentinel.wire import ACCEPTED_VERSIONS, MAX_STEP, RESERVED_TAGS, SCALAR_NAME, Frame
+
 _NUM = (int, float)
 _NUM_SET = frozenset(_NUM)
 _NUM_OR_NONE_SET = frozenset((int, float, type(None)))

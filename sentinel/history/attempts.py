@@ -31,7 +31,6 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-
 Stream = int | tuple[int, str]
 """A rank, or ``(rank, opt)`` for an optimizer stream of a process with several."""
 

@@ -14,8 +14,7 @@ import math
 import sqlite3
 from typing import Any
 
-from sentinel.history import skips
-from sentinel.history import attempts
+from sentinel.history import attempts, skips
 from sentinel.history.attempts import RunRow, starts_new, stream_of
 from sentinel.history.values import COLUMNS, group_blob, local_only, optimizer_of, sample, tags_of, transition_row
 from sentinel.rules.alert import Transition

@@ -206,11 +206,9 @@ def _optimizers_alive() -> int:
 
 
 def _attach(opt: torch.optim.Optimizer) -> Any:
-    from sentinel.instrument.losses import scaler
+    from sentinel.instrument.losses import LossSum, scaler
     from sentinel.instrument.monitor import Monitor
     from sentinel.instrument.options import from_kwargs
-
-    from sentinel.instrument.losses import LossSum
 
     global _early, _optimizer_seen
     if not _optimizer_seen:  # a GAN's optimizers: labelled streams from the first report on

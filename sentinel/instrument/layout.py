@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from sentinel.instrument.groups import assign_groups
 from sentinel.instrument.deltas import UpdateSnapshot
+from sentinel.instrument.groups import assign_groups
 from sentinel.instrument.stats import GroupedTensors, _local, shard_plan
 
 

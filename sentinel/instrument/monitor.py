@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from sentinel.instrument import losses, preclip, registry
+from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
-from sentinel.instrument.guard import make_guard
-from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.frames import Report
+from sentinel.instrument.guard import make_guard
 from sentinel.instrument.hooks import Hooks, StepHook, close_at_exit
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect

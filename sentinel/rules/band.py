@@ -6,8 +6,8 @@ import math
 
 from pydantic import PositiveInt, model_validator
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
+from sentinel.store import Window
 
 
 class BandParams(Params):

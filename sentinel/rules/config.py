@@ -23,8 +23,17 @@ from importlib import resources
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
-from pydantic import PositiveInt, SerializeAsAny, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+)
 
 from sentinel.errors import ConfigError as ConfigError  # the ground floor's, re-exported
 from sentinel.rules.base import Params

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, model_validator
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median, since
+from sentinel.store import Window
 
 
 class DivergenceParams(Params):

@@ -16,8 +16,8 @@ import math
 import numpy as np
 from pydantic import Field
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, since
+from sentinel.store import Window
 
 
 class DropParams(Params):

@@ -32,11 +32,10 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-
 from pydantic import Field, PositiveInt
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, log_trend, median
+from sentinel.store import Window
 
 Check = Literal["jumps", "above", "growth", "rise", "stall"]
 

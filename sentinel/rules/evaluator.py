@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from sentinel.rules.ingested import Ingested
-from sentinel.store import Store, labels_of
 from sentinel.rules.base import Context
 from sentinel.rules.compiled import Compiled, RankState, compile_rule
 from sentinel.rules.config import RulePack
+from sentinel.rules.ingested import Ingested
 from sentinel.rules.judge import Evaluation, Judge
 from sentinel.rules.lifecycle import Lifecycle, Transition
+from sentinel.store import Store, labels_of
 
 AMP_SKIPS = "sentinel_amp_skipped_steps_total"
 NODE_JOB = "node"

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import signal
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
+from sentinel.store import Window
 
 _HINTS = {
     signal.SIGKILL: "the kernel's OOM killer sends this (check dmesg, or the container's OOMKilled state)",

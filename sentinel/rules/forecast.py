@@ -34,8 +34,8 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, model_validator
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median, since
+from sentinel.store import Window
 
 
 class ForecastParams(Params):

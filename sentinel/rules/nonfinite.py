@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
+from sentinel.store import Window
 
 
 class NonFiniteParams(Params):

@@ -39,8 +39,8 @@ import math
 import numpy as np
 from pydantic import Field, model_validator
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median, quantile, since
+from sentinel.store import Window
 
 
 class OscillationParams(Params):

@@ -13,8 +13,8 @@ import math
 
 from pydantic import Field, model_validator
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, finite, median, since
+from sentinel.store import Window
 
 
 class PlateauParams(Params):

@@ -22,9 +22,9 @@ import math
 
 from pydantic import Field
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
 from sentinel.rules.threshold import Op, compare
+from sentinel.store import Window
 
 
 class ScheduledParams(Params):

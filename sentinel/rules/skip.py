@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict
+from sentinel.store import Window
 
 
 class SkipParams(Params):

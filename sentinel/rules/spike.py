@@ -29,8 +29,8 @@ from typing import Any
 
 from pydantic import Field
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, quantile, since
+from sentinel.store import Window
 
 
 class SpikeParams(Params):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median
+from sentinel.store import Window
 
 
 class StallParams(Params):

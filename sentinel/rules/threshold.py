@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, median
+from sentinel.store import Window
 
 Op = Literal[">", ">=", "<", "<="]
 

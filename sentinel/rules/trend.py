@@ -32,8 +32,8 @@ from typing import Any
 
 from pydantic import Field, PositiveInt, model_validator
 
-from sentinel.store import Window
 from sentinel.rules.base import Context, Params, Verdict, log_trend, median, since
+from sentinel.store import Window
 
 
 class TrendParams(Params):

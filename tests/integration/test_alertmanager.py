@@ -9,8 +9,8 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from datetime import datetime
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 

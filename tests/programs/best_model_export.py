@@ -15,10 +15,9 @@ import pickle
 import sys
 
 import torch
-from torch import nn
-
 import zoolib
 from models import Net
+from torch import nn
 
 out_dir = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 6

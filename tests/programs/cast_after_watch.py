@@ -11,9 +11,8 @@ import os
 import sys
 
 import torch
-from torch import nn
-
 import zoolib
+from torch import nn
 
 out_dir = sys.argv[1]
 torch.manual_seed(4)

@@ -12,7 +12,6 @@ import os
 import sys
 
 import torch
-
 import zoolib
 from models import GPT
 

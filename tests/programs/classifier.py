@@ -11,11 +11,10 @@ import argparse
 import os
 
 import torch
-from torch.nn import functional as F
-from torch.utils.data import DataLoader, TensorDataset
-
 import zoolib
 from models import Net
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")

@@ -11,10 +11,9 @@ import os
 import sys
 
 import torch
+import zoolib
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
-import zoolib
 
 
 class Synthetic(Dataset):

@@ -13,9 +13,8 @@ import os
 import sys
 
 import torch
-from torch import nn
-
 import zoolib
+from torch import nn
 
 out_dir = sys.argv[1]
 iters = int(sys.argv[2]) if len(sys.argv) > 2 else 10

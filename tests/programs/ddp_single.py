@@ -13,12 +13,11 @@ import sys
 
 import torch
 import torch.distributed as dist
+import zoolib
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
-
-import zoolib
 
 
 def free_port() -> int:

@@ -11,10 +11,9 @@ import os
 import sys
 
 import torch
+import zoolib
 from torch import nn
 from torch.func import functional_call
-
-import zoolib
 
 out_dir = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 8

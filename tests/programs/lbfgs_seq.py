@@ -14,9 +14,8 @@ import sys
 
 import numpy as np
 import torch
-from torch import nn
-
 import zoolib
+from torch import nn
 
 out_dir = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 4

@@ -11,9 +11,8 @@ import argparse
 import os
 
 import torch
-from torch import nn
-
 import zoolib
+from torch import nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out_dir")

@@ -28,9 +28,8 @@ def row_norm(row: list[float]) -> float:
 
 if __name__ == "__main__":
     import torch
-    from torch import nn
-
     import zoolib
+    from torch import nn
 
     out_dir = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 8

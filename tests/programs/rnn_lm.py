@@ -18,10 +18,9 @@ import math
 import os
 
 import torch
-from torch import nn
-
 import zoolib
 from models import RNNModel
+from torch import nn
 
 parser = argparse.ArgumentParser(description="word-level LSTM language model")
 parser.add_argument("out_dir")

@@ -1,8 +1,10 @@
 """A loop with no optimizer: the parameters are updated by hand (word-language-model style);
 a NaN in the loss at its 8th iteration. Prints iteration, loss and gradient norm."""
 import math
+
 import torch
 from torch import nn
+
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
 lr = 0.05

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from sentinel.delivery.courier import notice_of
 from sentinel.dashboards.links import dashboard_link
+from sentinel.delivery.courier import notice_of
 from sentinel.delivery.messages import body, sparkline, title
 from sentinel.rules.alert import Transition
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import pytest
 
 from sentinel import wire
 from sentinel.config import load_config

@@ -21,7 +21,7 @@ from sentinel.history.recorder import Recorder
 from sentinel.serve.exporter import StoreCollector
 from sentinel.serve.snapshot import status_json
 from sentinel.store import labels_of
-from tests.helpers import CaptureSender, MLP, make_monitor
+from tests.helpers import MLP, CaptureSender, make_monitor
 
 
 def _frame(step: int, opt: str | None, norm: float, *, rank: int = 0, world: int = 1, kind: str = "step",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 

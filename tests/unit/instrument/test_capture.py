@@ -129,8 +129,8 @@ def test_the_messages_name_the_evidence_and_the_batch() -> None:
 
 
 def test_the_hook_holds_the_last_steps_and_a_late_capture_gets_the_nearest(tmp_path: Path) -> None:
-    from sentinel.instrument.capture import InputCapture
     from sentinel.instrument.boundary import Boundary
+    from sentinel.instrument.capture import InputCapture
     from tests.helpers import MLP
 
     model, done = MLP(), [0]
@@ -159,8 +159,8 @@ def test_the_hook_holds_the_last_steps_and_a_late_capture_gets_the_nearest(tmp_p
 
 
 def test_a_capture_with_nothing_held_says_so(tmp_path: Path) -> None:
-    from sentinel.instrument.capture import InputCapture
     from sentinel.instrument.boundary import Boundary
+    from sentinel.instrument.capture import InputCapture
 
     cap = InputCapture(None, lambda: 0, 0, Boundary())
     cap.arm({"kind": "arm", "rank": 0, "steps": 4})

@@ -16,8 +16,8 @@ from torch import nn
 
 from sentinel import wire
 from sentinel.engine.engine import Engine
-from sentinel.store import labels_of
 from sentinel.instrument import preclip as clip
+from sentinel.store import labels_of
 from tests.helpers import MLP, make_monitor
 
 MAX_NORM = 0.5

@@ -8,9 +8,10 @@ import sys
 import pytest
 import torch
 
-from sentinel.instrument import reporter as reporter_mod
 from sentinel import wire
-from sentinel.instrument import deltas as magnitude, probes, staterecord, stats
+from sentinel.instrument import deltas as magnitude
+from sentinel.instrument import probes, staterecord, stats
+from sentinel.instrument import reporter as reporter_mod
 from sentinel.instrument.layout import Layout
 from sentinel.instrument.readback import Readback
 from tests.helpers import MLP, make_monitor, train_steps

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sentinel.instrument import deltas as magnitude, stats
+from sentinel.instrument import deltas as magnitude
+from sentinel.instrument import stats
 
 
 @pytest.mark.parametrize(("shape", "dtype", "scratch"), [

@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sentinel.store import Window
 from sentinel.rules import DETECTORS
-from sentinel.rules.base import Context, finite, median, quantile, since
 from sentinel.rules.band import BandParams
+from sentinel.rules.base import Context, finite, median, quantile, since
 from sentinel.rules.divergence import DivergenceParams
 from sentinel.rules.drop import DropParams
 from sentinel.rules.forecast import ForecastParams
@@ -23,6 +22,7 @@ from sentinel.rules.plateau import PlateauParams
 from sentinel.rules.spike import SpikeParams
 from sentinel.rules.stall import StallParams
 from sentinel.rules.threshold import ThresholdParams
+from sentinel.store import Window
 
 RNG = np.random.default_rng(1234)
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sentinel.rules import RuleEngine, Transition, load_pack
 from sentinel.rules.ingested import Ingested
 from sentinel.store import Store, labels_of
-from sentinel.rules import RuleEngine, Transition, load_pack
 
 GROUPS = [f"layers.{i}" for i in range(8)]
 CAPACITY = 10e9

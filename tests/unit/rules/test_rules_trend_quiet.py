@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from sentinel.rules.ingested import Ingested
 from sentinel.rules import RuleEngine, Transition, load_pack
+from sentinel.rules.ingested import Ingested
 from sentinel.store import Store, labels_of
 
 Loss = Callable[[int], float]

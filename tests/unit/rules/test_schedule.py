@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from sentinel import wire
 from sentinel.engine.engine import Engine
 from sentinel.engine.schedule import SchedulePeaks
 from sentinel.instrument import probes
 from sentinel.rules.base import Context
 from sentinel.rules.scheduled import ScheduledParams, detect
 from sentinel.store import Window
-from sentinel import wire
 
 NAN = math.nan
 
