@@ -174,6 +174,8 @@ class Judge:
                 continue  # judged already, at an earlier frame of this step
             if not c.fast:
                 verdict = self.verdict(c, ev, series_labels, extra, series, memo)
+            if verdict is None or (held is None and not verdict.firing):
+                continue  # no alert to move, none to open: the life cycle would do nothing
             lr_for = c.lr_for
             one = 1 if lr_for and lr_change is not None and lr_change <= step < lr_change + lr_for else None
             self._life.observe(c.rule, ev.job, ev.run, ev.rank, extra, verdict, step, ev.now, one)
