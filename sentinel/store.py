@@ -220,50 +220,22 @@ class Store:
         """Append a gauge sample."""
         with self.lock:
             self.written.add(name)
-            m = self._metrics.get(name)
-            if m is None:
-                m = self._metrics[name] = _Metric("gauge")
-            s = m.series.get(labels)
-            if not isinstance(s, Series):
-                if s is not None:  # a column of a block: the block no longer holds every series
-                    m.blocks.clear()
-                s = m.series[labels] = Series(self.capacity)
-                self.generation += 1
-            s.append(step, t, float(value))
+            self._gauge(name, labels).append(step, t, float(value))
 
     def add_many(self, name: str, rows: Iterable[tuple[Labels, float]], step: int, t: float) -> None:
-        """Append one sample to each of several series of a gauge (one lock, one lookup)."""
+        """Append one sample to each of several series of a gauge (one lock)."""
         with self.lock:
             self.written.add(name)
-            m = self._metrics.get(name)
-            if m is None:
-                m = self._metrics[name] = _Metric("gauge")
-            series, cap = m.series, self.capacity
             for labels, value in rows:
-                s = series.get(labels)
-                if not isinstance(s, Series):
-                    if s is not None:  # a column of a block: the block no longer holds every series
-                        m.blocks.clear()
-                    s = series[labels] = Series(cap)
-                    self.generation += 1
-                s.append(step, t, value)
+                self._gauge(name, labels).append(step, t, value)
 
     def add_rows(self, rows: Iterable[tuple[str, Labels, float]], step: int, t: float) -> None:
         """Append one sample to each of several series, of any gauges (one lock)."""
         with self.lock:
-            metrics, cap, written = self._metrics, self.capacity, self.written
+            written = self.written
             for name, labels, value in rows:
                 written.add(name)
-                m = metrics.get(name)
-                if m is None:
-                    m = metrics[name] = _Metric("gauge")
-                s = m.series.get(labels)
-                if not isinstance(s, Series):
-                    if s is not None:  # a column of a block: the block no longer holds every series
-                        m.blocks.clear()
-                    s = m.series[labels] = Series(cap)
-                    self.generation += 1
-                s.append(step, t, value)
+                self._gauge(name, labels).append(step, t, value)
 
     def add_planned(self, plan: Plan, rows: Iterable[tuple[PlanKey, float]], step: int, t: float) -> None:
         """As :meth:`add_rows`, for rows keyed as ``plan`` says: one lock, and no lookup of
