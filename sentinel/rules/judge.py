@@ -213,6 +213,7 @@ class Judge:
         amp_skipped: bool,
         note: str = "",
     ) -> Context:
+        """What the detector of rule ``r`` may know of one series' evaluation besides its window."""
         reference = None
         if r.reference is not None:
             ref = self.store.last(r.reference, labels)
