@@ -103,13 +103,16 @@ def test_two_nodes_fsdp2_job_wide_norm_slowest_rank_and_rate_from_the_recording_
         tmp_path: Path, release: Path) -> None:
     ref = tmp_path / "reference.json"
     port = _free_port()
-    script = [str(SCRIPTS / "fsdp_train.py"), str(STEPS), str(ref), str(release)]
+    # 0.5 s a step: the 12 steps span three scrapes (2 s apart), so each rank's step rate is seen
+    script = [str(SCRIPTS / "fsdp_train.py"), str(STEPS), str(ref), str(release), "0.5"]
     nodes = [Node(r, port, script, "mn-fsdp") for r in (0, 1)]
     prom, base = _prometheus(tmp_path, nodes)
     try:
         wait_for(lambda: ref.exists() and _value(base, 'job_run:sentinel_step:min{run="mn-fsdp"} == %d' % STEPS)
-                 and _value(base, 'job_run:sentinel_ranks:count{run="mn-fsdp"} == 4'), timeout=180,
-                 what="4 ranks at the last step in Prometheus\n" + "".join(nodes[0].log + nodes[1].log))
+                 and _value(base, 'job_run:sentinel_ranks:count{run="mn-fsdp"} == 4')
+                 and len(_value(base, 'rate(sentinel_steps_total{run="mn-fsdp"}[1m]) > 0')) == 4
+                 and _value(base, 'job_run:sentinel_steps:rate1m{run="mn-fsdp"}'), timeout=180,
+                 what="4 ranks at the last step in Prometheus, each one's step rate\n" + "".join(nodes[0].log + nodes[1].log))
         reference = json.loads(ref.read_text())[-1]
         # each daemon holds 2 of the 4 ranks: it cannot assemble; Prometheus does, from the shards
         ranks_of = {n.target: {m["rank"] for m, _ in _value(base, 'sentinel_local_grad_norm{instance="%s"}' % n.target)}

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 steps, ref_file, wait_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+pace = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # seconds a step at least, for a scraper to see it
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -71,6 +72,7 @@ for i in range(steps):
                       "grad_norm": math.sqrt(sum(grads.values())),
                       "group_grad_norm": {g: math.sqrt(v) for g, v in grads.items()},
                       "param_norm": math.sqrt(sum(params.values()))})
+    time.sleep(pace)
 
 
 def local_bytes(t: torch.Tensor) -> int:
