@@ -69,7 +69,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,10 +147,13 @@ def _pin(cpu: int | None, pid: int = 0) -> str:
 # -- part 1: ingest throughput -------------------------------------------------------------
 
 
-def _through_engine(warm: list[bytes], timed: list[bytes], pack: RulePack, history: bool = False) -> float:
-    """Seconds to feed ``timed``; with ``history``, a :class:`Recorder` on a fresh file is
-    attached as the daemon attaches it, and the time includes its writer thread's commit
-    of every frame (the same core: the writer's work is the daemon's)."""
+def _through_engine(warm: list[bytes], timed: list[bytes], pack: RulePack, history: bool = False,
+                    clock: Callable[[], float] = time.perf_counter,
+                    prepare: Callable[[Engine], object] | None = None) -> float:
+    """Seconds (of ``clock``) to feed ``timed``; with ``history``, a :class:`Recorder` on a
+    fresh file is attached as the daemon attaches it, and the time includes its writer
+    thread's commit of every frame (the same core: the writer's work is the daemon's).
+    ``prepare`` is given the engine after the warm-up frames, before the timed ones."""
     engine = Engine(pack=pack)
     with tempfile.TemporaryDirectory() as tmp:
         recorder = Recorder(os.path.join(tmp, "history.sqlite")) if history else None
@@ -161,13 +164,15 @@ def _through_engine(warm: list[bytes], timed: list[bytes], pack: RulePack, histo
                 engine.feed(data)
             if recorder is not None:
                 recorder.flush(60)
+            if prepare is not None:
+                prepare(engine)
             gc.collect()
-            t0 = time.perf_counter()
+            t0 = clock()
             for data in timed:
                 engine.feed(data)
             if recorder is not None:
                 assert recorder.flush(60)
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
         finally:
             if recorder is not None:
                 recorder.close()

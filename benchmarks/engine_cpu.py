@@ -26,23 +26,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from daemon import PERIOD, Workload, _no_rules, _pin  # noqa: E402  (a sibling script, not a package)
+from daemon import PERIOD, Workload, _no_rules, _pin, _through_engine  # noqa: E402  (a sibling script)
 from detection import render  # noqa: E402
 
-from sentinel.daemon.service import attach_history  # noqa: E402
 from sentinel.engine.engine import Engine  # noqa: E402
-from sentinel.history.recorder import Recorder  # noqa: E402
 from sentinel.rules.config import RulePack, load_pack  # noqa: E402
 
 
@@ -50,30 +46,8 @@ def _feed(warm: list[bytes], timed: list[bytes], pack: RulePack, history: bool =
           timers: dict[str, float] | None = None) -> float:
     """Process CPU µs per frame of ``timed``, after ``warm``; with ``timers``, the step
     rules' detector functions are wrapped to add their time into it."""
-    engine = Engine(pack=pack)
-    with tempfile.TemporaryDirectory() as tmp:
-        recorder = Recorder(os.path.join(tmp, "history.sqlite")) if history else None
-        if recorder is not None:
-            attach_history(engine, recorder)
-        try:
-            for data in warm:
-                engine.feed(data)
-            if recorder is not None:
-                recorder.flush(60)
-            if timers is not None:
-                _wrap(engine, timers)
-            gc.collect()
-            t0 = time.process_time()
-            for data in timed:
-                engine.feed(data)
-            if recorder is not None:
-                assert recorder.flush(60)
-            dt = time.process_time() - t0
-        finally:
-            if recorder is not None:
-                recorder.close()
-    assert engine.frames_malformed == 0
-    return 1e6 * dt / len(timed)
+    prepare = None if timers is None else (lambda engine: _wrap(engine, timers))
+    return 1e6 * _through_engine(warm, timed, pack, history, clock=time.process_time, prepare=prepare) / len(timed)
 
 
 def _wrap(engine: Engine, timers: dict[str, float]) -> None:
