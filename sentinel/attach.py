@@ -28,25 +28,57 @@ from sentinel.instrument.options import default_run_name
 
 def attached_socket(env: Mapping[str, str]) -> str | None:
     """``SENTINEL_SOCKET`` if a daemon listens on it, else None (``sentinel run`` then
-    starts its own). A path that is not a socket, or one nobody reads, is not used."""
+    starts its own). A path that is not a socket, or one nobody reads, is not used.
+
+    ``SENTINEL_SOCKET_WAIT`` (seconds, default 0): wait up to that long for a daemon to
+    listen there. The batch script sets it: its daemons start alongside the job's tasks,
+    and on a node whose daemon comes up late (a slow import from a shared file system) a
+    task would otherwise start a second daemon there. A socket file that a killed daemon
+    left behind is waited through too, until the new daemon binds it afresh."""
     path = env.get("SENTINEL_SOCKET")
     if not path:
         return None
+    wait = _seconds(env.get("SENTINEL_SOCKET_WAIT", ""), "SENTINEL_SOCKET_WAIT")
+    deadline = time.monotonic() + wait
+    while not listening(path):
+        if time.monotonic() >= deadline:
+            if wait:
+                print(f"sentinel: no daemon listens on SENTINEL_SOCKET={path} after {wait:g} s; "
+                      "this task starts one of its own", file=sys.stderr)
+            return None
+        time.sleep(0.1)
+    return path
+
+
+def listening(path: str) -> bool:
+    """Whether ``path`` is a socket a daemon reads (one left behind by a dead daemon is not)."""
     try:
         if not stat.S_ISSOCK(os.stat(path).st_mode):
-            return None
+            return False
     except OSError:
-        return None
+        return False
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         probe.connect(path)
     except OSError as exc:
         if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EACCES):
-            return None
+            return False
         raise
     finally:
         probe.close()
-    return path
+    return True
+
+
+def _seconds(text: str, name: str) -> float:
+    """``text`` as a number of seconds ≥ 0; an empty or bad value is 0, with a line on stderr for a bad one."""
+    try:
+        value = float(text) if text.strip() else 0.0
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        print(f"sentinel: {name}={text!r} is not a number of seconds; not waiting", file=sys.stderr)
+        return 0.0
+    return value
 
 
 def task_rank(env: Mapping[str, str]) -> tuple[int, int]:

@@ -37,6 +37,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sentinel.attach import listening
 from sentinel.daemon.folder import UnsafeFolder, private_folder
 
 log = logging.getLogger("sentinel")
@@ -194,7 +195,7 @@ def _try_claim(folder: str, task: str, expected: int, deadline: float) -> NodeSh
         _write(fds["dir"], f"task.{task}", "")  # joined: the starter waits for it
         while time.monotonic() < deadline:
             url = _read(fds["dir"], "url")
-            if url and _listening(share.socket_path):
+            if url and listening(share.socket_path):
                 share.url = url
                 return share
             if _lock(fds["elect"], fcntl.LOCK_EX | fcntl.LOCK_NB):  # the starter died before its daemon
@@ -237,12 +238,6 @@ def _lock(fd: int, how: int) -> bool:
         return True
     except BlockingIOError:
         return False
-
-
-def _listening(path: str) -> bool:
-    from sentinel.attach import attached_socket
-
-    return attached_socket({"SENTINEL_SOCKET": path}) is not None
 
 
 def _tasks(d: int) -> list[str]:

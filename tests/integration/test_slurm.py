@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -179,14 +181,47 @@ def test_sbatch_script_starts_one_daemon_for_the_array_tasks_ranks(slurm: SlurmC
     try:
         wait_for(lambda: out.exists() and out.read_text().count("trained") == 2, timeout=120, what="both ranks trained")
         release.touch()
-        wait_for(lambda: not slurm.command("squeue", "-h", "-j", job).stdout.strip(), timeout=60, what="the job's end")
+        wait_for(lambda: not slurm.command("squeue", "-h", "-j", job).stdout.strip(), timeout=60,
+                 what="the job's end\n" + out.read_text())
     finally:
         slurm.command("scancel", job)
     log = out.read_text()
     assert log.count("sentinel daemon: export SENTINEL_SOCKET=") == 1, log  # one daemon for both ranks
+    assert "metrics at http://127.0.0.1:9400" not in log, log  # and no task started one of its own
     assert log.count("trained") == 2, log
+    # the daemons are stopped with SIGTERM (their step signalled), not SIGKILLed by their srun:
+    # they drain, and remove their socket and its folder
+    assert "stopping the node daemons (step " in log and "Killed" not in log, log
+    assert not Path(f"/tmp/sentinel-job-{job}").exists(), log
     run = wait_for(lambda: find_run(sqlite3.connect(db), f"{job}_3"), timeout=30, what="the array task's run")
     assert run.ranks == 2 and run.tags.get("slurm_job") == f"{job}_3" and run.tags.get("slurm_node") == slurm.node
+
+
+def test_sbatch_script_waits_through_a_socket_a_killed_daemon_left(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A daemon SIGKILLed after ``KillWait`` leaves its socket file: the script's own check sees
+    a socket at once, and the tasks must wait for the new daemon, not start one each."""
+    release = tmp_path / "release"
+    release.touch()
+    config = write_config(tmp_path, history={"path": str(tmp_path / "history.sqlite")})
+    job, out = _sbatch(slurm, tmp_path, config, "--hold", wait=False,
+                       script=[sys.executable, str(SCRIPTS / "plain_train.py"), "15", str(release)])
+    folder = Path(f"/tmp/sentinel-job-{job}")
+    try:
+        folder.mkdir(mode=0o700)
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        stale.bind(str(folder / "engine.sock"))
+        stale.close()  # the file stays; nobody reads it
+        assert slurm.command("scontrol", "release", job).returncode == 0
+        wait_for(lambda: not slurm.command("squeue", "-h", "-j", job).stdout.strip(), timeout=120,
+                 what="the job's end\n" + (out.read_text() if out.exists() else ""))
+        left = sorted(p.name for p in folder.iterdir())  # the folder is not the daemon's: it stays
+    finally:
+        slurm.command("scancel", job)
+        shutil.rmtree(folder, ignore_errors=True)
+    log = out.read_text()
+    assert log.count("trained") == 2 and log.count("sentinel daemon: export SENTINEL_SOCKET=") == 1, log
+    assert "metrics at http://127.0.0.1:9400" not in log and "starts one of its own" not in log, log
+    assert not left, (left, log)
 
 
 # 10 steps, then it waits (for the kill: the time limit's comes up to a minute or more late)

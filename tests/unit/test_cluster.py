@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,37 @@ def test_sentinel_run_attaches_only_to_a_socket_someone_reads(tmp_path: Path) ->
     finally:
         s.close()
     assert attached_socket({"SENTINEL_SOCKET": str(path)}) is None  # left behind by a daemon that is gone
+
+
+def test_sentinel_socket_wait_waits_through_a_stale_socket_for_the_daemon(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "engine.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stale.bind(str(path))
+    stale.close()  # what a SIGKILLed daemon leaves
+    env = {"SENTINEL_SOCKET": str(path), "SENTINEL_SOCKET_WAIT": "30"}
+    assert attached_socket({"SENTINEL_SOCKET": str(path)}) is None  # no wait asked: at once
+    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def late_daemon() -> None:
+        time.sleep(0.5)
+        path.unlink()  # as the daemon's listener clears a stale socket, then binds
+        daemon.bind(str(path))
+
+    binder = threading.Thread(target=late_daemon)
+    binder.start()
+    try:
+        assert attached_socket(env) == str(path)
+    finally:
+        binder.join()
+        daemon.close()
+    assert capsys.readouterr().err == ""
+    started = time.monotonic()
+    assert attached_socket({**env, "SENTINEL_SOCKET_WAIT": "0.3"}) is None  # nobody reads it now
+    assert 0.3 <= time.monotonic() - started < 5
+    assert f"no daemon listens on SENTINEL_SOCKET={path} after 0.3 s" in capsys.readouterr().err
+    assert attached_socket({**env, "SENTINEL_SOCKET_WAIT": "soon"}) is None
+    assert "SENTINEL_SOCKET_WAIT='soon' is not a number of seconds" in capsys.readouterr().err
 
 
 def test_the_slurm_tags_join_the_users_within_the_cap() -> None:
