@@ -14,21 +14,32 @@ ranks, recorded once and replayed). Two parts:
   verdicts (``DetectorSpec.fn``), their shortcuts (``idle``, ``quiet``), and the rest: the
   evaluator's own Python (picking the due rules, their series, the life cycle). The
   detector functions are wrapped with a timer (about 0.2 µs a call of the wrappers' own).
+- ``native`` (not run by default): what compiling the engine's hot modules would buy, as
+  they are. A copy of the package in a temporary folder has :data:`NATIVE` compiled by
+  mypyc (from the dev extra; it needs a C compiler and takes minutes), and the ``cpu``
+  part runs in the pure tree and in the copy, alternately, one repeat a child process.
+  The detectors' modules are not among them: their pydantic parameter models make
+  mypyc 2.4's C fail to compile (``CPyModule_pydantic___main`` undeclared).
 
 The process is pinned to one core, as the daemon's share of a node is one core.
 
 Nothing is asserted.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/engine_cpu.py [--steps 500] [--repeats 5]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/engine_cpu.py --only native
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -71,14 +82,28 @@ def _wrap(engine: Engine, timers: dict[str, float]) -> None:
         object.__setattr__(c, "spec", spec)  # Compiled is frozen: the benchmark's own patch
 
 
-def cpu(warm: list[bytes], timed: list[bytes], repeats: int, markdown: bool) -> None:
-    packs = {"full default": (load_pack(), False), "full default + history": (load_pack(), True),
-             "every rule disabled": (_no_rules(), False)}
+PACKS = ("full default", "full default + history", "every rule disabled")
+ROOT = Path(__file__).resolve().parents[1]
+# the modules the ``native`` part compiles: the store, the ingest and the rules' hot loop
+NATIVE = ("sentinel/store.py", "sentinel/engine/engine.py", "sentinel/engine/ingest.py", "sentinel/engine/derived.py",
+          "sentinel/engine/crossrank.py", "sentinel/engine/shards.py", "sentinel/engine/clip.py",
+          "sentinel/engine/optimizer.py", "sentinel/engine/schedule.py", "sentinel/engine/guard.py",
+          "sentinel/engine/magnitude.py", "sentinel/rules/judge.py", "sentinel/rules/evaluator.py",
+          "sentinel/rules/lifecycle.py", "sentinel/rules/compiled.py")
+
+
+def _cpu_runs(warm: list[bytes], timed: list[bytes], repeats: int) -> dict[str, list[float]]:
+    packs = {PACKS[0]: (load_pack(), False), PACKS[1]: (load_pack(), True), PACKS[2]: (_no_rules(), False)}
     us: dict[str, list[float]] = {k: [] for k in packs}
     for r in range(repeats):
         for label in (list(packs) if r % 2 == 0 else list(reversed(packs))):
             pack, history = packs[label]
             us[label].append(_feed(warm, timed, pack, history))
+    return us
+
+
+def cpu(warm: list[bytes], timed: list[bytes], repeats: int, markdown: bool) -> None:
+    us = _cpu_runs(warm, timed, repeats)
     rows = [["pack", "CPU µs/frame (median)", "frames/s of one core", "runs"]]
     for label, v in us.items():
         med = statistics.median(v)
@@ -111,18 +136,84 @@ def rules(warm: list[bytes], timed: list[bytes], repeats: int, markdown: bool) -
     print(render(rows, markdown))
 
 
+def _compiled_copy(into: Path) -> str | None:
+    """The package copied into ``into`` with :data:`NATIVE` compiled there by mypyc; None
+    when it cannot be built, with a line saying why."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        return "no C compiler"
+    try:
+        import mypyc.build  # noqa: F401
+    except ImportError:
+        return "no mypyc (the dev extra's mypy brings it)"
+    shutil.copytree(ROOT / "sentinel", into / "sentinel", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", into / "pyproject.toml")  # mypy's settings
+    (into / "setup_native.py").write_text(
+        "from setuptools import setup\nfrom mypyc.build import mypycify\n"
+        f"setup(name='sentinel-native', packages=[], ext_modules=mypycify({list(NATIVE)!r}, "
+        "group_name='sentinel._native', opt_level='3'))\n")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "setup_native.py", "build_ext", "--inplace"], cwd=into,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return "mypyc failed: " + (out.stderr or out.stdout).strip().splitlines()[-1][:300]
+    print(f"compiled {len(NATIVE)} modules with mypyc in {time.monotonic() - t0:.0f} s", flush=True)
+    return None
+
+
+def native(steps: int, repeats: int, markdown: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        why = _compiled_copy(Path(tmp))
+        if why is not None:
+            print(f"skipped: {why}")
+            return
+        trees = {"pure Python": str(ROOT), "mypyc-compiled": tmp}
+        us: dict[str, dict[str, list[float]]] = {t: {p: [] for p in PACKS} for t in trees}
+        for r in range(repeats):
+            for tree in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+                env = {**os.environ, "PYTHONPATH": trees[tree]}
+                out = subprocess.run([sys.executable, __file__, "--only", "cpu", "--repeats", "1", "--steps",
+                                      str(steps), "--json"], env=env, cwd=trees[tree], capture_output=True,
+                                     text=True, check=True)
+                runs = json.loads(out.stdout.strip().splitlines()[-1])
+                store = runs.pop("store")
+                assert store.endswith(".so") == (tree == "mypyc-compiled"), (tree, store)  # the tree it meant
+                for pack, v in runs.items():
+                    us[tree][pack].append(v[0])
+    rows = [["pack", *(f"{t} µs/frame" for t in trees), "compiled / pure", "compiled frames/s"]]
+    for pack in PACKS:
+        pure, comp = (statistics.median(us[t][pack]) for t in trees)
+        rows.append([pack, f"{pure:.1f}", f"{comp:.1f}", f"{comp / pure:.2f}", f"{1e6 / comp:,.0f}"])
+    print(render(rows, markdown))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--only", nargs="*", choices=["cpu", "rules"], default=[], help="parts to run (default: both)")
+    ap.add_argument("--only", nargs="*", choices=["cpu", "rules", "native"], default=[],
+                    help="parts to run (default: cpu and rules)")
     ap.add_argument("--steps", type=int, default=500, help="timed steps x 8 ranks (default 500)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats (default 5)")
     ap.add_argument("--markdown", action="store_true", help="print tables as markdown")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the cpu part's runs, for `native`
     args = ap.parse_args(argv)
     parts = args.only or ["cpu", "rules"]
+    if "native" in parts:
+        print(f"python {sys.version.split()[0]}; process CPU time; {args.steps} steps x 8 ranks, {args.repeats} "
+              "repeats a tree, alternately", flush=True)
+        print("\n== pure Python against the hot modules compiled by mypyc ==\n", flush=True)
+        native(args.steps, args.repeats, args.markdown)
+        parts = [p for p in parts if p != "native"]
+        if not parts:
+            return 0
     where = _pin(min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None)
     work = Workload()
     warm = list(work.stream(1, PERIOD))
     timed = list(work.stream(PERIOD + 1, PERIOD + args.steps))
+    if args.json:
+        import sentinel.store
+
+        runs: dict[str, Any] = _cpu_runs(warm, timed, args.repeats)
+        print(json.dumps({**runs, "store": sentinel.store.__file__}))
+        return 0
     print(f"python {sys.version.split()[0]}, {where}; {len(timed)} frames of {work.groups} groups from 8 ranks after "
           f"{PERIOD} warm-up steps; process CPU time", flush=True)
     if "cpu" in parts:

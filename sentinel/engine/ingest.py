@@ -309,7 +309,8 @@ class Ingestor:
 
     def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels) -> float | None:
         """The lr over its peak (schedule.py); its gauge is written when it moves."""
-        lrs, hints = f.get("lr"), f.get("lr_peak")
+        lrs: Any = f.get("lr")
+        hints: Any = f.get("lr_peak")
         prev = self._sched_in.get(base)
         if prev is not None and prev[0] == lrs and prev[1] == hints and self.schedule.fraction(base) == prev[2]:
             # the rates and peaks of the last report again (the usual case between scheduler
