@@ -62,6 +62,9 @@ class RunRow:
     first_loss: float | None = None
     sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # grad sum, n, delta sum, n
     peak: float | None = None
+    crashed_with: int = 0
+    """The highest exit status the run's crash goodbyes gave (the row's ``exit_status``
+    until the command's own end is recorded)."""
     agg: dict[str, Any] = field(default_factory=dict)
     """Run columns to write at the batch's end."""
 

@@ -28,7 +28,7 @@ _UPSERT_STREAM = (f"INSERT INTO stream_samples (run_id, stream, step, t, {', '.j
 
 _NOTES = frozenset(("guard", "tags", "optim", "cmd", "env"))
 """The fields that only some frames carry (:meth:`BatchWriter._notes`)."""
-READ = ("t", "rank", "step", "kind", "opt", "job", "run", "world", "exc", *sorted(_NOTES))
+READ = ("t", "rank", "step", "kind", "opt", "job", "run", "world", "exc", "status", *sorted(_NOTES))
 """What the writer reads of a frame of a rank other than 0 (rank 0's frame is its row: all of it)."""
 
 
@@ -126,7 +126,11 @@ class BatchWriter:
             agg["ended"] = t
             if isinstance(f.get("exc"), str):
                 r.state = agg["state"] = "crashed"
-                agg["exit_status"] = 1
+                # a launcher's word (`sentinel run` attached: the command's status; the run's is
+                # its ranks' highest, as srun reports it); an uncaught exception's has none: 1
+                status = f.get("status")
+                code = status if type(status) is int and status > 0 else 1
+                r.crashed_with = agg["exit_status"] = max(r.crashed_with, code)
             elif r.byes >= r.streams and r.state == "running":
                 r.state = agg["state"] = "finished"
             return r

@@ -199,12 +199,14 @@ def test_sbatch_script_starts_one_daemon_for_the_array_tasks_ranks(slurm: SlurmC
 
 def test_sbatch_script_waits_through_a_socket_a_killed_daemon_left(slurm: SlurmCluster, tmp_path: Path) -> None:
     """A daemon SIGKILLed after ``KillWait`` leaves its socket file: the script's own check sees
-    a socket at once, and the tasks must wait for the new daemon, not start one each."""
+    a socket at once, and the tasks must wait for the new daemon, not start one each. The
+    job's exit status is its command's (one task exits 3), whatever the script's own exit does."""
     release = tmp_path / "release"
     release.touch()
-    config = write_config(tmp_path, history={"path": str(tmp_path / "history.sqlite")})
+    db = tmp_path / "history.sqlite"
+    config = write_config(tmp_path, history={"path": str(db)})
     job, out = _sbatch(slurm, tmp_path, config, "--hold", wait=False,
-                       script=[sys.executable, str(SCRIPTS / "plain_train.py"), "15", str(release)])
+                       script=[sys.executable, "-c", _TRAIN_THEN_EXIT, str(release), "3"])
     folder = Path(f"/tmp/sentinel-job-{job}")
     try:
         folder.mkdir(mode=0o700)
@@ -222,6 +224,9 @@ def test_sbatch_script_waits_through_a_socket_a_killed_daemon_left(slurm: SlurmC
     assert log.count("trained") == 2 and log.count("sentinel daemon: export SENTINEL_SOCKET=") == 1, log
     assert "metrics at http://127.0.0.1:9400" not in log and "starts one of its own" not in log, log
     assert not left, (left, log)
+    assert "ExitCode=3:0" in slurm.command("scontrol", "show", "job", job).stdout, log
+    run = wait_for(lambda: find_run(sqlite3.connect(db), job), timeout=30, what="the job's run in the history")
+    assert run.ranks == 2 and run.exit_status == 3 and run.state == "crashed", (run, log)
 
 
 # 10 steps, then it waits (for the kill: the time limit's comes up to a minute or more late)

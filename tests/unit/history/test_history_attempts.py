@@ -111,6 +111,22 @@ def test_a_reused_run_name_gets_a_row_per_run(tmp_path: Path, name: str) -> None
     assert latest is not None and latest.attempt == len(expected)
 
 
+@pytest.mark.parametrize(("byes", "status"), [
+    # attached `sentinel run` (batch script, sidecar, systemd): each task's non-zero exit in a bye
+    ([(1, {"status": 3}), (0, {"status": 1})], 3),
+    ([(0, {"status": 137}), (1, {"status": 3})], 137),
+    ([(1, {})], 1),  # an uncaught exception's goodbye says no status: 1, as Python exits
+])
+def test_a_crashed_runs_exit_status_is_its_ranks_highest(tmp_path: Path, byes: list[tuple[int, dict[str, Any]]],
+                                                         status: int) -> None:
+    path = tmp_path / "h.sqlite"
+    items = steps(1, 2, world=2) + steps(1, 2, rank=1, world=2)
+    record(path, items + [("frame", frame("bye", 2, rank=rank, world=2, exc="python (pid 7)", **extra))
+                          for rank, extra in byes])
+    run = find_run(hdb.connect(path, readonly=True), "r")
+    assert run is not None and (run.state, run.exit_status, run.ranks) == ("crashed", status, 2)
+
+
 def test_a_new_engine_on_the_same_file_starts_a_new_row_after_a_finished_run(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     record(path, steps(1, 3) + [BYE])
