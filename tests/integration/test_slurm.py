@@ -192,6 +192,7 @@ def test_sbatch_script_starts_one_daemon_for_the_array_tasks_ranks(slurm: SlurmC
     # the daemons are stopped with SIGTERM (their step signalled), not SIGKILLed by their srun:
     # they drain, and remove their socket and its folder
     assert "stopping the node daemons (step " in log and "Killed" not in log, log
+    assert re.search(r"STEP \d+\.0 ON \S+ CANCELLED", log), log  # Slurm's word for it (docs/deployment.md)
     assert not Path(f"/tmp/sentinel-job-{job}").exists(), log
     run = wait_for(lambda: find_run(sqlite3.connect(db), f"{job}_3"), timeout=30, what="the array task's run")
     assert run.ranks == 2 and run.tags.get("slurm_job") == f"{job}_3" and run.tags.get("slurm_node") == slurm.node

@@ -6,11 +6,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from sentinel import attach
 from sentinel.attach import attached_socket, task_rank
 from sentinel.instrument.options import slurm_job_name, slurm_tags
 from sentinel.serve.profile import fleet_rows, profile_filter
@@ -110,17 +110,29 @@ def test_sentinel_run_attaches_only_to_a_socket_someone_reads(tmp_path: Path) ->
 
 
 def test_sentinel_socket_wait_waits_through_a_stale_socket_for_the_daemon(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "engine.sock"
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     stale.bind(str(path))
     stale.close()  # what a SIGKILLed daemon leaves
     env = {"SENTINEL_SOCKET": str(path), "SENTINEL_SOCKET_WAIT": "30"}
-    assert attached_socket({"SENTINEL_SOCKET": str(path)}) is None  # no wait asked: at once
+    probes: list[bool] = []
+    refused = threading.Event()
+    listening = attach.listening
+
+    def probe(p: str) -> bool:
+        probes.append(listening(p))
+        if not probes[-1]:
+            refused.set()
+        return probes[-1]
+
+    monkeypatch.setattr("sentinel.attach.listening", probe)
+    assert attached_socket({"SENTINEL_SOCKET": str(path)}) is None and probes == [False]  # no wait asked: once
     daemon = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    refused.clear()
 
     def late_daemon() -> None:
-        time.sleep(0.5)
+        assert refused.wait(30)  # the waiting task found the stale socket first
         path.unlink()  # as the daemon's listener clears a stale socket, then binds
         daemon.bind(str(path))
 
@@ -131,12 +143,14 @@ def test_sentinel_socket_wait_waits_through_a_stale_socket_for_the_daemon(
     finally:
         binder.join()
         daemon.close()
+    assert probes[1] is False and probes[-1] is True  # refused, waited, then the daemon's socket
     assert capsys.readouterr().err == ""
-    started = time.monotonic()
+    probes.clear()
     assert attached_socket({**env, "SENTINEL_SOCKET_WAIT": "0.3"}) is None  # nobody reads it now
-    assert 0.3 <= time.monotonic() - started < 5
+    assert len(probes) > 1 and not any(probes)  # it kept probing until its wait ran out
     assert f"no daemon listens on SENTINEL_SOCKET={path} after 0.3 s" in capsys.readouterr().err
-    assert attached_socket({**env, "SENTINEL_SOCKET_WAIT": "soon"}) is None
+    probes.clear()
+    assert attached_socket({**env, "SENTINEL_SOCKET_WAIT": "soon"}) is None and probes == [False]
     assert "SENTINEL_SOCKET_WAIT='soon' is not a number of seconds" in capsys.readouterr().err
 
 
