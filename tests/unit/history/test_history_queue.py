@@ -104,3 +104,9 @@ def test_rank_0_is_queued_whole_and_the_others_without_their_values() -> None:
     assert queued(f0) is f0
     q = queued(f1)
     assert q == {k: v for k, v in f1.items() if k in READ} and "grad_sumsq" not in q and "cmd" in q
+
+
+def test_the_queued_fields_are_fields_of_the_wire_frame() -> None:
+    from sentinel import wire
+
+    assert set(READ) <= set(wire.Frame.__struct_fields__)  # one definition: a misspelt key reads nothing
