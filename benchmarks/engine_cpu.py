@@ -14,6 +14,12 @@ ranks, recorded once and replayed). Two parts:
   verdicts (``DetectorSpec.fn``), their shortcuts (``idle``, ``quiet``), and the rest: the
   evaluator's own Python (picking the due rules, their series, the life cycle). The
   detector functions are wrapped with a timer (about 0.2 µs a call of the wrappers' own).
+- ``floor``: the least any Python engine pays per frame before its rules and history, as a
+  budget for a redesign: the strict decode (``wire.decode_strict``), the caps
+  (:func:`~sentinel.engine.validate.fits`), and the frame's gauges and two 64-group rows
+  scattered into column buffers allocated once (numpy rows, one per frame), with the
+  norms taken from the sums of squares. No store, no series, no rules: what a columnar
+  ingest (docs/performance.md, "What remains") could not go below.
 - ``native`` (not run by default): what compiling the engine's hot modules would buy, as
   they are. A copy of the package in a temporary folder has :data:`NATIVE` compiled by
   mypyc (from the dev extra; it needs a C compiler and takes minutes), and the ``cpu``
@@ -26,6 +32,7 @@ The process is pinned to one core, as the daemon's share of a node is one core.
 Nothing is asserted.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/engine_cpu.py [--steps 500] [--repeats 5]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/engine_cpu.py --only floor
     PYTHONPATH=$PWD .venv/bin/python benchmarks/engine_cpu.py --only native
 """
 
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import statistics
@@ -45,11 +53,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from daemon import PERIOD, Workload, _no_rules, _pin, _through_engine  # noqa: E402  (a sibling script)
 from detection import render  # noqa: E402
 
+from sentinel import wire  # noqa: E402
 from sentinel.engine.engine import Engine  # noqa: E402
+from sentinel.engine.validate import Limits, fits  # noqa: E402
 from sentinel.rules.config import RulePack, load_pack  # noqa: E402
 
 
@@ -136,6 +148,64 @@ def rules(warm: list[bytes], timed: list[bytes], repeats: int, markdown: bool) -
     print(render(rows, markdown))
 
 
+def _scatter(timed: list[bytes], decode_only: bool) -> float:
+    """Process CPU µs per frame to decode ``timed`` strictly, hold each to the caps and, unless
+    ``decode_only``, write its values into column buffers (see the module docstring)."""
+    n, limits, unset = len(timed), Limits(), wire.UNSET
+    cols, grad, param = np.zeros((n, 12)), np.zeros((n, 64)), np.zeros((n, 64))
+    t0 = time.process_time()
+    for i, data in enumerate(timed):
+        f = wire.decode_strict(data)
+        if not fits(f, limits):
+            raise AssertionError("the benchmark's frames are whole")
+        if decode_only:
+            continue
+        row = cols[i]
+        row[0], row[1] = f.step, f.t
+        if f.grad_sumsq is not unset:
+            row[2] = math.sqrt(math.fsum(f.grad_sumsq))
+            grad[i] = f.grad_sumsq
+            np.sqrt(grad[i], out=grad[i])
+        if f.param_sumsq is not unset:
+            row[3] = math.sqrt(math.fsum(f.param_sumsq))
+            param[i] = f.param_sumsq
+            np.sqrt(param[i], out=param[i])
+        if f.step_seconds is not unset:
+            row[4] = f.step_seconds
+        if f.busy_seconds is not unset:
+            row[5] = f.busy_seconds
+        if f.scalars is not unset:
+            row[6] = f.scalars.get("loss", math.nan)
+        if f.mem is not unset:
+            row[7], row[8] = f.mem.get("host_rss", math.nan), f.mem.get("cuda_reserved", math.nan)
+        if f.amp is not unset and f.amp.scale is not unset:
+            row[9] = f.amp.scale
+        if f.lr is not unset and f.lr:
+            row[10] = f.lr[0]
+        if f.sat is not unset and f.sat[1]:
+            row[11] = f.sat[0] / f.sat[1]
+    return 1e6 * (time.process_time() - t0) / n
+
+
+def floor(warm: list[bytes], timed: list[bytes], repeats: int, markdown: bool) -> None:
+    res: dict[str, list[float]] = {"decode": [], "scatter": [], "none": []}
+    for r in range(repeats):
+        for part in list(res) if r % 2 == 0 else list(reversed(res)):
+            if part == "none":
+                res[part].append(_feed(warm, timed, _no_rules()))
+            else:
+                res[part].append(_scatter(timed, decode_only=part == "decode"))
+    m = {k: statistics.median(v) for k, v in res.items()}
+    rows = [["per frame", "CPU µs (median)", "frames/s of one core"],
+            ["strict decode and the caps (wire.decode_strict, fits)", f"{m['decode']:.1f}",
+             f"{1e6 / m['decode']:,.0f}"],
+            ["… and its values scattered into column buffers", f"{m['scatter']:.1f}", f"{1e6 / m['scatter']:,.0f}"],
+            ["Engine.feed today, every rule disabled (same run)", f"{m['none']:.1f}", f"{1e6 / m['none']:,.0f}"],
+            ["left for rules and history under 20,000 frames/s (50 µs less the scatter)",
+             f"{50 - m['scatter']:.1f}", ""]]
+    print(render(rows, markdown))
+
+
 def _compiled_copy(into: Path) -> str | None:
     """The package copied into ``into`` with :data:`NATIVE` compiled there by mypyc; None
     when it cannot be built, with a line saying why."""
@@ -188,7 +258,7 @@ def native(steps: int, repeats: int, markdown: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--only", nargs="*", choices=["cpu", "rules", "native"], default=[],
+    ap.add_argument("--only", nargs="*", choices=["cpu", "rules", "floor", "native"], default=[],
                     help="parts to run (default: cpu and rules)")
     ap.add_argument("--steps", type=int, default=500, help="timed steps x 8 ranks (default 500)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats (default 5)")
@@ -222,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "rules" in parts:
         print("\n== the rules' share, split ==\n", flush=True)
         rules(warm, timed, args.repeats, args.markdown)
+    if "floor" in parts:
+        print("\n== the floor: decode and columns, no store, no rules ==\n", flush=True)
+        floor(warm, timed, args.repeats, args.markdown)
     return 0
 
 
