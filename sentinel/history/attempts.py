@@ -112,10 +112,14 @@ def load_latest(db: sqlite3.Connection, job: str, run: str) -> RunRow | None:
     records = db.execute("SELECT COUNT(*) FROM loss_records WHERE run_id = ?", (row[0],)).fetchone()[0]
     ranks = set(range(row[5] or 0))
     state, steps = row[13], row[15]
+    # a crashed row's status is the highest its goodbyes gave so far: a later, lower one
+    # (another rank's, told to a writer that started since) must not overwrite it
+    crashed_with = row[14] if state == "crashed" and row[14] else 0
     return RunRow(row[0], row[1], row[2], row[3], records, row[4], state=state, exit_status=row[14],
                   ranks=ranks, streams=set(ranks), byes=set(ranks) if state != "running" else set(),
                   last={0: steps} if steps else {}, groups=json.loads(row[6]) if row[6] else None,
-                  world=row[16], first_loss=row[7], sums=[float(x) for x in row[8:12]], peak=row[12])
+                  world=row[16], first_loss=row[7], sums=[float(x) for x in row[8:12]], peak=row[12],
+                  crashed_with=crashed_with)
 
 
 def insert(db: sqlite3.Connection, job: str, run: str, host: str, t: float, attempt: int) -> RunRow:

@@ -127,6 +127,17 @@ def test_a_crashed_runs_exit_status_is_its_ranks_highest(tmp_path: Path, byes: l
     assert run is not None and (run.state, run.exit_status, run.ranks) == ("crashed", status, 2)
 
 
+def test_a_crash_status_survives_a_writer_restart_between_two_goodbyes(tmp_path: Path) -> None:
+    """The daemon restarted between two ranks' crash goodbyes: the second writer reads the run
+    from the file, and the lower status it is told later does not overwrite the higher one."""
+    path = tmp_path / "h.sqlite"
+    record(path, steps(1, 2, world=2) + steps(1, 2, rank=1, world=2)
+           + [("frame", frame("bye", 2, rank=1, world=2, exc="python (pid 7)", status=137))])
+    record(path, [("frame", frame("bye", 2, rank=0, world=2, exc="python (pid 6)", status=1))])
+    run = find_run(hdb.connect(path, readonly=True), "r")
+    assert run is not None and (run.state, run.exit_status, run.attempts) == ("crashed", 137, 1)
+
+
 def test_a_new_engine_on_the_same_file_starts_a_new_row_after_a_finished_run(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     record(path, steps(1, 3) + [BYE])
