@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import socket
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from types import FrameType
 
 from sentinel import wire
 from sentinel.instrument.options import default_run_name
+from sentinel.signals import forwarding
 
 
 def attached_socket(env: Mapping[str, str]) -> str | None:
@@ -92,8 +91,8 @@ def task_rank(env: Mapping[str, str]) -> tuple[int, int]:
 
 def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str], url: str | None = None) -> int:
     """Run ``cmd`` instrumented to the daemon at ``socket_path`` (its address ``url``, else
-    ``SENTINEL_URL``); return its exit status (128 + N for signal N). SIGINT/SIGTERM are
-    forwarded to it."""
+    ``SENTINEL_URL``); return its exit status (128 + N for signal N). The signals that stop
+    or checkpoint a job are handed on to it (:mod:`sentinel.signals`)."""
     from sentinel.run import child_env
 
     env = child_env(socket_path, url or os.environ.get("SENTINEL_URL", ""), tags=tags)
@@ -105,20 +104,10 @@ def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str], url: st
         print(f"sentinel: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
 
-    def forward(signum: int, frame: FrameType | None) -> None:
-        try:  # not proc.send_signal: its poll() would reap CMD before waitid() below reads it
-            os.kill(proc.pid, signum)  # a zombie ignores it; the pid is not reused before the reap
-        except OSError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with forwarding(proc, os.environ):
         # the status without reaping: until the bye frame is sent CMD stays a zombie, which
         # the daemon counts as alive, so its own "process gone" verdict cannot come first
         info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if info is None:  # cannot happen without WNOHANG; read it from the reap instead
         rc = proc.wait()
         status = 128 - rc if rc < 0 else rc

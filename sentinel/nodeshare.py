@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from sentinel.attach import listening
 from sentinel.daemon.folder import UnsafeFolder, private_folder
+from sentinel.slurm import step_task
 
 log = logging.getLogger("sentinel")
 
@@ -55,10 +56,10 @@ def step_folder(env: Mapping[str, str]) -> str | None:
 
     The folder is in ``/tmp``, not ``$TMPDIR``: slurmstepd (22.05) sets ``TMPDIR`` for a
     node's first task only, so the tasks of one node would not meet there."""
-    job = env.get("SLURM_JOB_ID", "")
-    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
-    if not job or not step or env.get("SLURM_TASK_PID") not in (str(os.getpid()), str(os.getppid())):
+    if not step_task(env):
         return None
+    job = env["SLURM_JOB_ID"]
+    step = env.get("SLURM_STEP_ID") or env["SLURM_STEPID"]
     node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"sentinel-{os.getuid()}-slurm-{job}.{step}-{node}")[:80]
     base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()

@@ -7,11 +7,9 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import sentinel_hooks
@@ -20,6 +18,7 @@ from sentinel.config import SentinelConfig
 from sentinel.daemon.daemon import Daemon
 from sentinel.instrument.options import MAX_TAGS, default_run_name, env_tags, slurm_tags
 from sentinel.rules.config import RulePack
+from sentinel.signals import forwarding
 
 if TYPE_CHECKING:
     from sentinel.nodeshare import NodeShare
@@ -47,8 +46,9 @@ def child_env(socket_path: str, url: str, base: dict[str, str] | None = None,
 
 def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str,
                 tags: dict[str, str] | None = None) -> int:
-    """Start a daemon, run ``cmd`` under it, forward SIGINT/SIGTERM, return its exit status
-    (128 + N when it died by signal N, as a shell reports it).
+    """Start a daemon, run ``cmd`` under it, hand the signals that stop or checkpoint a job on
+    to it (:mod:`sentinel.signals`), return its exit status (128 + N when it died by signal
+    N, as a shell reports it).
 
     A non-zero status is recorded as a crash of every rank that had not finished
     (``TrainingCrashed``), delivered before the daemon stops.
@@ -115,19 +115,11 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
     engine = daemon.service.engine
     engine.owned_pids.add(proc.pid)  # its exit status comes from wait(), not from a liveness guess
 
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     others: list[int] = []
-    try:
+    with forwarding(proc, os.environ):
         rc = proc.wait()
-        if share is not None:  # signals still forwarded: scancel reaches CMD, not this daemon
+        if share is not None:  # still caught: a signal for the step must not end this daemon
             others = share.wait_for_others()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     status = 128 - rc if rc < 0 else rc
     daemon.listener.close()  # every frame CMD sent is in, and ingested, before judging the exit
     daemon.service.flush()

@@ -26,6 +26,16 @@ _STATES = {
 }
 
 
+def step_task(env: Mapping[str, str]) -> bool:
+    """Whether this process is a task of a Slurm step, or a task's child (``srun`` sets
+    ``SLURM_JOB_ID``, ``SLURM_STEP_ID`` and ``SLURM_TASK_PID``): Slurm signals every process
+    of the step itself. A process that merely inherited a step's environment (a test suite
+    run by ``srun``, whose commands are no tasks of that step) is not one."""
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
+    return bool(env.get("SLURM_JOB_ID")) and bool(step) and env.get("SLURM_TASK_PID") in (
+        str(os.getpid()), str(os.getppid()))
+
+
 def job_fields(job_id: str, env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[str, str]:
     """``scontrol show job -o JOB`` as ``{field: value}``; {} when it cannot be read."""
     scontrol = shutil.which("scontrol")

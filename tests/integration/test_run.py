@@ -64,7 +64,8 @@ def test_unmodified_script_is_monitored(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("code", "expected"), [("raise SystemExit(3)", 3),
-                                                ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137)])
+                                                ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137),
+                                                ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 143)])
 def test_exit_status_passes_through(code: str, expected: int) -> None:
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
                           sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -305,3 +305,31 @@ def test_scancel_of_an_srun_with_no_daemon_is_reported_by_the_daemon_its_tasks_s
         end_process(proc)  # type: ignore[arg-type]
     assert f"the Slurm job {job} was cancelled (scancel)" in body, body
     assert "".join(err).count("metrics at") == 1, "".join(err)
+
+
+def test_a_signal_to_the_step_reaches_the_script_once_and_the_job_goes_on(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """`#SBATCH --signal=USR1@90` or `scancel --signal=USR1`: Slurm signals every process of the
+    step, the script under `sentinel run` included. `sentinel run` outlives it (unhandled, USR1
+    would end it and with it the step) and adds no second one: Lightning's auto-requeue saves
+    a checkpoint per signal."""
+    env = {k: v for k, v in slurm.env.items() if k not in ("SENTINEL_SOCKET", "SENTINEL_URL")}
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen(["srun", "-n", "1", *SENTINEL.split(), "run", "--listen", "127.0.0.1:0", "--",
+                                 sys.executable, str(SCRIPTS / "signal_train.py"), str(tmp_path)],
+                                env=env, stdout=o, stderr=e)
+    job = ""
+    try:
+        wait_for(lambda: "ready" in out.read_text(), timeout=180, what="training\n" + err.read_text())
+        job = slurm.command("squeue", "-h", "-o", "%i").stdout.split()[0]
+        assert slurm.command("scancel", "--signal=USR1", job).returncode == 0
+        wait_for(lambda: (tmp_path / "signals").exists(), timeout=60, what="the script's SIGUSR1 handler")
+        assert slurm.command("scancel", "--signal=TERM", job).returncode == 0
+        status = proc.wait(60)
+    finally:
+        if job:
+            slurm.command("scancel", job)
+        end_process(proc)  # type: ignore[arg-type]
+    assert status == 0, err.read_text()
+    assert (tmp_path / "signals").read_text().split() == ["SIGUSR1", "SIGTERM"], err.read_text()
+    assert out.read_text().splitlines()[-1] == "done"

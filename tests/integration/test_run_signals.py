@@ -1,0 +1,133 @@
+"""``sentinel run`` hands the signals that stop or checkpoint a job on to its command, once.
+
+A script that saves a checkpoint on SIGUSR1 (Lightning's Slurm auto-requeue, submitit's
+SIGUSR2), stops cleanly on SIGTERM or SIGHUP, or saves in ``except KeyboardInterrupt:``
+(pytorch/examples' word_language_model) must behave the same wrapped: the signal sent to
+``sentinel run`` (an operator's ``kill``, Kubernetes, a batch script's ``trap``) reaches it,
+and one a terminal sends to its whole foreground group (Ctrl-C) is not sent a second time.
+Slurm's own delivery is tested in test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).parent / "scripts" / "signal_train.py"
+RUN = [sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--"]
+
+
+def _signals(folder: Path) -> list[str]:
+    path = folder / "signals"
+    return path.read_text().split() if path.exists() else []
+
+
+def _kill_group(pgid: int) -> None:
+    """What a test started in its own session, the command included, even when `sentinel run`
+    died first and left it running."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.mark.parametrize(("first", "expected"), [
+    (signal.SIGUSR1, ["SIGUSR1", "SIGTERM"]),  # checkpoint, train on; then stopped
+    (signal.SIGUSR2, ["SIGUSR2", "SIGTERM"]),
+    (signal.SIGHUP, ["SIGHUP"]),
+    (signal.SIGQUIT, ["SIGQUIT"]),
+    (signal.SIGTERM, ["SIGTERM"]),
+    (signal.SIGINT, ["SIGINT"]),
+])
+def test_a_signal_sent_to_sentinel_run_reaches_the_script_once(
+        tmp_path: Path, first: signal.Signals, expected: list[str]) -> None:
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as o, err.open("w") as e:  # its own session: no terminal, as under kill or Kubernetes
+        proc = subprocess.Popen([*RUN, sys.executable, str(SCRIPT), str(tmp_path)], stdout=o, stderr=e,
+                                start_new_session=True)
+    try:
+        wait_for(lambda: "ready" in out.read_text(), timeout=120, what="training\n" + err.read_text())
+        proc.send_signal(first)
+        wait_for(lambda: _signals(tmp_path), timeout=30, what=f"the script's {first.name} handler\n" + err.read_text())
+        if len(expected) > 1:  # the checkpoint was taken and training goes on
+            assert proc.poll() is None, err.read_text()
+            proc.send_signal(signal.SIGTERM)
+        status = proc.wait(60)
+    finally:
+        _kill_group(proc.pid)
+    assert status == 0, err.read_text()
+    assert _signals(tmp_path) == expected
+    assert out.read_text().splitlines()[-1] == "done"
+    assert torch.load(tmp_path / "model.pt", weights_only=True).keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    if first in (signal.SIGUSR1, signal.SIGUSR2):
+        assert torch.load(tmp_path / "ckpt.pt", weights_only=True).keys() == {"model", "opt"}
+    assert "Traceback" not in err.read_text()
+
+
+def _read_until(fd: int, seen: bytearray, text: bytes, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while text not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the terminal's last process closed it
+                return text in seen
+            if not chunk:
+                break
+            seen += chunk
+    return text in seen
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_script_once(tmp_path: Path) -> None:
+    """The terminal sends SIGINT to its foreground group, the script with it: a second one from
+    `sentinel run` would land in the script's `except KeyboardInterrupt:` clean-up."""
+    pid, fd = pty.fork()  # `sentinel run` leads a session whose controlling terminal is this pty
+    if pid == 0:
+        os.execv(sys.executable, [*RUN, sys.executable, str(SCRIPT), str(tmp_path)])
+    seen = bytearray()
+    try:
+        assert _read_until(fd, seen, b"ready", 120), seen.decode(errors="replace")
+        os.write(fd, b"\x03")  # Ctrl-C
+        assert _read_until(fd, seen, b"done", 60), seen.decode(errors="replace")
+        _, wait_status = os.waitpid(pid, 0)
+    finally:
+        _kill_group(pid)
+        os.close(fd)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(wait_status) == 0, text
+    assert _signals(tmp_path) == ["SIGINT"]
+    assert "Exiting from training early" in text and "Traceback" not in text
+
+
+def test_under_nohup_a_hangup_stays_ignored(tmp_path: Path) -> None:
+    """`nohup sentinel run -- CMD`: the hangup nohup told CMD to ignore is not handed to it,
+    while the other signals still are."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen(["nohup", *RUN, sys.executable, str(SCRIPT), str(tmp_path)], stdout=o, stderr=e,
+                                start_new_session=True)
+    try:
+        wait_for(lambda: "ready" in out.read_text(), timeout=120, what="training\n" + err.read_text())
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGUSR1)  # in order: once its checkpoint is noted, the hangup was seen
+        wait_for(lambda: _signals(tmp_path), timeout=30, what="the script's SIGUSR1 handler\n" + err.read_text())
+        assert proc.poll() is None, err.read_text()
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(60)
+    finally:
+        _kill_group(proc.pid)
+    assert status == 0, err.read_text()
+    assert _signals(tmp_path) == ["SIGUSR1", "SIGTERM"]
