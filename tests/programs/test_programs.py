@@ -58,6 +58,7 @@ PROGRAMS = [
     Program("float64", "mixed_dtypes.py", ("--dtype", "float64"), slow=True, opt="Adam"),
     Program("complex", "mixed_dtypes.py", ("--dtype", "complex"), opt="Adam"),
     Program("hogwild", "hogwild.py", optimizers=2, opt="SGD"),
+    Program("swa_plateau", "swa_plateau.py", watch=True, opt="SGD"),
     Program("sparse_embedding", "sparse_embedding.py", watch=True, optimizers=2, opt="SparseAdam"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
