@@ -80,13 +80,14 @@ class Engine:
         # the optimizer streams of each rank of a process with several (frames with ``opt``)
         # that have not said goodbye: the rank ends with the last of them
         self.streams: dict[tuple[str, str, int], set[str]] = {}
-        # the process of each reporting rank (from the socket's credentials), checked on
-        # tick: a rank whose process is gone without a goodbye frame crashed
-        self.pids: dict[tuple[str, str, int], int] = {}
+        # the process of each reporting rank's stream (job, run, rank, opt; from the socket's
+        # credentials), checked on tick: a rank whose process is gone without a goodbye frame
+        # crashed. Per stream: a rank's streams may be processes of their own (Hogwild workers)
+        self.pids: dict[tuple[str, str, int, str], int] = {}
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
-        self._scan: deque[tuple[str, str, int]] = deque()  # ranks still to check in this sweep
-        self._gone: dict[tuple[str, str, int], int] = {}  # found dead, crash not recorded yet
+        self._scan: deque[tuple[str, str, int, str]] = deque()  # streams still to check in this sweep
+        self._gone: dict[tuple[str, str, int, str], int] = {}  # found dead, crash not recorded yet
         self.ended_ttl, self.idle_ttl = ended_ttl, idle_ttl
         self.alive = alive
         """Whether a process still exists (the daemon side's; None: processes are not checked)."""
@@ -134,7 +135,7 @@ class Engine:
                 self._reject("error", exc)
                 return False
             if pid is not None and frame["kind"] != "bye":
-                self.pids[(frame["job"], frame["run"], frame["rank"])] = pid
+                self.pids[(frame["job"], frame["run"], frame["rank"], frame.get("opt", ""))] = pid
             self._hand(self.frame_listeners, frame)
             for values in ctx.assembled:
                 self._hand(self.assembled_listeners, values)
@@ -196,10 +197,11 @@ class Engine:
         opt: str = frame.get("opt", "")
         self.runs_seen[(job, run)] = float(frame["t"])
         if kind == "bye" and opt and not frame.get("exc") and not frame.get("status") and self._stream_ends(rk, opt):
-            pass  # one optimizer of several stopped: the rank goes on with the others
+            self.pids.pop((*rk, opt), None)  # one optimizer of several stopped: the rank goes on with the others
         elif kind == "bye":
             self.streams.pop(rk, None)
-            pid = self.pids.pop(rk, None)
+            pid = self.pids.get((*rk, opt))
+            self._forget_pids(rk)
             if type(frame.get("status")) is int and frame["status"]:  # a launcher's word (run.py, attached)
                 self.exited(job, run, frame["status"], rank, float(frame["t"]), who=str(frame.get("exc", "")))
             elif isinstance(frame.get("exc"), str):  # it is leaving on an uncaught exception
@@ -275,7 +277,7 @@ class Engine:
         self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
         self.exited_ranks[rk] = status
         self.finished.discard(rk)
-        self.pids.pop(rk, None)
+        self._forget_pids(rk)
         labels = self._labels(rk)
         streams = sorted(self.streams.pop(rk, ()), key=lambda o: (len(o), o))
         # the last values of the rank's first optimizer stream, when it has several
@@ -324,13 +326,18 @@ class Engine:
             now = self.clock() if now is None else now
             out: list[Transition] = []
             for _ in range(min(CRASHES_PER_CALL if limit is None else limit, len(self._gone))):
-                rk = next(iter(self._gone))
-                pid = self._gone.pop(rk)
-                if self.pids.get(rk) != pid:
+                key = next(iter(self._gone))
+                pid = self._gone.pop(key)
+                if self.pids.get(key) != pid:
                     continue  # it said goodbye, or reports again from a new process
-                out += self._record_exit(rk, -1, now, f"rank {rk[2]} (pid {pid}) stopped reporting")
+                out += self._record_exit(key[:3], -1, now, f"rank {key[2]} (pid {pid}) stopped reporting")
             self._publish(out)
             return out
+
+    def _forget_pids(self, rk: tuple[str, str, int]) -> None:
+        """The rank ended: none of its streams' processes is watched any more."""
+        for key in [k for k in self.pids if k[:3] == rk]:
+            del self.pids[key]
 
     def _labels(self, rk: tuple[str, str, int]) -> tuple[tuple[str, str], ...]:
         return labels_of(job=rk[0], run=rk[1], rank=rk[2])

@@ -14,7 +14,9 @@ frame's rank (:func:`starts_new`):
 A rank that had not reported yet when the others said goodbye (a short run, a slow rank:
 rank 1's first frame after rank 0's bye) joins their run instead, as long as it is one of
 the ``world`` ranks the run's frames named and the run has no exit status
-(:func:`late_rank`); the run is ``running`` again until that rank says goodbye too.
+(:func:`late_rank`); the run is ``running`` again until that rank says goodbye too. So does
+a stream new to the run of a rank that reported (a Hogwild worker, a process of its own,
+whose first frame came after the other workers' goodbyes).
 
 ``sentinel run`` also starts a new row when it starts a command, unless the latest row of
 that name has seen no frame and no end yet. A rank that crashed while the others go on
@@ -94,9 +96,14 @@ def starts_new(r: RunRow, kind: str, rank: Stream, step: int) -> bool:
 
 def late_rank(r: RunRow, stream: Stream) -> bool:
     """Whether ``stream`` is a rank of ``r`` that had not reported when the others said
-    goodbye: one of the run's ``world`` ranks, new to it, and no exit status recorded."""
+    goodbye: one of the run's ``world`` ranks, new to it, or a stream new to it of one of
+    its ranks (a Hogwild worker that started late); and no exit status recorded."""
     rank = stream[0] if isinstance(stream, tuple) else stream
-    return r.exit_status is None and r.world is not None and 0 <= rank < r.world and rank not in r.ranks
+    if r.exit_status is not None:
+        return False
+    if isinstance(stream, tuple) and rank in r.ranks:
+        return stream not in r.streams
+    return r.world is not None and 0 <= rank < r.world and rank not in r.ranks
 
 
 _COLS = ("id, attempt, stride, samples, min_loss, ranks, groups, first_loss, grad_norm_sum, grad_norm_n, "

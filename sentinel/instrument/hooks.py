@@ -5,6 +5,8 @@ when ``step()`` is given a closure, the closure; and the interpreter's exit."""
 from __future__ import annotations
 
 import atexit
+import multiprocessing
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -27,18 +29,49 @@ class _Closable(Protocol):
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _exit_hooked = False
+_worker_pid = 0  # the multiprocessing worker whose exit closes the monitors in _worker_live
+_worker_live: list[Any] = []
 
 
 def close_at_exit(mon: _Closable) -> None:
     """Close, at interpreter exit, the monitors a script never closed (their last report,
-    the goodbye frame); zero-code mode's own are closed by :func:`sentinel.instrument.auto.close_all`."""
+    the goodbye frame); zero-code mode's own are closed by :func:`sentinel.instrument.auto.close_all`.
+
+    A ``multiprocessing`` worker (a Hogwild trainer) never runs ``atexit``: a forked one
+    leaves through ``os._exit``. Its monitors are closed by a ``multiprocessing`` finalizer
+    instead, which the worker runs as its target returns (or raises)."""
     global _exit_hooked
+    _close_at_worker_exit(mon)
     if mon.auto:
         return
     if not _exit_hooked:
         _exit_hooked = True
         atexit.register(_close_live)
     _live.add(mon)
+
+
+def _close_at_worker_exit(mon: _Closable) -> None:
+    global _worker_pid
+    if multiprocessing.parent_process() is None:
+        return  # a main process: atexit runs
+    if _worker_pid != os.getpid():  # the first monitor made in this worker (a forked one inherits the list)
+        _worker_pid = os.getpid()
+        _worker_live.clear()
+        from multiprocessing import util
+
+        util.Finalize(None, _close_worker, exitpriority=100)  # before the worker's own queues are finalized
+    _worker_live.append(mon)
+
+
+def _close_worker() -> None:
+    if _worker_pid != os.getpid():
+        return
+    for mon in list(_worker_live):
+        try:
+            mon.close()
+        except Exception:  # at exit: nothing may raise
+            pass
+    _worker_live.clear()
 
 
 def _close_live() -> None:

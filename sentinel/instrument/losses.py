@@ -3,7 +3,9 @@
 Zero-code mode (``sentinel run``) and monitors made with ``capture_loss=True`` (the HF
 Trainer adapter) read the loss here. The loss of an optimizer step is the **sum** of the
 scalar losses passed to ``backward()`` since the previous step of any optimizer (with two
-optimizers, as in a GAN, each step gets the losses of its own backward() calls), each divided by the
+optimizers, as in a GAN, each step gets the losses of its own backward() calls; optimizers
+stepped one after another after the same ``backward()``, as a sparse table's SparseAdam and
+a dense head's Adam, each get its loss), each divided by the
 ``GradScaler`` scale when the scaler scaled it. With gradient accumulation, scripts and
 frameworks divide each micro-batch loss by the number of micro-batches before
 ``backward()`` (HF Trainer, Accelerate, Lightning), so the sum is the step's mean loss,
@@ -31,6 +33,7 @@ _installed = False
 _scaler: Any = None  # the GradScaler that scaled the last loss, if any
 _scaled: weakref.ref[torch.Tensor] | None = None  # the loss it scaled (no attribute on the user's tensor)
 _failures = 0
+_claimed: tuple[int, torch.Tensor] | None = None  # the last step's losses, and backward_calls then
 backward_calls = 0
 """``Tensor.backward()`` calls so far, in this process (once :func:`install` ran)."""
 backward_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -68,11 +71,18 @@ class LossSum:
     def claim(self) -> torch.Tensor | None:
         """:meth:`take`, for an optimizer step: the losses since any optimizer last stepped
         are this step's, so every other sum forgets them (a GAN's discriminator step gets
-        its own two losses, the generator's step the generator's)."""
+        its own two losses, the generator's step the generator's). A step with no
+        ``backward()`` since another optimizer's step applies the gradients of that step's
+        ``backward()`` calls (one loss filled both optimizers' gradients): their losses."""
+        global _claimed
         total = self.take()
+        if total is None and _claimed is not None and _claimed[0] == backward_calls:
+            return _claimed[1]
         for s in list(_sums):
             if s is not self and not s.frozen:
                 s.total, s.count = None, 0
+        if total is not None:
+            _claimed = (backward_calls, total)
         return total
 
     def close(self) -> None:

@@ -295,7 +295,7 @@ class Monitor:
         return self.reporter.scaler
 
     def _stream_label(self) -> str:
-        return registry.stream_label(self) if self.optimizers else ""
+        return registry.stream_label(self)  # a hand-updated Hogwild worker is a stream too
 
     # -- the step -------------------------------------------------------------------------
 

@@ -14,12 +14,16 @@
   optimizer: attach a new monitor. The hooks cost one dictionary lookup per step.
 - :func:`stream_label` names each optimizer's stream when a process has several (a GAN's
   two optimizers): ``"0"``, ``"1"``, ... in the order their monitors were made, the
-  engine's ``optimizer`` label; ``""`` (no label) for a process's only one.
+  engine's ``optimizer`` label; ``""`` (no label) for a process's only one. The workers
+  of a Hogwild script (``multiprocessing`` processes that each step their own optimizer
+  outside ``torch.distributed``) share their parent's rank: each is a stream of it, named
+  by the worker's number (see :func:`worker_number`).
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -127,7 +131,36 @@ def expect_streams(n: int) -> None:
     _expected = max(_expected, n)
 
 
+def worker_number() -> int | None:
+    """This process's number among the ``multiprocessing`` processes its parent started
+    (0 for ``Process-1``), when it trains outside ``torch.distributed``: a Hogwild worker,
+    whose frames carry its parent's rank. None in a main process, in a rank of a
+    ``torch.distributed`` group (``mp.spawn`` DDP: the group names the rank), in a worker
+    of a worker, and past the hundredth."""
+    if multiprocessing.parent_process() is None:
+        return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return None
+    ident = multiprocessing.current_process()._identity
+    if len(ident) != 1 or not 1 <= ident[0] <= 100:
+        return None
+    return ident[0] - 1
+
+
 def stream_label(monitor: Any) -> str:
+    """The ``optimizer`` label of ``monitor``'s frames (see :func:`_process_label`); in a
+    Hogwild worker, its worker number first: ``"1"`` for the second worker's only
+    optimizer, ``"10"`` and ``"11"`` for its two (up to 10 workers with several)."""
+    label = _process_label(monitor)
+    worker = worker_number()
+    if worker is None:
+        return label
+    if not label:
+        return str(worker)
+    return f"{worker}{label}" if worker < 10 and len(label) == 1 else label
+
+
+def _process_label(monitor: Any) -> str:
     """The ``optimizer`` label of ``monitor``'s frames, decided at its first report and kept.
 
     Streams run side by side when their monitors were all made before any of them

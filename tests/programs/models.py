@@ -135,3 +135,24 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.log_softmax(self.head(self.backbone(x)), dim=1)
+
+
+class CheckpointedNet(nn.Module):
+    """An MLP with BatchNorm whose blocks run under activation checkpointing
+    (``torch.utils.checkpoint``, ``use_reentrant=False``), saved whole inside an SWA
+    ``AveragedModel``."""
+
+    def __init__(self, width: int = 32, classes: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Linear(10, width)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.BatchNorm1d(width), nn.GELU())
+                                    for _ in range(2))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=False) if self.training else x + block(x)
+        return self.head(x)

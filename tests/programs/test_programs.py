@@ -1,6 +1,6 @@
 """The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
 PyTorch examples' DCGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
-DDP, functorch, WGAN-GP), each run plainly, under ``sentinel run`` (zero-code) and, where
+DDP, functorch, WGAN-GP, mnist_hogwild), each run plainly, under ``sentinel run`` (zero-code) and, where
 people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -57,6 +57,9 @@ PROGRAMS = [
     Program("mixed_dtypes", "mixed_dtypes.py", watch=True, opt="Adam"),
     Program("float64", "mixed_dtypes.py", ("--dtype", "float64"), slow=True, opt="Adam"),
     Program("complex", "mixed_dtypes.py", ("--dtype", "complex"), opt="Adam"),
+    Program("hogwild", "hogwild.py", optimizers=2, opt="SGD"),
+    Program("swa_plateau", "swa_plateau.py", watch=True, opt="SGD"),
+    Program("sparse_embedding", "sparse_embedding.py", watch=True, optimizers=2, opt="SparseAdam"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]

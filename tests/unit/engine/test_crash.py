@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from sentinel import wire
 from sentinel.daemon import processes
 from sentinel.engine.engine import Engine
@@ -189,3 +191,44 @@ def test_many_processes_vanishing_at_once_are_recorded_a_slice_at_a_time(monkeyp
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _stream_frame(opt: str, step: int, t: float, kind: str = "step") -> bytes:
+    f = {"kind": kind, "job": "train", "run": "hog", "rank": 0, "world": 1, "step": step, "t": t, "opt": opt}
+    if kind == "step":
+        f.update(groups=["a"], grad_sumsq=[1.0], step_seconds=0.1, scalars={"loss": 0.5})
+    return wire.encode(f)
+
+
+@pytest.mark.parametrize(("frames", "crashed"), [
+    # worker 0 finished and exited; worker 1 (alive) goes on: no crash (its pid was the rank's last)
+    ([("1", "alive", "step"), ("0", "dead", "step"), ("0", "dead", "bye")], False),
+    # worker 0 vanished without a goodbye while worker 1 reported after it: a crash
+    ([("0", "dead", "step"), ("1", "alive", "step")], True),
+])
+def test_a_ranks_streams_in_processes_of_their_own_are_watched_each(frames: list[tuple[str, str, str]],
+                                                                    crashed: bool) -> None:
+    """Hogwild: a rank's streams are worker processes of their own; each one's process is
+    checked, and one that said goodbye is not taken for a crash when it exits."""
+    clock = Clock()
+    engine = Engine(clock=clock, alive=processes.alive)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid no longer exists
+    pids = {"alive": alive.pid, "dead": dead.pid}
+    try:
+        for step in range(1, 4):
+            for opt in ("0", "1"):
+                clock.t += 0.1
+                assert engine.feed(_stream_frame(opt, step, clock.t), pid=alive.pid)
+        for opt, who, kind in frames:
+            clock.t += 0.1
+            assert engine.feed(_stream_frame(opt, 4, clock.t, kind), pid=pids[who])
+        engine.tick()
+        fired = [a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed"]
+        assert bool(fired) == crashed, fired
+        if crashed:
+            assert f"pid {dead.pid}" in fired[0]["summary"]
+    finally:
+        alive.kill()
+        alive.wait()

@@ -40,6 +40,11 @@ def row(**kw: Any) -> RunRow:
     (row(ranks={0}, byes={0}, state="finished", world=2), "step", 2, 1, True),  # not one of the 2 ranks
     (row(ranks={0}, byes={0}, state="finished"), "step", 1, 1, True),  # no world said: a new run
     (row(ranks={0}, byes={0}, state="finished", world=2, exit_status=0), "step", 1, 1, True),  # command ended
+    # Hogwild: worker 1's first frame after worker 0 (a process of its own) said goodbye
+    (row(ranks={0}, streams={(0, "0")}, byes={(0, "0")}, state="finished", world=1), "step", (0, "1"), 1, False),
+    (row(ranks={0}, streams={(0, "0")}, byes={(0, "0")}, state="finished", world=1), "step", (0, "0"), 1, True),
+    (row(ranks={0}, streams={(0, "0")}, byes={(0, "0")}, state="finished", exit_status=0), "step", (0, "1"), 1,
+     True),  # the command ended
 ])
 def test_which_frames_start_a_new_run(r: RunRow, kind: str, rank: int | tuple[int, str], step: int,
                                       new: bool) -> None:
@@ -73,6 +78,9 @@ SCENARIOS: dict[str, tuple[list[tuple[str, Any]], list[tuple[int, str]]]] = {
     "rank 1 starts after rank 0 said goodbye": (
         steps(1, 2, world=2) + [("frame", frame("bye", 0, world=2))] + steps(1, 2, rank=1, world=2)
         + [("frame", frame("bye", 0, rank=1, world=2))], [(2, "finished")]),
+    "a Hogwild worker starts after the other said goodbye": (
+        steps(1, 2, opt="0") + [("frame", frame("bye", 2, opt="0"))] + steps(1, 2, opt="1")
+        + [("frame", frame("bye", 2, opt="1"))], [(2, "finished")]),
     "sentinel run twice": (S + steps(1, 2) + [BYE] + END + S + steps(1, 4), [(2, "finished"), (4, "running")]),
     "a command ended with no frame, then the name again": (S + END + S + steps(1, 1), [(0, "finished"),
                                                                                        (1, "running")]),

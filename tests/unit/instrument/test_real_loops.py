@@ -370,3 +370,43 @@ def test_watch_inside_a_zero_code_script_is_the_one_monitor(when: str, steps: in
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"live-auto 0 steps {steps} run mine" in out.stdout
+
+
+@pytest.mark.parametrize(("shape", "want"), [
+    # one backward() fills both optimizers' gradients (a sparse table's SparseAdam and a
+    # dense head's Adam, Muon + AdamW): both steps apply that loss
+    ("shared", [("a", "ab"), ("b", "ab")]),
+    # a GAN: each optimizer's own backward() calls, never the other's
+    ("gan", [("a", "a"), ("b", "b")]),
+])
+def test_captured_loss_of_two_optimizers_is_the_backward_that_filled_each(shape: str,
+                                                                         want: list[tuple[str, str]]) -> None:
+    torch.manual_seed(0)
+    a, b = MLP(), MLP()
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.01), torch.optim.Adam(b.parameters(), lr=0.01)
+    sender = CaptureSender()
+    mon_a, _ = make_monitor(a, opt_a, sender=sender, capture_loss=True)
+    mon_b, _ = make_monitor(b, opt_b, sender=sender, capture_loss=True)
+    expected: dict[str, list[float]] = {"a": [], "b": []}
+    for i in range(3):
+        x, y = _batch(i)
+        la, lb = nn.functional.mse_loss(a(x), y), nn.functional.mse_loss(b(x), y)
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+        if shape == "shared":
+            (la + lb).backward()
+            opt_a.step()
+            opt_b.step()
+        else:
+            la.backward()
+            opt_a.step()
+            lb.backward()
+            opt_b.step()
+        values = {"a": la.item(), "b": lb.item(), "ab": (la + lb).item()}
+        for name, which in want:
+            expected[name].append(values[which])
+    mon_a.close()
+    mon_b.close()
+    got = {name: [f.get("scalars", {}).get("loss") for f in sender.steps() if f.get("opt") == label]
+           for name, label in (("a", "0"), ("b", "1"))}
+    assert got == {k: pytest.approx(v, rel=1e-6) for k, v in expected.items()}
