@@ -154,9 +154,11 @@ class Monitor:
 
         Args:
             loss: the loss (a number or a one-element tensor).
-            step: the step the values belong to, for a framework that computes them
-                after the step's report left (e.g. the HF Trainer's ``on_log``);
-                default: as above.
+            step: the optimizer step (counted from 1) the values belong to, for a
+                framework that computes them after the step's report left (e.g. the HF
+                Trainer's ``on_log``); default: as above. A number that names no step
+                taken yet but the coming one (a count of batches or samples) is treated
+                as no ``step`` (one warning says so): the values are never dropped.
             **scalars: more values by name.
 
         Never raises.

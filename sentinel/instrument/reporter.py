@@ -4,6 +4,7 @@ stop and capture actions)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from sentinel.instrument.options import WatchOptions
 from sentinel.instrument.readback import Readback
 from sentinel.instrument.scalars import NameBudget, Scalars, to_value
 from sentinel.instrument.sender import Sender
+
+log = logging.getLogger("sentinel")
 
 
 class Reporter:
@@ -62,6 +65,7 @@ class Reporter:
         self.pending = Scalars()  # logged while no report was open: the coming step's
         self.backwards_at_step = self.backwards_at_log = -1  # losses.backward_calls then
         self.logs = 0  # log() calls so far: a script that never logs never makes a report wait
+        self.step_warned = False  # said once that a log(step=) named no step of ours
 
     @property
     def frames_dropped(self) -> int:
@@ -122,9 +126,17 @@ class Reporter:
                 continue
             values.add(name, value)
         report = self.waiting
+        if step is not None and not 0 < step <= steps:
+            # no optimizer step of Sentinel's count (a script's own counter of batches or
+            # samples, 0-based, wandb's `step=`): the values go where a log() without one goes
+            if step != steps + 1 and not self.step_warned:
+                self.step_warned = True
+                log.warning("sentinel: log(step=%s) names no optimizer step taken (%d so far); its values, and "
+                            "those of later such calls, go to the step Sentinel counts", step, steps)
+            step = None
         if step is not None and (report is None or report[0].frame.step != step):
-            if 0 < step <= steps:  # a step whose report has left: its own frame
-                self.submit(Report(self.frame("log", int(step), time.time())), {}, values)
+            # a step whose report has left: its own frame
+            self.submit(Report(self.frame("log", int(step), time.time())), {}, values)
             return
         # the common loop logs right after the step: ride on that step's report (one frame)
         if report is not None and report[0].frame.step == steps:

@@ -218,6 +218,35 @@ def test_log_with_a_step_reaches_that_step_also_after_its_report_left(mlp: MLP) 
     assert sender.engine.store.last("sentinel_scalar", _labels(mon, name="late"))[0] == 1
 
 
+@pytest.mark.parametrize(("own_step", "at"), [
+    (lambda i: i + 1, [1, 2, 3, 4]),  # Sentinel's own count: each value at its step
+    (lambda i: 8 * i, [1, 2, 3, 4]),  # samples seen (wandb's `step=`): no step of ours, routed as without one
+    (lambda i: i, [1, 1, 2, 3]),  # enumerate()'s 0-based index: one step behind, but nothing lost
+], ids=["optimizer-steps", "samples", "zero-based"])
+def test_log_with_the_scripts_own_step_counter_loses_no_value(
+        mlp: MLP, own_step: Any, at: list[int], caplog: pytest.LogCaptureFixture) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    sent = []
+    for i in range(4):
+        x, y = _batch(i)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(mlp(x), y)
+        loss.backward()
+        opt.step()
+        with caplog.at_level(logging.WARNING, logger="sentinel"):
+            mon.log(loss=loss, step=own_step(i), epoch=1.0)
+        sent.append(loss.item())
+    mon.close()
+    got = [(f["step"], f["scalars"]["loss"]) for f in sender.frames if "loss" in f.get("scalars", {})]
+    assert [s for s, _ in got] == at
+    assert [v for _, v in got] == pytest.approx(sent)
+    assert sum("epoch" in f.get("scalars", {}) for f in sender.frames) == 4
+    assert not any(f.get("scalars_dropped") for f in sender.frames)
+    warned = [r.getMessage() for r in caplog.records if "log(step=" in r.getMessage()]
+    assert len(warned) == (1 if own_step(0) != 1 else 0), warned  # once, when a step names none of ours
+
+
 class _Wrapper:
     """A DeepSpeed-style wrapper: the real optimizer is ``.optimizer``, ``step`` delegates."""
 
