@@ -250,7 +250,7 @@ def report(
         try:
             paths = rep.png_report(conn, info, Path(output or "."))  # type: ignore[arg-type]
         except ImportError:
-            typer.echo("--format png needs matplotlib: pip install 'sentinel[report]'", err=True)
+            typer.echo("--format png needs matplotlib: pip install 'sentinel-monitor[report]'", err=True)
             raise typer.Exit(2) from None
         typer.echo("\n".join(str(p) for p in paths))
         return

@@ -144,7 +144,7 @@ def png_report(db: sqlite3.Connection, run: RunInfo, folder: Path) -> list[Path]
     """Each over-steps plot as a PNG in ``folder``.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'sentinel[report]'``).
+        ImportError: matplotlib is not installed (``pip install 'sentinel-monitor[report]'``).
     """
     import matplotlib
 
