@@ -1,0 +1,91 @@
+"""The README's defaults, as written: the engine `sentinel.watch` starts and `sentinel run`'s
+daemon serve on `127.0.0.1:9400`, and `mon.url` tells the address bound: another free port
+when 9400 is in use (a second run on the node), with a warning that says so."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import sentinel
+from tests.helpers import MLP, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def port_9400_free() -> None:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
+        try:
+            probe.bind(("127.0.0.1", 9400))
+        except OSError:
+            pytest.skip("127.0.0.1:9400 is taken on this machine by something else")
+
+
+@pytest.fixture
+def port_9400_busy() -> Iterator[None]:
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", 9400))
+        holder.listen()
+    except OSError:
+        pass  # taken already: busy all the same
+    yield
+    holder.close()
+
+
+def _step_and_scrape(mon: sentinel.Monitor, model: MLP, opt: torch.optim.Optimizer) -> str:
+    opt.zero_grad()
+    loss = model(torch.randn(4, 16)).square().mean()
+    loss.backward()
+    opt.step()
+    mon.log(loss=loss)
+    url = mon.url
+    assert url is not None
+
+    def scraped() -> str | None:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return text if "sentinel_step{" in text else None
+
+    return str(wait_for(scraped, timeout=30, what="the step on /metrics"))
+
+
+def test_watch_serves_on_127_0_0_1_9400_by_default(port_9400_free: None) -> None:
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = sentinel.watch(model, opt, run="default-port")
+    try:
+        assert mon.url == "http://127.0.0.1:9400"
+        assert 'run="default-port"' in _step_and_scrape(mon, model, opt)
+    finally:
+        mon.close()
+
+
+def test_with_9400_in_use_watch_serves_on_a_free_port_and_mon_url_tells_which(
+        port_9400_busy: None, capfd: pytest.CaptureFixture[str]) -> None:
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = sentinel.watch(model, opt, run="busy-port")
+    try:
+        assert mon.url is not None and mon.url.startswith("http://127.0.0.1:")
+        assert not mon.url.endswith(":9400")
+        assert 'run="busy-port"' in _step_and_scrape(mon, model, opt)
+    finally:
+        mon.close()
+    assert "127.0.0.1:9400 is in use" in capfd.readouterr().err  # the engine's warning, on the script's stderr
+
+
+def test_sentinel_run_serves_on_127_0_0_1_9400_by_default(port_9400_free: None) -> None:
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--", sys.executable, "-c", "print('ok')"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+    assert "sentinel: metrics at http://127.0.0.1:9400/metrics" in out.stderr.splitlines()
