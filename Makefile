@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_CPU_VERSION ?= 2.13.0
+# where that torch comes from when none is importable: pip's own indexes by default (here they
+# hold the CPU build); on a Linux machine that reaches it, TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 DEMO_ARGS ?=
 # the frameworks extra must never replace torch: every install holds it at the build installed
 HOLD_TORCH = "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
@@ -20,7 +23,7 @@ $(VENV)/.torch:
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "using existing torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	else \
-		$(PY) -m pip install --quiet "torch==$(TORCH_CPU_VERSION)"; \
+		$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "torch==$(TORCH_CPU_VERSION)"; \
 	fi
 	@touch $@
 
