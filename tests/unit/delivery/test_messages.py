@@ -25,7 +25,7 @@ def test_firing_message_names_the_start_value_threshold_where_and_first_checks()
     for needle in ("value: 50 against threshold 10", "where: ranks 0–3, 5, groups layers.3",
                    "started at step: 200, latest step 480", "recent sentinel_grad_norm: ▁▁▁▁█✗",
                    "likely causes:\n- hard samples", "first checks:\n1. check the batch\n2. clip",
-                   f"host {n['host']}, pid {n['pid']}",
+                   "runbook: see the runbook", f"host {n['host']}, pid {n['pid']}",
                    "grafana: https://g.example/d/sentinel-overview?orgId=1&var-job=train&var-run=r7&from=100000&to=1300000",
                    f"id: {n['key']}"):
         assert needle in text, needle
