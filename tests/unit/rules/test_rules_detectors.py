@@ -426,6 +426,8 @@ def test_helpers() -> None:
     (137, True, "killed by SIGKILL (signal 9): the kernel's OOM killer"),
     (139, True, "killed by SIGSEGV (signal 11)"),
     (143, True, "killed by SIGTERM (signal 15): the scheduler"),
+    (130, True, "killed by SIGINT (signal 2): interrupted: Ctrl-C"),
+    (129, True, "killed by SIGHUP (signal 1): its terminal closed"),
     (1, True, "exited with status 1"),
     (-1, True, "exit status unknown"),
     (0, False, "running again"),
