@@ -23,7 +23,7 @@ _HINTS = {
     signal.SIGBUS: "a crash in native code, often shared memory (/dev/shm) running out",
     signal.SIGABRT: "an abort, e.g. a failed assertion or an NCCL watchdog timeout",
     signal.SIGTERM: "the scheduler or launcher terminated it (preemption, a time limit, another rank's failure)",
-    signal.SIGINT: "interrupted: Ctrl-C in its terminal, or a kill -INT (params.ignore_codes: [130] keeps it quiet)",
+    signal.SIGINT: "interrupted: Ctrl-C in its terminal, or a kill -INT (rules.TrainingCrashed.params.ignore_codes: [130] keeps it quiet)",
     signal.SIGHUP: "its terminal closed (run it under nohup, tmux or a batch system)",
 }
 
