@@ -43,6 +43,31 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _signal(folder: Path, sent: list[signal.Signals], then_stop: bool, launcher: tuple[str, ...] = ()) -> str:
+    """Run the script under `sentinel run` in a session of its own (no terminal, as under `kill`
+    or Kubernetes), send it ``sent`` once it trains, wait for its handler's note and, with
+    ``then_stop``, check that it trains on and stop it with SIGTERM. Returns its stderr, once
+    it exited 0."""
+    out, err = folder / "out", folder / "err"
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen([*launcher, *RUN, sys.executable, str(SCRIPT), str(folder)], stdout=o, stderr=e,
+                                start_new_session=True)
+    try:
+        wait_for(lambda: "ready" in out.read_text(), timeout=120, what="training\n" + err.read_text())
+        for sig in sent:
+            proc.send_signal(sig)
+        wait_for(lambda: _signals(folder), timeout=30, what="the script's handler\n" + err.read_text())
+        if then_stop:  # the checkpoint was taken and training goes on
+            assert proc.poll() is None, err.read_text()
+            proc.send_signal(signal.SIGTERM)
+        status = proc.wait(60)
+    finally:
+        _kill_group(proc.pid)
+    assert status == 0, err.read_text()
+    assert out.read_text().splitlines()[-1] == "done"
+    return err.read_text()
+
+
 @pytest.mark.parametrize(("first", "expected"), [
     (signal.SIGUSR1, ["SIGUSR1", "SIGTERM"]),  # checkpoint, train on; then stopped
     (signal.SIGUSR2, ["SIGUSR2", "SIGTERM"]),
@@ -53,27 +78,12 @@ def _kill_group(pgid: int) -> None:
 ])
 def test_a_signal_sent_to_sentinel_run_reaches_the_script_once(
         tmp_path: Path, first: signal.Signals, expected: list[str]) -> None:
-    out, err = tmp_path / "out", tmp_path / "err"
-    with out.open("w") as o, err.open("w") as e:  # its own session: no terminal, as under kill or Kubernetes
-        proc = subprocess.Popen([*RUN, sys.executable, str(SCRIPT), str(tmp_path)], stdout=o, stderr=e,
-                                start_new_session=True)
-    try:
-        wait_for(lambda: "ready" in out.read_text(), timeout=120, what="training\n" + err.read_text())
-        proc.send_signal(first)
-        wait_for(lambda: _signals(tmp_path), timeout=30, what=f"the script's {first.name} handler\n" + err.read_text())
-        if len(expected) > 1:  # the checkpoint was taken and training goes on
-            assert proc.poll() is None, err.read_text()
-            proc.send_signal(signal.SIGTERM)
-        status = proc.wait(60)
-    finally:
-        _kill_group(proc.pid)
-    assert status == 0, err.read_text()
+    err = _signal(tmp_path, [first], then_stop=len(expected) > 1)
     assert _signals(tmp_path) == expected
-    assert out.read_text().splitlines()[-1] == "done"
     assert torch.load(tmp_path / "model.pt", weights_only=True).keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}
     if first in (signal.SIGUSR1, signal.SIGUSR2):
         assert torch.load(tmp_path / "ckpt.pt", weights_only=True).keys() == {"model", "opt"}
-    assert "Traceback" not in err.read_text()
+    assert "Traceback" not in err
 
 
 def _read_until(fd: int, seen: bytearray, text: bytes, timeout: float) -> bool:
@@ -114,20 +124,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_script_once(tmp_path: Path) -> None:
 
 def test_under_nohup_a_hangup_stays_ignored(tmp_path: Path) -> None:
     """`nohup sentinel run -- CMD`: the hangup nohup told CMD to ignore is not handed to it,
-    while the other signals still are."""
-    out, err = tmp_path / "out", tmp_path / "err"
-    with out.open("w") as o, err.open("w") as e:
-        proc = subprocess.Popen(["nohup", *RUN, sys.executable, str(SCRIPT), str(tmp_path)], stdout=o, stderr=e,
-                                start_new_session=True)
-    try:
-        wait_for(lambda: "ready" in out.read_text(), timeout=120, what="training\n" + err.read_text())
-        proc.send_signal(signal.SIGHUP)
-        proc.send_signal(signal.SIGUSR1)  # in order: once its checkpoint is noted, the hangup was seen
-        wait_for(lambda: _signals(tmp_path), timeout=30, what="the script's SIGUSR1 handler\n" + err.read_text())
-        assert proc.poll() is None, err.read_text()
-        proc.send_signal(signal.SIGTERM)
-        status = proc.wait(60)
-    finally:
-        _kill_group(proc.pid)
-    assert status == 0, err.read_text()
+    while the other signals still are (sent in order: once the checkpoint is noted, the
+    hangup was seen)."""
+    _signal(tmp_path, [signal.SIGHUP, signal.SIGUSR1], then_stop=True, launcher=("nohup",))
     assert _signals(tmp_path) == ["SIGUSR1", "SIGTERM"]
