@@ -85,7 +85,7 @@ def check_config(path: str = typer.Argument(..., help="The YAML config file.")) 
 @app.command()
 def daemon(
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
-    listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
+    listen: str = typer.Option("127.0.0.1:9400", envvar="SENTINEL_LISTEN", help="HOST:PORT of /metrics and the API."),
     socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
     drain_seconds: float = typer.Option(0.0, "--drain-seconds", min=0.0,
@@ -106,7 +106,7 @@ def daemon(
 def run(
     ctx: typer.Context,
     config: Optional[str] = typer.Option(None, help="Sentinel config file."),
-    listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT of /metrics and the API."),
+    listen: str = typer.Option("127.0.0.1:9400", envvar="SENTINEL_LISTEN", help="HOST:PORT of /metrics and the API."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
     tag: list[str] = typer.Option([], "--tag", help="Run metadata KEY=VALUE (repeatable): recorded in the "
                                                      "history and exported in sentinel_run_info."),

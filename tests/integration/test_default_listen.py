@@ -1,20 +1,23 @@
 """The README's defaults, as written: the engine `sentinel.watch` starts and `sentinel run`'s
 daemon serve on `127.0.0.1:9400`, and `mon.url` tells the address bound: another free port
-when 9400 is in use (a second run on the node), with a warning that says so."""
+when 9400 is in use (a second run on the node), with a warning that says so. `SENTINEL_LISTEN`
+sets it for `sentinel run` and `sentinel daemon` as for `watch`."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 import sentinel
-from tests.helpers import MLP, wait_for
+from tests.helpers import MLP, end_process, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +92,31 @@ def test_sentinel_run_serves_on_127_0_0_1_9400_by_default(port_9400_free: None) 
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
     assert "sentinel: metrics at http://127.0.0.1:9400/metrics" in out.stderr.splitlines()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sentinel_listen_sets_the_address_of_sentinel_run_and_of_the_daemon(tmp_path: Path) -> None:
+    """docs/deployment.md: `SENTINEL_LISTEN=0.0.0.0:9400` on each node for a cluster Prometheus
+    (loopback here); an explicit --listen wins."""
+    port = _free_port()
+    env = {**os.environ, "SENTINEL_LISTEN": f"127.0.0.1:{port}"}
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--", sys.executable, "-c", "print('ok')"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"sentinel: metrics at http://127.0.0.1:{port}/metrics" in out.stderr.splitlines()
+    other = _free_port()
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", f"127.0.0.1:{other}", "--",
+                          sys.executable, "-c", "print('ok')"], capture_output=True, text=True, timeout=120, env=env)
+    assert f"sentinel: metrics at http://127.0.0.1:{other}/metrics" in out.stderr.splitlines(), out.stderr
+    daemon = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "daemon", "--socket", str(tmp_path / "e.sock")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = daemon.stdout.readline()  # type: ignore[union-attr]
+    finally:
+        end_process(daemon)
+    assert f"SENTINEL_URL=http://127.0.0.1:{port}" in line, line
