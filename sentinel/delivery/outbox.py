@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sentinel.files import private_sqlite
+
 log = logging.getLogger("sentinel")
 
 _SCHEMA = """
@@ -100,11 +102,11 @@ class Outbox:
         if path != ":memory:":
             try:
                 Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                private_sqlite(path)  # before SQLite makes its -wal and -shm files, which take its mode
                 db = sqlite3.connect(path, timeout=5.0, check_same_thread=False, isolation_level=None)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a process crash
                 db.executescript(_SCHEMA)
-                os.chmod(path, 0o600)
                 return db
             except (OSError, sqlite3.Error) as exc:
                 self._degrade(exc)

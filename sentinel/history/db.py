@@ -26,6 +26,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from sentinel.files import private_sqlite
 from sentinel.history.skips import SCHEMA as SKIPS_SCHEMA
 
 SCHEMA_VERSION = 5
@@ -245,6 +246,7 @@ def connect(path: str | Path, *, readonly: bool = False, timeout: float = 2.0) -
         return db
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fresh = not p.exists()
+    private_sqlite(p)  # before SQLite makes its -wal and -shm files, which take the file's mode
     db = sqlite3.connect(str(p), timeout=timeout, check_same_thread=False, isolation_level=None)
     try:
         if fresh:  # only before the first table: lets retention give pages back to the disk
@@ -253,7 +255,6 @@ def connect(path: str | Path, *, readonly: bool = False, timeout: float = 2.0) -
         db.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed batch survives a process crash
         db.execute("PRAGMA quick_check(1)").fetchone()  # a corrupt file fails here, not mid-run
         migrate(db)
-        os.chmod(p, 0o600)
     except BaseException:
         db.close()
         raise

@@ -40,6 +40,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("sentinel.catalog", ("sentinel.",)),
     ("sentinel.errors", ("sentinel.",)),
     ("sentinel.listen", ("sentinel.",)),
+    ("sentinel.files", ("sentinel.",)),
     ("sentinel.rules", ("sentinel.engine", "sentinel.config", "sentinel.instrument") + SHELLS),
     ("sentinel.engine", ("sentinel.instrument", "sentinel.config") + SHELLS),
     ("sentinel.serve", ("sentinel.engine", "sentinel.instrument", "sentinel.daemon", "sentinel.delivery",
