@@ -119,12 +119,12 @@ class Reporter:
         self.logs += 1
         values = Scalars()
         for name, v in scalars.items():
-            value = to_value(v) if self.names.admit(name) else None
+            value = to_value(v)
             if value is None:
-                if name in self.names.names:
-                    self.names.dropped += 1  # a known name with a bad value
+                self.names.dropped += 1  # a bad value: counted, and its name takes no slot
                 continue
-            values.add(name, value)
+            if self.names.admit(name):  # a bad name, or one past the slots: counted there
+                values.add(name, value)
         report = self.waiting
         if step is not None and not 0 < step <= steps:
             # no optimizer step of Sentinel's count (a script's own counter of batches or

@@ -3,7 +3,9 @@
 A value is a real number (``int``, ``float``, a NumPy scalar) or a one-element tensor of
 a real dtype; anything else (a string, None, a bool, a vector, a complex number) is
 dropped and counted, never the frame. Names are strings of 1 to
-:data:`MAX_NAME_LENGTH` characters, at most :data:`MAX_NAMES` distinct ones per monitor;
+:data:`MAX_NAME_LENGTH` characters of ``A-Za-z0-9_.:/@+-`` (the frame's
+:data:`~sentinel.wire.ScalarName`: a name the engine would refuse is dropped and counted
+here), at most :data:`MAX_NAMES` distinct ones per monitor;
 ``loss`` is the loss, every other name is exported as ``sentinel_scalar{name=...}``, so
 a user's name can never overwrite one of Sentinel's own series.
 
@@ -16,12 +18,16 @@ report is read back.
 from __future__ import annotations
 
 import numbers
+import re
 from typing import Any
 
 import torch
 
+from sentinel.wire import SCALAR_NAME
+
 MAX_NAMES = 32
 MAX_NAME_LENGTH = 64
+_NAME = re.compile(SCALAR_NAME)
 
 
 def to_value(v: Any) -> float | torch.Tensor | None:
@@ -102,7 +108,7 @@ class NameBudget:
     def admit(self, name: Any) -> bool:
         if name in self.names:
             return True
-        if (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isprintable()
+        if (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH or not _NAME.match(name)
                 or len(self.names) >= MAX_NAMES):
             self.dropped += 1
             return False

@@ -196,6 +196,25 @@ def test_log_bounds_the_number_of_names(mlp: MLP) -> None:
     assert len(frame["scalars"]) == 32 and frame["scalars_dropped"] == 8
 
 
+def test_log_drops_and_counts_a_name_the_engine_would_refuse_and_bad_values_take_no_name_slot(mlp: MLP) -> None:
+    """A valid Python keyword (`précision=`) or a `**{"val acc": ...}` name is outside the frame's
+    `ScalarName`: dropped and counted in the training process, where the user's counter is,
+    rather than by the engine; bad values do not use up the 32 names."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    x, y = _batch(0)
+    nn.functional.mse_loss(mlp(x), y).backward()
+    opt.step()
+    mon.log(**{"précision": 0.9, "val acc": 0.5, "val[0]": 0.1, "top1_acc": 0.5, "b0": None, "b1": "x", "b2": True},
+            **{f"m{i}": float(i) for i in range(31)})  # 31 more: with top1_acc, the 32 slots
+    mon.close()
+    [frame] = sender.steps()
+    assert set(frame["scalars"]) == {"top1_acc", *(f"m{i}" for i in range(31))}
+    assert frame["scalars_dropped"] == 6
+    assert sender.engine.fields_dropped == {}  # the engine had nothing to drop
+    assert sender.engine.store.counter("sentinel_scalars_dropped_total", _labels(mon)) == 6.0
+
+
 def test_log_with_a_step_reaches_that_step_also_after_its_report_left(mlp: MLP) -> None:
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     mon, sender = make_monitor(mlp, opt, capture_loss=True)
