@@ -33,9 +33,11 @@ def watch(model: torch.nn.Module | None,
             ``LightningOptimizer``, anything holding the real one as ``.optimizer``) are
             unwrapped and the real optimizer is hooked.
         scaler: a ``torch.amp.GradScaler``, to export its scale and count skipped steps.
-        on_alert: callables given each firing/resolved alert (a dict, as in
-            ``/api/v1/alerts``). They run in the training thread at the next optimizer
-            step (or at ``close()``); an exception in one is caught and counted.
+        on_alert: callables given each alert's change to firing or resolved (a dict of
+            :class:`sentinel.wire.Alert`'s fields: ``state_from``, ``state_to``,
+            ``alertname``, ``severity``, ``summary``, ...). They run in the training thread
+            at the next optimizer step (or at ``close()``); an exception in one is caught
+            and counted.
         **options: any field of :class:`~sentinel.instrument.options.WatchOptions`, e.g.
             ``listen="127.0.0.1:9400"``, ``run="exp-42"``, ``update_every=10``.
 

@@ -14,6 +14,7 @@ import torch
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 import sentinel
+from sentinel import wire
 from tests.helpers import MLP, Receiver, train_steps, wait_for, write_config
 
 pytestmark = pytest.mark.integration
@@ -114,6 +115,12 @@ def test_on_alert_callback_and_stop_action(tmp_path: Path) -> None:
     # raised before the optimizer touched the weights
     assert all(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(snapshot, model.parameters()))
     assert any(a["alertname"] == "TrainingNonFinite" and a["state_to"] == "firing" for a in seen)
+    # docs/alerting.md: a callback gets a change of state, wire.Alert's fields (evidence: with a capture)
+    documented = {"alertname", "severity", "state_from", "state_to", "job", "run", "ranks", "groups", "optimizers",
+                  "step", "time", "value", "threshold", "summary", "causes", "checks", "runbook", "notify",
+                  "started_step", "started_at"}
+    assert documented == set(wire.Alert.__struct_fields__) - {"evidence"}
+    assert all(set(a) - {"evidence"} == documented for a in seen), [sorted(a) for a in seen]
 
 
 def test_bad_config_fails_loudly_at_construction(tmp_path: Path) -> None:
