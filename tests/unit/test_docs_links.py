@@ -73,3 +73,19 @@ def test_the_readme_config_example_is_a_valid_config(tmp_path: Path) -> None:
         raw = yaml.safe_load(block)
         assert set(raw) <= set(type(cfg).model_fields)
         assert not pack.get("LossPlateau").enabled and pack.get("GradientSpike").params.factor == 20  # type: ignore[attr-defined]
+
+
+def test_the_install_table_names_every_dependency_of_each_extra() -> None:
+    """docs/instrumenting.md, "Install": the row of each extra (and of no extra) names every
+    package pyproject.toml gives it."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    rows = {m.group(1): m.group(2).lower() for m in re.finditer(
+        r"^\| (\*\(none\)\*|`[a-z]+`) \| ([^|]*) \|", (ROOT / "docs" / "instrumenting.md").read_text("utf-8"), re.M)}
+    wanted = {"*(none)*": project["dependencies"], **{f"`{k}`": v for k, v in project["optional-dependencies"].items()}}
+    for row, requirements in wanted.items():
+        assert row in rows, row
+        names = {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+        missing = sorted(n for n in names if n not in rows[row] and n.replace("-", "_") not in rows[row])
+        assert not missing, (row, missing)
