@@ -351,6 +351,7 @@ class Alert(Struct, tag="alert", tag_field="kind", kw_only=True):
     started_step: int = 0
     started_at: float = 0.0
     optimizers: list[str] = msgspec.field(default_factory=list)  # the streams, in a process with several
+    ended: bool = False  # resolved because its ranks ended while it fired: nothing recovered
     evidence: str | UnsetType = UNSET
 
 

@@ -53,7 +53,7 @@ def _num(x: Any) -> str:
 
 def title(n: Mapping[str, Any]) -> str:
     """``[FIRING] critical TrainingNonFinite — run r1, since step 200``."""
-    state = "FIRING" if n.get("state_to") == "firing" else "RESOLVED"
+    state = "FIRING" if n.get("state_to") == "firing" else "ENDED" if n.get("ended") else "RESOLVED"
     return (f"[{state}] {n.get('severity', '?')} {n.get('alertname', '?')} — run {n.get('run', '?')}, "
             f"since step {n.get('started_step', n.get('step', '?'))}")
 
@@ -73,8 +73,9 @@ def body(n: Mapping[str, Any], markdown: bool = False) -> str:
     lines = [str(n.get("summary", "")), ""]
     if n.get("state_to") == "resolved":
         fired = max(0.0, float(n.get("time", 0.0)) - float(n.get("started_at", n.get("time", 0.0))))
-        lines += [f"{b('resolved')} after firing for {duration(fired)} "
-                  f"(from step {n.get('started_step', '?')} to step {n.get('step', '?')})"]
+        span = f"for {duration(fired)} (from step {n.get('started_step', '?')} to step {n.get('step', '?')})"
+        lines += [f"{b('ended')} with its ranks while it fired {span}: the run finished or its processes "
+                  "exited; nothing recovered" if n.get("ended") else f"{b('resolved')} after firing {span}"]
     lines += [f"{b('run')}: {n.get('run', '?')} (job {n.get('job', '?')})",
               f"{b('where')}: {where}" + (f", groups {compact_groups(groups, limit=5)}" if groups else ""),
               f"{b('started at step')}: {n.get('started_step', '?')}, latest step {n.get('step', '?')}",

@@ -112,6 +112,9 @@ class Transition:
     started_at: float = 0.0
     optimizers: tuple[str, ...] = ()
     """The optimizer streams the alert's series belong to (empty: a process with one)."""
+    ended: bool = False
+    """A resolve because the ranks that held the alert ended (their run finished or they
+    exited) while it fired: nothing recovered."""
 
     @property
     def fired_seconds(self) -> float:
@@ -141,6 +144,7 @@ class Transition:
             "started_step": self.started_step,
             "started_at": self.started_at,
             "optimizers": list(self.optimizers),
+            "ended": self.ended,
         }
 
 
@@ -191,6 +195,7 @@ class Alert:
     started_value: float | None = None
     worst_value: float = math.nan
     worst_step: int = 0
+    ended: bool = False  # resolved because what held it ended with its ranks, not recovered
     series: dict[SeriesKey, _Series] = field(default_factory=dict)
     _active_since: float | None = None
     _seen_pending: bool = False
@@ -260,7 +265,8 @@ class Alert:
     def to_json(self) -> dict[str, Any]:
         """The HTTP API's view: alertname, severity, state, job, run, ranks, groups, step,
         value, threshold, summary, started_step, started_at, last_step, last_value,
-        resolved_at, plus causes, checks, runbook. ``step``/``value`` are the latest failing
+        resolved_at, ended (resolved because its ranks ended, not recovered), plus causes,
+        checks, runbook. ``step``/``value`` are the latest failing
         verdict's (equal to ``last_step``/``last_value``); ``started_step`` and
         ``started_at`` are None while pending."""
         return {
@@ -284,6 +290,7 @@ class Alert:
             "last_step": self.step,
             "last_value": _num(self.value),
             "resolved_at": self.resolved_at,
+            "ended": self.ended,
             "causes": list(self.rule.causes),
             "checks": list(self.rule.checks),
             "runbook": self.rule.runbook,

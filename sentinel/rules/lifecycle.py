@@ -204,11 +204,15 @@ class Lifecycle:
         for key, a in list(self._open.items()):
             if key[1] != job or key[2] != run or key[0] in keep:
                 continue
-            for skey in [k for k in a.series if rank is None or k[0] == rank]:
+            leaving = [k for k in a.series if rank is None or k[0] == rank]
+            held = any(a.series[k].active for k in leaving)
+            for skey in leaving:
                 del a.series[skey]
                 a._dirty = True
-            if a.state == "pending" and not any(s.active for s in a.series.values()):
+            left = any(s.active for s in a.series.values())
+            if a.state == "pending" and not left:
                 a._active_since = None  # the ranks that held it are gone: nothing to report
+            a.ended = held and not left  # a resolve now is the ranks' end, not a recovery
             out += self.settle(*key, now=now)
         if rank is None and not self._by_run.get((job, run)):
             self._by_run.pop((job, run), None)
@@ -245,7 +249,7 @@ class Lifecycle:
             r.name, r.severity, state_from, a.state, a.job, a.run, a.ranks, a.groups, a.step,
             now, a.value, a.threshold, a.summary, tuple(r.causes), tuple(r.checks), r.runbook,
             a.notify, a.started_step if a.started_step is not None else a.step,
-            a.started_at if a.started_at is not None else now, a.optimizers,
+            a.started_at if a.started_at is not None else now, a.optimizers, a.ended,
         )  # fmt: skip
 
     def _fire(self, key: AlertKey, a: Alert, now: float) -> Transition:

@@ -61,8 +61,11 @@ def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiv
         assert {"sentinel_alert_firing", "sentinel_nonfinite", "sentinel_grad_norm"} <= families
     finally:
         mon.close()
-    # closing the run resolves the alert, and the resolution is delivered too
-    wait_for(lambda: any("RESOLVED" in b.get("title", "") for b in receiver.bodies), what="the resolved message")
+    # closing the run while the NaN still fires closes the alert, delivered as ended, not as a recovery
+    closed = wait_for(lambda: next((b for b in receiver.bodies if "TrainingNonFinite" in b.get("title", "")
+                                    and "FIRING" not in b["title"]), None), what="the closing message")
+    assert closed["title"].startswith("[ENDED] critical TrainingNonFinite"), closed["title"]
+    assert "nothing recovered" in closed["message"]
 
 
 def test_unreachable_webhook_is_counted_and_training_goes_on(tmp_path: Path) -> None:
@@ -118,7 +121,7 @@ def test_on_alert_callback_and_stop_action(tmp_path: Path) -> None:
     # docs/alerting.md: a callback gets a change of state, wire.Alert's fields (evidence: with a capture)
     documented = {"alertname", "severity", "state_from", "state_to", "job", "run", "ranks", "groups", "optimizers",
                   "step", "time", "value", "threshold", "summary", "causes", "checks", "runbook", "notify",
-                  "started_step", "started_at"}
+                  "started_step", "started_at", "ended"}
     assert documented == set(wire.Alert.__struct_fields__) - {"evidence"}
     assert all(set(a) - {"evidence"} == documented for a in seen), [sorted(a) for a in seen]
 

@@ -40,6 +40,15 @@ def test_resolved_message_says_how_long_it_fired() -> None:
     assert "first checks" not in body(n)
 
 
+def test_an_alert_that_ended_with_its_run_is_not_called_resolved() -> None:
+    t = _t("resolved")
+    n = notice_of(Transition(**{**vars(t), "ended": True}))
+    assert title(n) == "[ENDED] warning GradientSpike — run r7, since step 200"
+    text = body(n)
+    assert "ended with its ranks while it fired for 12 min 34 s (from step 200 to step 480)" in text
+    assert "nothing recovered" in text and "resolved after" not in text
+
+
 def test_sparkline_scales_to_the_range() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert sparkline([3, 3, 3]) == "▁▁▁" and sparkline([]) == ""

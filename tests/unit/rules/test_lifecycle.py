@@ -278,6 +278,20 @@ def test_drop_resolves_alerts_of_a_retired_rank() -> None:
     assert t.state_to == "resolved"
 
 
+@pytest.mark.parametrize(("last", "ended"), [(FAIL, True), (OK, False)], ids=["firing-at-the-end", "recovered"])
+def test_a_resolve_says_whether_the_values_recovered_or_the_ranks_ended(last: Verdict, ended: bool) -> None:
+    """An alert still firing when its run ends is closed as ended, not reported as a recovery;
+    one that recovered before the end says so as before."""
+    life, r = Lifecycle(), rule()
+    out = []
+    for step, v in enumerate([FAIL, FAIL, last], 1):
+        life.observe(r, "job", "run", 0, (), v, step, float(step))
+        out += life.settle(r.name, "job", "run", float(step), [0])
+    out += life.drop("job", "run", None, 10.0)
+    assert [(t.state_to, t.ended) for t in out] == [("firing", False), ("resolved", ended)]
+    assert life.recent()[0].to_json()["ended"] is ended
+
+
 def test_firing_series() -> None:
     life, r = Lifecycle(), rule()
     life.observe(r, "job", "run", 0, (), FAIL, 1, 1.0)
