@@ -4,6 +4,16 @@ The current level is the median of the last ``recent`` samples, so a single bad 
 does not count (that is a spike). The best level is the lowest median of consecutive
 ``chunk``-sample chunks before it, since warm-up or the last learning-rate change. A loss
 that keeps climbing, or jumped and stayed up, ends up ``factor`` times its best level.
+
+"``factor`` times" is a rise of ``(factor − 1)·|best|``, which measures a rise only when 0
+is the loss's floor. Many losses have no such zero: PPO's clipped surrogate plus value loss
+minus an entropy bonus sits around 0 with either sign, a Gaussian VAE's negative ELBO falls
+through 0 as it fits. There a best level near 0 made any rise "twice" it (a clean PPO run
+whose 50-step level went from -0.0085 to +0.0061, with batch-to-batch noise of 0.009, was
+"diverging"). So where the window holds a value ≤ 0, the rise is measured against
+``max(|best|, noise·σ)``, σ the median robust spread (1.4826 × MAD) of the samples within
+their chunks: the level's move is judged against the loss's own noise, not against its
+distance from an arbitrary 0. A positive series keeps the ratio.
 """
 
 from __future__ import annotations
@@ -26,6 +36,9 @@ class DivergenceParams(Params):
         min_samples: fewer samples than this (since warm-up / lr change) give no verdict.
         min_rise: the current level must also exceed the best by this absolute amount,
             so a loss resting at ~0 does not "double" on noise.
+        noise: where the window holds a value ≤ 0 (a loss without a floor at 0), the
+            rise is ``(factor − 1)`` times ``max(|best|, noise × σ)``, σ the robust
+            spread of the samples within their chunks.
     """
 
     window: int = Field(default=400, ge=10)
@@ -34,6 +47,7 @@ class DivergenceParams(Params):
     factor: float = Field(default=2.0, gt=1.0)
     min_samples: int = Field(default=80, ge=2)
     min_rise: float = Field(default=1e-6, ge=0.0)
+    noise: float = Field(default=3.0, ge=0.0)
 
     @model_validator(mode="after")
     def _fits(self) -> DivergenceParams:
@@ -66,8 +80,16 @@ def detect(window: Window, params: DivergenceParams, ctx: Context) -> Verdict | 
     n = len(older) // c * c  # whole chunks, ending at the newest
     # chunk medians: sort each row once (np.median's per-call overhead is several times more)
     rows = np.sort(older[len(older) - n :].reshape(-1, c), axis=1)
-    best = float((0.5 * (rows[:, (c - 1) // 2] + rows[:, c // 2])).min())
-    threshold = best + max((params.factor - 1.0) * abs(best), params.min_rise)
+    meds = 0.5 * (rows[:, (c - 1) // 2] + rows[:, c // 2])
+    best = float(meds.min())
+    scale = abs(best)
+    if params.noise > 0.0 and float(vals.min()) <= 0.0:  # no floor at 0: |best| is no scale
+        sigma = 1.4826 * float(np.median(np.median(np.abs(rows - meds[:, None]), axis=1)))
+        scale = max(scale, params.noise * sigma)
+    threshold = best + max((params.factor - 1.0) * scale, params.min_rise)
     firing = current > threshold
-    detail = f"{current / best:.3g}× the best level {best:.3g}" if best > 0 else ""
+    if best > 0:
+        detail = f"{current / best:.3g}× the best level {best:.3g}"
+    else:  # a ratio to a level at or below 0 says nothing
+        detail = f"{current - best:.3g} above the best level {best:.3g}"
     return Verdict(firing, current, threshold, baseline=best, detail=detail)

@@ -6,7 +6,9 @@ unseen. This one judges only the samples of steps ``1..until`` and needs no base
 
 - ``jumps``: how often a sample rose ``factor`` times above the one before it, back to
   at least ``rebound`` of the starting level (a loss swinging up and down; falling fast
-  is healthy and never counts);
+  is healthy and never counts); only for a positive loss: where a value is 0 or below
+  (PPO's surrogate + value loss − entropy bonus, a Gaussian VAE's negative ELBO) the 0 is
+  arbitrary, and a step from 0.003 to 0.012 is noise, not a 4× jump;
 - ``above``: how many samples exceed ``value`` (updates larger than 10 % of the weights);
 - ``growth``: the value rose at every one of the last ``count`` samples, by ``factor``
   overall (gradient norms growing step over step);
@@ -95,6 +97,8 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
     if not vals:
         return None
     if p.check == "jumps":
+        if any(v <= 0 for v in vals):  # a loss that reaches 0 or below has no ratios to judge
+            return None
         floor = p.rebound * median(vals[:3]) if p.rebound > 0 else -math.inf
         jumps = [(b / a, i) for i, (a, b) in enumerate(zip(vals, vals[1:]), 1)
                  if a > 0 and math.isfinite(a) and math.isfinite(b) and b >= p.factor * a and b >= floor]

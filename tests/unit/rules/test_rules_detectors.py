@@ -240,6 +240,43 @@ def test_divergence_respects_lr_change() -> None:
     assert DETECTORS["divergence"].fn(win(values[:50]), p, ctx()) is None
 
 
+def _signed(level: Any, sigma: float, n: int, seed: int) -> list[float]:
+    """A loss whose zero means nothing (PPO's clipped surrogate + value loss - entropy bonus,
+    a VAE's Gaussian negative ELBO): ``level`` (a number, or one per sample) plus Gaussian
+    noise of ``sigma``, not clipped at 0."""
+    rng = np.random.default_rng(seed)
+    return list(np.broadcast_to(np.asarray(level, dtype=np.float64), (n,)) + sigma * rng.standard_normal(n))
+
+
+# the default pack's levels: medians of 50 samples over a 400-sample window
+_DIV_PACK: dict[str, Any] = {"window": 400, "recent": 50, "chunk": 50, "factor": 2.0, "min_samples": 100}
+
+
+@pytest.mark.parametrize(
+    ("values", "fires"),
+    [
+        # PPO: the level wanders across 0 by ~1.6 noise σ on a clean run (tests/programs/ppo.py:
+        # best chunk -0.0085, last 50 at +0.0061, σ 0.0093); "twice the best" of a level
+        # near 0 is any rise at all
+        (_signed(-0.008, 0.01, 200, 1) + _signed(0.006, 0.01, 50, 2), False),
+        (_signed(0.0, 0.01, 150, 3) + _signed(0.012, 0.01, 100, 4), False),
+        (_signed(-0.001, 0.002, 200, 5) + _signed(0.001, 0.002, 50, 6), False),
+        # a negative ELBO falling through 0 and on (tests/programs/vae_elbo.py)
+        (_signed(np.linspace(9.0, -4.0, 400), 0.3, 400, 7), False),
+        # ... the real faults still fire: PPO's value loss blowing up to 30× the noise
+        (_signed(0.0, 0.01, 200, 8) + _signed(0.3, 0.05, 50, 9), True),
+        # a fitted VAE thrown back above 0 and staying there
+        (_signed(-4.0, 0.3, 300, 10) + _signed(1.0, 0.3, 100, 11), True),
+        # a negative level: a rise of half its size is not "twice", one of more than its size is
+        (_signed(-1.0, 0.01, 300, 12) + _signed(-0.5, 0.01, 100, 13), False),
+        (_signed(-1.0, 0.01, 300, 14) + _signed(0.2, 0.01, 100, 15), True),
+    ],
+)
+def test_divergence_of_a_loss_that_crosses_zero(values: list[float], fires: bool) -> None:
+    v = DETECTORS["divergence"].fn(win(values), DivergenceParams(**_DIV_PACK), ctx())
+    assert v is not None and v.firing is fires, v
+
+
 # -- oscillation ----------------------------------------------------------------------
 
 _OSC: dict[str, Any] = {"window": 100, "min_samples": 50, "amplitude": 0.3}

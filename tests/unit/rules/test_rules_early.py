@@ -102,3 +102,26 @@ def test_a_noisy_loss_near_its_floor_is_no_swing() -> None:
     floor = [3.4, 12.5, 6.9, 5.5, 3.9, 2.7, 0.9, 0.4, 0.3, 0.9, 0.2, 2.1, 0.2, 0.8, 0.1, 0.6, 0.04, 0.4, 0.06, 0.44]
     assert verdict(floor, check="jumps", rebound=0.5) is False
     assert verdict(SWINGING, check="jumps", rebound=0.5) is True  # 1.5 and 1.2 and 1.4 are near the start of 2
+
+
+def _signed(level: float, sigma: float, n: int, seed: int) -> list[float]:
+    return list(level + sigma * np.random.default_rng(seed).standard_normal(n))
+
+
+@pytest.mark.parametrize(
+    ("values", "fires"),
+    [
+        # a loss whose 0 means nothing (PPO's surrogate + value loss - entropy bonus): a step
+        # from 0.003 to 0.012 is no "4× jump" (tests/programs/ppo.py had 3 such by step 99)
+        (_signed(0.0, 0.01, 100, 1), None),
+        (_signed(0.005, 0.01, 100, 2), None),
+        ([0.02, 0.021, 0.019, 0.003, 0.012, -0.004, 0.001, 0.011, 0.002, 0.015], None),
+        # a negative ELBO: positive, then through 0
+        (list(np.linspace(9.0, -1.0, 100)), None),
+        # positive losses keep the check
+        (SWINGING, True),
+        (FALLING, False),
+    ],
+)
+def test_jumps_are_not_judged_on_a_loss_that_crosses_zero(values: list[float], fires: bool | None) -> None:
+    assert verdict(values, check="jumps", rebound=0.5, factor=3.0, count=3) is fires
