@@ -89,3 +89,30 @@ def test_the_install_table_names_every_dependency_of_each_extra() -> None:
         names = {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
         missing = sorted(n for n in names if n not in rows[row] and n.replace("-", "_") not in rows[row])
         assert not missing, (row, missing)
+
+
+def test_every_sentinel_config_example_in_the_manual_is_valid(tmp_path: Path) -> None:
+    """Each ```yaml block of docs/ that sets a key of Sentinel's config file loads as written
+    (the others are Prometheus's and the web config's files)."""
+    from sentinel.config import SentinelConfig
+
+    fields = set(SentinelConfig.model_fields)
+    checked = 0
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", page.read_text("utf-8"), flags=re.S)):
+            raw = yaml.safe_load(block)
+            if not isinstance(raw, dict) or not set(raw) & fields:
+                continue
+            path = tmp_path / f"{page.stem}{i}.yaml"
+            path.write_text(block, encoding="utf-8")
+            load_config(path)  # raises ConfigError with the dotted key of what is wrong
+            checked += 1
+    assert checked >= 5  # alerting.md's three, guard.md's and security.md's
+
+
+def test_the_alerting_page_names_every_rule_of_the_pack() -> None:
+    from sentinel.rules.config import load_pack
+
+    text = (ROOT / "docs" / "alerting.md").read_text("utf-8")
+    missing = [r.name for r in load_pack().rules if f"`{r.name}`" not in text]
+    assert not missing
