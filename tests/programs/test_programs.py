@@ -11,7 +11,8 @@ people use it that way, with ``sentinel.watch``. Issue 18's contract, for every 
 - Sentinel's loss, gradient norm (pre- and post-clip) and step count equal the references
   the program took where its gradients are final;
 - nothing of Sentinel's reaches stderr (no traceback, no warning) but its one address line
-  (and, without an optimizer, one line saying what cannot be watched);
+  (and, without an optimizer, one line saying what cannot be watched; with a NaN, its
+  alert's line);
 - no warning or critical alert fires on these clean runs.
 
 Each program runs once per module (all its modes at once); the tests below read the cached
@@ -165,6 +166,10 @@ def test_no_traceback_or_warning_from_sentinel(outcome: Any, pid: str, mode: str
         said = [line for line in rest if line.startswith("sentinel:") and "optimizer" in line]
         assert len(said) == 1, f"one line must say what cannot be watched without an optimizer: {rest}"
         rest.remove(said[0])
+    if BY_ID[pid].nan_at:  # the NaN's alert: one line on the console (docs/alerting.md)
+        alerts = [line for line in rest if line.startswith("sentinel: [FIRING] critical TrainingNonFinite — ")]
+        assert len(alerts) == 1, f"the NaN's alert must be one line on stderr: {rest}"
+        rest.remove(alerts[0])
     assert not rest, (f"{mode}: Sentinel printed {len(rest)} lines on stderr, first: {rest[0][:200]!r}; "
                       f"tracebacks: {sum('Traceback' in line for line in rest)}\n" + "\n".join(rest[:40]))
 
