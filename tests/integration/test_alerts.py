@@ -28,7 +28,8 @@ def _poison_at(model: MLP, step: int) -> Any:
 
 
 @pytest.mark.parametrize("engine", ["process", "thread"])
-def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiver, engine: str) -> None:
+def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiver, engine: str,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -63,6 +64,10 @@ def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiv
         mon.close()
     # closing the run resolves the alert, and the resolution is delivered too
     wait_for(lambda: any("RESOLVED" in b.get("title", "") for b in receiver.bodies), what="the resolved message")
+    # and the console (this process's stderr, the child's too): one line each, written before the chat's
+    err = capfd.readouterr().err
+    assert [line.split(" — ")[0] for line in err.splitlines() if "TrainingNonFinite" in line] == [
+        "sentinel: [FIRING] critical TrainingNonFinite", "sentinel: [RESOLVED] critical TrainingNonFinite"], err
 
 
 def test_unreachable_webhook_is_counted_and_training_goes_on(tmp_path: Path) -> None:
