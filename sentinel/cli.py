@@ -309,7 +309,9 @@ def alerts_test(config: Optional[str] = typer.Option(None, help="Sentinel config
     cfg, _ = _load_or_exit(config)
     routes = build_routes(cfg.notify, cfg.alertmanager)  # type: ignore[attr-defined]
     if not routes:
-        typer.echo("no routes configured: alerts go to the console (the log) only")
+        typer.echo("no routes configured: warning and critical alerts go to stderr only"
+                   if cfg.notify.console else  # type: ignore[attr-defined]
+                   "no routes configured and notify.console is false: alerts go to the log only")
         raise typer.Exit(0)
     failed = 0
     for label, index, scheme, ok in test_routes(routes):

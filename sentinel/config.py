@@ -100,6 +100,12 @@ class NotifyConfig(BaseModel):
     resolved: bool = True
     routes: list[RouteConfig] = []
     """More routes; ``urls``/``min_severity`` above form route 0 when ``urls`` is set."""
+    console: bool = True
+    """Write each warning and critical alert's firing and resolve on stderr, one line each
+    (``sentinel: [FIRING] critical TrainingNonFinite — run r7, since step 200: …``), whatever
+    the routes; info alerts, and re-fires inside a rule's cooldown, go to the ``sentinel`` log
+    at INFO. false: stderr stays quiet and every alert goes to the log at INFO (``sentinel
+    demo`` sets it: its live view shows the alerts)."""
 
 
 class OutboxConfig(BaseModel):

@@ -130,8 +130,5 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
 
         reason = end_reason(status, env)
         who = f"{os.path.basename(cmd[0])} (pid {proc.pid})" + (f" ({reason})" if reason else "")
-        engine.exited(job, env["SENTINEL_RUN"], status, who=who)
-        for a in engine.alerts_json():  # also those a rank's goodbye frame raised before
-            if a["alertname"] == "TrainingCrashed" and a["state"] == "firing" and a["run"] == env["SENTINEL_RUN"]:
-                print(f"sentinel: {a['alertname']}: {a['summary']}", file=sys.stderr)
+        engine.exited(job, env["SENTINEL_RUN"], status, who=who)  # TrainingCrashed: its line on stderr
     return status

@@ -19,6 +19,7 @@ from typing import Any
 
 from sentinel.config import SentinelConfig
 from sentinel.daemon import processes
+from sentinel.daemon.console import AlertConsole
 from sentinel.daemon.evidence import Capturer
 from sentinel.daemon.gpu import GpuPoller, load_nvml
 from sentinel.dashboards.links import dashboard_link
@@ -118,8 +119,11 @@ class Service:
                                  a.capture_max_bytes, a.capture_steps) if a.capture_on else None
         """The opt-in capture action (None without ``actions.capture_on``)."""
         self._captured: tuple[Transition, dict[str, Any] | None] | None = None
-        # the capture runs first: the notifications and the message name its files
-        self.engine.listeners += [self._capture, self._notify, self._actions]
+        self.console = AlertConsole(config.notify.console)
+        """Warning and critical transitions on stderr, one line each (``notify.console``)."""
+        # the console line first, as soon as it is known; then the capture: the
+        # notifications and the message name its files
+        self.engine.listeners += [self.console, self._capture, self._notify, self._actions]
         if self.capturer is not None:
             self.engine.frame_listeners.append(self._arm)
         self.history = make_history(config)

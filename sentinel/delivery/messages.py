@@ -58,6 +58,12 @@ def title(n: Mapping[str, Any]) -> str:
             f"since step {n.get('started_step', n.get('step', '?'))}")
 
 
+def console_line(n: Mapping[str, Any]) -> str:
+    """The title and the summary on one line, for stderr and the log:
+    ``[FIRING] critical TrainingNonFinite — run r1, since step 200: loss is NaN …``."""
+    return f"{title(n)}: {' '.join(str(n.get('summary', '')).split())}"
+
+
 def body(n: Mapping[str, Any], markdown: bool = False) -> str:
     """The message body, markdown or plain text.
 

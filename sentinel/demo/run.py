@@ -85,28 +85,32 @@ class _Fault:
     def watch_options(self) -> dict[str, Any]:
         """``sentinel.watch`` options the fault needs to be seen within a demo's length.
 
-        ``leak``: a memory capacity near the current RSS. ``hang``: a config file (the
-        user's, if any, plus this) with the stall rule's threshold within ``hang_seconds``.
-        Call :meth:`close` afterwards to remove the file.
+        Always a config file: the user's, if any, with ``notify.console: false`` (the live
+        view draws the alerts; lines from the engine on the same terminal would garble it).
+        ``leak``: a memory capacity near the current RSS. ``hang``: the stall rule's
+        threshold within ``hang_seconds``. Call :meth:`close` afterwards to remove the file.
         """
         cfg = self.cfg
+        out: dict[str, Any] = {}
         if cfg.fault == "leak" and "memory_capacity_bytes" not in cfg.extra_watch:
             rss = probes.host_memory().get("host_rss", 0.0)
-            return {"memory_capacity_bytes": int(rss + cfg.leak_headroom_mib * 2**20)}
+            out["memory_capacity_bytes"] = int(rss + cfg.leak_headroom_mib * 2**20)
+        doc: dict[str, Any] = {}
+        user = cfg.config or cfg.extra_watch.get("config")
+        if user:
+            with open(user, encoding="utf-8") as f:
+                doc = yaml.safe_load(f) or {}
+        doc.setdefault("notify", {})["console"] = False
         if cfg.fault == "hang":
-            doc: dict[str, Any] = {}
-            if cfg.config:
-                with open(cfg.config, encoding="utf-8") as f:
-                    doc = yaml.safe_load(f) or {}
             stall = doc.setdefault("rules", {}).setdefault("TrainingStalled", {})
             params = stall.setdefault("params", {})
             params.setdefault("min_seconds", max(1.0, cfg.hang_seconds / 4))
             params.setdefault("factor", 5.0)
-            fd, self._config_file = tempfile.mkstemp(prefix="sentinel-demo-", suffix=".yaml")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                yaml.safe_dump(doc, f)
-            return {"config": self._config_file}
-        return {}
+        fd, self._config_file = tempfile.mkstemp(prefix="sentinel-demo-", suffix=".yaml")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yaml.safe_dump(doc, f)
+        out["config"] = self._config_file
+        return out
 
     def close(self) -> None:
         """Free the leak and remove the config file :meth:`watch_options` wrote."""

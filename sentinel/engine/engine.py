@@ -399,7 +399,7 @@ class Engine:
     def _publish(self, transitions: list[Transition]) -> None:
         for t in transitions:
             self.transitions.append(t)
-            log.info("sentinel alert %s: %s", t.state_to, t.summary)
+            log.debug("sentinel alert %s: %s", t.state_to, t.summary)  # the console listener says it
             for listener in self.listeners:
                 try:
                     listener(t)

@@ -28,7 +28,8 @@ def _poison_at(model: MLP, step: int) -> Any:
 
 
 @pytest.mark.parametrize("engine", ["process", "thread"])
-def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiver, engine: str) -> None:
+def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiver, engine: str,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -66,6 +67,10 @@ def test_nan_alert_reaches_chat_api_and_metrics(tmp_path: Path, receiver: Receiv
                                     and "FIRING" not in b["title"]), None), what="the closing message")
     assert closed["title"].startswith("[ENDED] critical TrainingNonFinite"), closed["title"]
     assert "nothing recovered" in closed["message"]
+    # and the console (this process's stderr, the child's too): one line each, written before the chat's
+    err = capfd.readouterr().err
+    assert [line.split(" — ")[0] for line in err.splitlines() if "TrainingNonFinite" in line] == [
+        "sentinel: [FIRING] critical TrainingNonFinite", "sentinel: [ENDED] critical TrainingNonFinite"], err
 
 
 def test_unreachable_webhook_is_counted_and_training_goes_on(tmp_path: Path) -> None:

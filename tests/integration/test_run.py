@@ -124,7 +124,10 @@ def test_sigkill_fires_training_crashed_and_run_exits_with_its_status(tmp_path: 
         assert "killed by SIGKILL (signal 9)" in body and "OOM killer" in body, body
         assert "last values (step 25" in body and "loss " in body, body
         assert "dmesg" in body  # a first check from the rule pack
-        assert "sentinel: TrainingCrashed: Training crashed on rank 0 at step 25" in out.stderr, out.stderr
+        # one line on stderr, the reason in words
+        [line] = [line for line in out.stderr.splitlines() if "TrainingCrashed" in line]
+        assert line.startswith("sentinel: [FIRING] critical TrainingCrashed — run "), out.stderr
+        assert ": Training crashed on rank 0 at step 25: was killed by SIGKILL (signal 9)" in line, line
     finally:
         receiver.close()
 
@@ -135,8 +138,10 @@ def test_an_exception_fires_training_crashed_with_exit_status_1() -> None:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "RuntimeError: CUDA error" in out.stderr  # CMD's own traceback is untouched
-    assert "sentinel: TrainingCrashed: Training crashed on rank 0 at step 5: exited with status 1" in out.stderr
-    assert "raised RuntimeError" in out.stderr  # the type only: a message may hold anything
+    [line] = [line for line in out.stderr.splitlines() if "TrainingCrashed" in line]  # one line
+    assert line.startswith("sentinel: [FIRING] critical TrainingCrashed — run "), out.stderr
+    assert "since step 5: Training crashed on rank 0 at step 5: exited with status 1" in line, line
+    assert "raised RuntimeError" in line  # the type only: a message may hold anything
 
 
 def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> None:

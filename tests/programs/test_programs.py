@@ -11,7 +11,8 @@ people use it that way, with ``sentinel.watch``. Issue 18's contract, for every 
 - Sentinel's loss, gradient norm (pre- and post-clip) and step count equal the references
   the program took where its gradients are final;
 - nothing of Sentinel's reaches stderr (no traceback, no warning) but its one address line
-  (and, without an optimizer, one line saying what cannot be watched);
+  (and, without an optimizer, one line saying what cannot be watched; with a NaN, its
+  alert's line);
 - no warning or critical alert fires on these clean runs.
 
 Each program runs once per module (all its modes at once); the tests below read the cached
@@ -167,6 +168,12 @@ def test_no_traceback_or_warning_from_sentinel(outcome: Any, pid: str, mode: str
         said = [line for line in rest if line.startswith("sentinel:") and "optimizer" in line]
         assert len(said) == 1, f"one line must say what cannot be watched without an optimizer: {rest}"
         rest.remove(said[0])
+    if BY_ID[pid].nan_at:  # the NaN's alert: one line on the console (docs/alerting.md), and its resolve's
+        fired = [line for line in rest if line.startswith("sentinel: [FIRING] critical TrainingNonFinite — ")]
+        resolved = [line for line in rest if line.startswith(("sentinel: [RESOLVED] critical TrainingNonFinite — ",
+                                                              "sentinel: [ENDED] critical TrainingNonFinite — "))]
+        assert len(fired) == 1 and len(resolved) <= 1, f"the NaN's alert and its close, a line each: {rest}"
+        rest = [line for line in rest if line not in fired + resolved]
     assert not rest, (f"{mode}: Sentinel printed {len(rest)} lines on stderr, first: {rest[0][:200]!r}; "
                       f"tracebacks: {sum('Traceback' in line for line in rest)}\n" + "\n".join(rest[:40]))
 

@@ -1,0 +1,70 @@
+"""Alerts on the console: each warning and critical transition is one line on stderr, in
+every engine mode (README, "Alerts go to the console"; docs/alerting.md); info advice only
+with ``sentinel -v``; a clean run prints nothing but the address line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).parent / "scripts" / "console_train.py"
+NONFINITE = "sentinel: [FIRING] critical TrainingNonFinite — run "
+
+
+def _run(*script_args: str, verbose: bool = False) -> subprocess.CompletedProcess[str]:
+    """``sentinel [-v] run -- python console_train.py run ARGS``."""
+    return subprocess.run([sys.executable, "-m", "sentinel.cli", *(["-v"] if verbose else []), "run",
+                           "--listen", "127.0.0.1:0", "--", sys.executable, str(SCRIPT), "run", *script_args],
+                          capture_output=True, text=True, timeout=180)
+
+
+def _watch(*script_args: str) -> subprocess.CompletedProcess[str]:
+    """``python console_train.py watch ARGS``: ``sentinel.watch`` with its own engine process."""
+    return subprocess.run([sys.executable, str(SCRIPT), "watch", *script_args],
+                          capture_output=True, text=True, timeout=180)
+
+
+def _sentinel_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("sentinel: ")]
+
+
+def test_a_nan_loss_under_sentinel_run_is_one_line_on_stderr() -> None:
+    out = _run("TrainingNonFinite")
+    assert out.returncode == 0 and "fired TrainingNonFinite" in out.stdout, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith(NONFINITE)]
+    assert len(lines) == 1, out.stderr
+    assert ", since step " in lines[0] and "non-finite" in lines[0].lower(), lines[0]
+
+
+def test_a_nan_loss_under_watch_is_one_line_on_the_scripts_stderr() -> None:
+    out = _watch("TrainingNonFinite")
+    assert out.returncode == 0 and "fired TrainingNonFinite" in out.stdout, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith(NONFINITE)]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(NONFINITE + "console, since step "), lines[0]
+
+
+@pytest.mark.parametrize("how", ["run", "watch"])
+def test_info_advice_prints_nothing(how: str) -> None:
+    out = _run("AdamWWithoutWeightDecay") if how == "run" else _watch("AdamWWithoutWeightDecay")
+    assert out.returncode == 0 and "fired AdamWWithoutWeightDecay" in out.stdout, out.stderr
+    assert "AdamWWithoutWeightDecay" not in out.stderr, out.stderr
+    assert [line for line in _sentinel_lines(out.stderr) if "metrics at" not in line] == [], out.stderr
+
+
+def test_info_advice_is_in_the_log_with_verbose() -> None:
+    out = _run("AdamWWithoutWeightDecay", verbose=True)
+    assert out.returncode == 0 and "fired AdamWWithoutWeightDecay" in out.stdout, out.stderr
+    logged = [line for line in out.stderr.splitlines() if "[FIRING] info AdamWWithoutWeightDecay" in line]
+    assert len(logged) == 1 and " INFO sentinel: " in logged[0], out.stderr
+
+
+def test_a_clean_run_prints_only_the_address() -> None:
+    out = _run("none")
+    assert out.returncode == 0, out.stderr
+    assert _sentinel_lines(out.stderr) == [line for line in out.stderr.splitlines() if line.strip()], out.stderr
+    assert len(_sentinel_lines(out.stderr)) == 1 and "metrics at http://127.0.0.1:" in out.stderr, out.stderr
