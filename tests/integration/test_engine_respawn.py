@@ -86,3 +86,19 @@ def test_a_crash_loop_gives_up_after_the_last_restart(monkeypatch: pytest.Monkey
         assert len(lines) == 2 and "giving up" in lines[1]
     finally:
         engine.stop()
+
+
+def test_the_engine_process_runs_below_the_training_process() -> None:
+    """docs/instrumenting.md: the engine `watch` starts runs at a lower CPU priority (nice +10,
+    and the batch scheduling policy), so the training job comes first on shared cores."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = sentinel.watch(model, opt, run="priority", listen="127.0.0.1:0", engine="process")
+    try:
+        engine = mon.engine
+        assert isinstance(engine, link.EngineProcess)
+        pid = engine.proc.pid
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+        assert os.sched_getscheduler(pid) == os.SCHED_BATCH
+    finally:
+        mon.close()
