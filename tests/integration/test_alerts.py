@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -86,6 +87,8 @@ def test_unreachable_webhook_is_counted_and_training_goes_on(tmp_path: Path) -> 
         text = r.read().decode()
     assert 'sentinel_notifications_total{outcome="failed",route="0"} 1.0' in text
     assert "sentinel_outbox_depth 1.0" in text
+    oldest = re.search(r"^sentinel_outbox_oldest_age_seconds (\S+)$", text, flags=re.M)
+    assert oldest is not None and float(oldest.group(1)) > 0  # the undelivered message's age, for an alert on it
     mon.close()
     assert mon.steps == 10
 

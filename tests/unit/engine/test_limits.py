@@ -58,6 +58,8 @@ def test_a_frame_with_an_unreadable_identity_changes_nothing(changes: dict[str, 
     assert not engine.feed(_pack(**{"step": 6, "t": 101.0, **changes}))
     assert _contents(engine) == before
     assert engine.refused == {reason: 1} and engine.frames_malformed == 1
+    # what /metrics says of it (docs/security.md)
+    assert ("sentinel_daemon_frames_refused_total", "counter", (("reason", reason),), 1.0) in engine.health_rows()
     assert engine.feed(_pack(step=6, t=101.0))  # the rank goes on reporting as before
 
 
