@@ -95,7 +95,7 @@ def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str], url: st
     or checkpoint a job are handed on to it (:mod:`sentinel.signals`)."""
     from sentinel.run import child_env
 
-    env = child_env(socket_path, url or os.environ.get("SENTINEL_URL", ""), tags=tags)
+    env = child_env(socket_path, url or os.environ.get("SENTINEL_URL", ""), tags=tags, cmd=cmd)
     if not env.get("SENTINEL_URL"):
         del env["SENTINEL_URL"]
     try:

@@ -10,13 +10,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import sentinel_hooks
 
 from sentinel.config import SentinelConfig
 from sentinel.daemon.daemon import Daemon
-from sentinel.instrument.options import MAX_TAGS, default_run_name, env_tags, slurm_tags
+from sentinel.instrument.options import MAX_TAGS, default_run_name, env_tags, launcher_run_name, slurm_tags
 from sentinel.rules.config import RulePack
 from sentinel.signals import forwarding
 
@@ -26,10 +27,65 @@ if TYPE_CHECKING:
 log = logging.getLogger("sentinel")
 
 
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_TORCHRUN_FLAGS = frozenset(("--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "--module",
+                             "-m", "--use-env", "--use_env"))
+"""torchrun's options that take no value."""
+
+
+def torchrun_options(cmd: Sequence[str]) -> dict[str, str]:
+    """The options of a ``torchrun`` (or ``python -m torch.distributed.run``) command, before
+    its script, as ``{"rdzv_id": "X", "nnodes": "2", ...}``; {} for any other command."""
+    at = None
+    if cmd and os.path.basename(cmd[0]) == "torchrun":
+        at = 1
+    for i in range(len(cmd) - 1):
+        if cmd[i] == "-m" and cmd[i + 1] in _TORCHRUN_MODULES and os.path.basename(cmd[0]).startswith("python"):
+            at = i + 2
+            break
+    if at is None:
+        return {}
+    out: dict[str, str] = {}
+    args = list(cmd[at:])
+    while args and args[0].startswith("-"):
+        opt = args.pop(0)
+        if "=" in opt:
+            opt, value = opt.split("=", 1)
+        elif opt in _TORCHRUN_FLAGS or not args:
+            value = ""
+        else:
+            value = args.pop(0)
+        out[opt.lstrip("-").replace("-", "_")] = value
+    return out
+
+
+def run_name(cmd: Sequence[str], env: Mapping[str, str]) -> tuple[str, str]:
+    """The run name every rank of ``cmd`` reports under, and a line for stderr when the
+    nodes of a multi-node job will not agree on it ('' when they do).
+
+    A launcher's id (``SENTINEL_RUN``, Slurm's job) comes first; then torchrun's
+    ``--rdzv-id``, which every node of the job is given; else the host and the time, which
+    only the ranks of this node share."""
+    name = launcher_run_name(env)
+    if name:
+        return name, ""
+    opts = torchrun_options(cmd)
+    if opts.get("rdzv_id", "none") != "none":
+        return opts["rdzv_id"], ""
+    nodes = opts.get("nnodes", "1").split(":")[-1]
+    note = ""
+    if "standalone" not in opts and nodes.isdigit() and int(nodes) > 1:
+        note = (f"sentinel: torchrun --nnodes {opts['nnodes']} with no --rdzv-id: each node names its run itself "
+                "(host and time), so the nodes' ranks report as separate runs; give every node the same "
+                "SENTINEL_RUN or --rdzv-id")
+    return default_run_name(env), note
+
+
 def child_env(socket_path: str, url: str, base: dict[str, str] | None = None,
-              tags: dict[str, str] | None = None) -> dict[str, str]:
+              tags: dict[str, str] | None = None, cmd: Sequence[str] = ()) -> dict[str, str]:
     """The environment that switches instrumentation on in every Python that CMD starts
-    (``tags``: ``--tag``s, for the zero-code monitors through ``SENTINEL_TAGS``)."""
+    (``tags``: ``--tag``s, for the zero-code monitors through ``SENTINEL_TAGS``; ``cmd``:
+    the command, whose torchrun ``--rdzv-id`` names the run, see :func:`run_name`)."""
     env = dict(os.environ if base is None else base)
     if tags or slurm_tags(env):
         merged = {**env_tags(env.get("SENTINEL_TAGS")), **(tags or {})}
@@ -40,7 +96,7 @@ def child_env(socket_path: str, url: str, base: dict[str, str] | None = None,
     hooks_dir = os.path.dirname(os.path.abspath(sentinel_hooks.__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (hooks_dir, env.get("PYTHONPATH", "")) if p)
     env.update(SENTINEL_AUTO="1", SENTINEL_SOCKET=socket_path, SENTINEL_URL=url)
-    env.setdefault("SENTINEL_RUN", default_run_name())  # one name for every rank of the job
+    env["SENTINEL_RUN"] = run_name(cmd, env)[0]  # one name for every rank of the job
     return env
 
 
@@ -99,7 +155,10 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
     other tasks of the Slurm step, and lives until the last of them ended: the run's
     recorded exit status is then the highest of the node's tasks' (what ``srun`` reports)."""
     print(f"sentinel: metrics at {daemon.url}/metrics", file=sys.stderr)
-    env = child_env(daemon.socket_path, daemon.url, tags=tags)
+    env = child_env(daemon.socket_path, daemon.url, tags=tags, cmd=cmd)
+    note = run_name(cmd, os.environ)[1]
+    if note:
+        print(note, file=sys.stderr)
     guard = daemon.service.config.actions.guard.to_options()  # actions.guard: the zero-code monitors'
     if guard is not None and "SENTINEL_GUARD" not in os.environ:
         env["SENTINEL_GUARD"] = json.dumps(guard)

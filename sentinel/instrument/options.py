@@ -152,16 +152,18 @@ def env_tags(value: str | None) -> dict[str, str]:
         return {}
 
 
-def launcher_run_name() -> str:
-    """The run id a launcher gave every rank (``SENTINEL_RUN``, torchrun's, Slurm's), or ''.
+def launcher_run_name(env: Mapping[str, str] | None = None) -> str:
+    """The run id a launcher gave every rank (``SENTINEL_RUN``, torchrun's, Slurm's), or ''
+    (``env``: the process's environment by default).
 
     Under Slurm it is the job id, and ``JOBID_INDEX`` for a task of an array job (as
     ``squeue`` shows it), so every task of an array is its own run."""
+    env = os.environ if env is None else env
     for var in ("SENTINEL_RUN", "TORCHELASTIC_RUN_ID"):
-        value = os.environ.get(var)
+        value = env.get(var)
         if value and value != "none":
             return value
-    return slurm_job_name(os.environ)
+    return slurm_job_name(env)
 
 
 def slurm_job_name(env: Mapping[str, str]) -> str:
@@ -188,9 +190,9 @@ def slurm_tags(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v[:MAX_TAG_VALUE] for k, v in out.items()}
 
 
-def default_run_name() -> str:
+def default_run_name(env: Mapping[str, str] | None = None) -> str:
     """A run name that all ranks of one launch agree on, when the launcher tells one."""
-    return launcher_run_name() or f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return launcher_run_name(env) or f"{socket.gethostname()}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:

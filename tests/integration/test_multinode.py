@@ -38,14 +38,15 @@ pytestmark = [pytest.mark.integration,
 
 
 class Node:
-    """``sentinel run --listen 127.0.0.1:0 -- torchrun --nnodes 2 --node-rank RANK ...``."""
+    """``sentinel run --listen 127.0.0.1:0 -- torchrun --nnodes 2 --node-rank RANK --rdzv-id RUN ...``:
+    the rendezvous id every node is given names the run (docs/deployment.md), no SENTINEL_RUN."""
 
     def __init__(self, rank: int, port: int, script: list[str], run: str, config: str | None = None) -> None:
         torchrun = str(Path(sys.executable).with_name("torchrun"))
-        env = {**os.environ, "SENTINEL_RUN": run, "SENTINEL_UPDATE_EVERY": "1"}
+        env = {k: v for k, v in os.environ.items() if k != "SENTINEL_RUN"} | {"SENTINEL_UPDATE_EVERY": "1"}
         cmd = [sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0",
                *(["--config", config] if config else []), "--",
-               torchrun, "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "2",
+               torchrun, "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "2", "--rdzv-id", run,
                "--master-addr", "127.0.0.1", "--master-port", str(port), *script]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []

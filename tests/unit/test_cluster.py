@@ -168,3 +168,28 @@ def test_the_slurm_tags_join_the_users_within_the_cap() -> None:
     tags = json.loads(child_env("/s", "http://x", base=dict(JOB), tags=full)["SENTINEL_TAGS"])
     assert len(tags) == MAX_TAGS and tags.items() >= full.items()  # the user's kept, one Slurm tag fits
     assert "SENTINEL_TAGS" not in child_env("/s", "http://x", base={})
+
+
+_PY = "/usr/bin/python3"
+
+
+@pytest.mark.parametrize(("cmd", "env", "name", "warned"), [
+    # torchrun's --rdzv-id is given to every node: the run's name on all of them
+    (["torchrun", "--nnodes", "2", "--rdzv-id", "exp7", "train.py", "--rdzv-id", "script's"], {}, "exp7", False),
+    (["/opt/venv/bin/torchrun", "--nnodes=2", "--rdzv_id=exp7", "--nproc-per-node=8", "train.py"], {}, "exp7", False),
+    ([_PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv-id", "x9", "t.py"], {}, "x9", False),
+    (["torchrun", "--nnodes", "2", "--rdzv-id", "exp7", "t.py"], {"SENTINEL_RUN": "mine"}, "mine", False),
+    (["torchrun", "--nnodes", "2", "t.py"], {"SLURM_JOB_ID": "812"}, "812", False),
+    # no shared id: each node names its own, and says so once when the job spans nodes
+    (["torchrun", "--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "t.py"], {}, None, True),
+    (["torchrun", "--nnodes", "1:4", "--rdzv-id", "none", "t.py"], {}, None, True),
+    (["torchrun", "--standalone", "--nproc-per-node", "8", "t.py"], {}, None, False),
+    ([_PY, "train.py", "--rdzv-id", "x", "--nnodes", "2"], {}, None, False),  # not torchrun: the script's own
+])
+def test_the_run_name_of_a_command(cmd: list[str], env: dict[str, str], name: str | None, warned: bool) -> None:
+    from sentinel.run import child_env, run_name
+
+    got, note = run_name(cmd, env)
+    assert got == name if name is not None else got.startswith(f"{socket.gethostname()}-")
+    assert bool(note) == warned and (not note or "--rdzv-id" in note and "SENTINEL_RUN" in note)
+    assert child_env("/s", "http://x", base=env, cmd=cmd)["SENTINEL_RUN"] == got or name is None
