@@ -74,6 +74,18 @@ def _start_or_exit(start: Callable[[], T]) -> T:
         raise typer.Exit(2) from None
 
 
+def _listen_or_exit(listen: str) -> None:
+    """A ``--listen`` (or ``SENTINEL_LISTEN``) that is no ``HOST:PORT`` is one line on stderr
+    and exit status 2, before anything starts."""
+    from sentinel.listen import parse_listen
+
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        typer.echo(f"sentinel: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command("check-config")
 def check_config(path: str = typer.Argument(..., help="The YAML config file.")) -> None:
     """Validate a config file and print the effective rules."""
@@ -84,7 +96,7 @@ def check_config(path: str = typer.Argument(..., help="The YAML config file.")) 
 
 @app.command()
 def daemon(
-    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", envvar="SENTINEL_LISTEN", help="HOST:PORT of /metrics and the API."),
     socket_path: Optional[str] = typer.Option(None, "--socket", help="Unix socket for frames."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
@@ -96,8 +108,10 @@ def daemon(
     from sentinel.daemon.daemon import Daemon, default_socket_path, serve_forever
 
     cfg, pack = _load_or_exit(config, web_config)
+    _listen_or_exit(listen)
     path = socket_path or default_socket_path()
-    d = _start_or_exit(lambda: Daemon(cfg, pack, listen, path))  # type: ignore[arg-type]
+    # its address is what Prometheus scrapes: a busy port fails here, never moves elsewhere
+    d = _start_or_exit(lambda: Daemon(cfg, pack, listen, path, fallback_port=False))  # type: ignore[arg-type]
     serve_forever(d, ready=lambda: typer.echo(f"sentinel daemon: export SENTINEL_SOCKET={path} SENTINEL_URL={d.url}"),
                   drain_seconds=drain_seconds)
 
@@ -105,7 +119,7 @@ def daemon(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
-    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file."),
     listen: str = typer.Option("127.0.0.1:9400", envvar="SENTINEL_LISTEN", help="HOST:PORT of /metrics and the API."),
     web_config: Optional[str] = typer.Option(None, "--web.config.file", help=_WEB_HELP),
     tag: list[str] = typer.Option([], "--tag", help="Run metadata KEY=VALUE (repeatable): recorded in the "
@@ -120,6 +134,7 @@ def run(
                    err=True)
         raise typer.Exit(2)
     cfg, pack = _load_or_exit(config, web_config)
+    _listen_or_exit(listen)
     raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen,  # type: ignore[arg-type]
                                                         tags)))
 
@@ -179,7 +194,7 @@ def runs_cmd(
     since: Optional[str] = typer.Option(None, help="Only runs started since: 30m, 12h, 7d, or a date."),
     limit: int = typer.Option(50, min=1, help="At most this many (newest first)."),
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
-    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file."),
 ) -> None:
     """List the recorded runs, newest first; a name used again shows as RUN@N (N: its attempt, from 1)."""
     from rich.console import Console
@@ -214,7 +229,7 @@ def _run_or_exit(conn: object, name: str) -> object:
 def skips(
     run: str = typer.Argument(..., help="RUN or JOB/RUN (the latest), RUN@N (the N-th, from 1), or #ID."),
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
-    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file."),
 ) -> None:
     """The steps the step guard skipped in a run, with their batches: a skip list for a restart."""
     from sentinel.history.skips import skips_of, text
@@ -230,7 +245,7 @@ def report(
     output: Optional[str] = typer.Option(None, "--output", "-o", help="File (html) or folder (png) to write."),
     format: str = typer.Option("html", "--format", help="html (one self-contained page), png (the plots), text."),
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
-    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file."),
 ) -> None:
     """Report one recorded run: plots over steps, alerts with causes and first checks, the environment."""
     from pathlib import Path
@@ -268,7 +283,7 @@ def compare(
     csv_path: Optional[str] = typer.Option(None, "--csv", help="Also write the table as CSV here."),
     html_path: Optional[str] = typer.Option(None, "--html", help="Also write the table and loss curves as HTML."),
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
-    config: Optional[str] = typer.Option(None, help="Sentinel config file."),
+    config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file."),
 ) -> None:
     """Seed 004's comparison table; runs differing only by the seed tag aggregate as mean ± std."""
     from pathlib import Path
@@ -301,7 +316,7 @@ app.add_typer(rules_app, name="rules")
 
 
 @alerts_app.command("test")
-def alerts_test(config: Optional[str] = typer.Option(None, help="Sentinel config file.")) -> None:
+def alerts_test(config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file.")) -> None:
     """Send a test message through every route; report each by route, index and scheme."""
     from sentinel.delivery.courier import test_routes
     from sentinel.delivery.routes import build_routes

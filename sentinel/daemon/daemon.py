@@ -34,14 +34,18 @@ class Daemon:
         config, pack: the validated config and rule pack.
         listen: HTTP address.
         socket_path: where training processes send frames.
+        fallback_port: when ``listen``'s port is in use, serve on a free one (with a
+            warning) rather than fail: ``sentinel run``'s, whose job must run; not a node's
+            ``sentinel daemon``, whose address is what Prometheus scrapes.
 
     Raises:
         UnsafeFolder: the socket's folder is not ours to use (nothing is left running).
         OSError: the HTTP address cannot be bound.
     """
 
-    def __init__(self, config: SentinelConfig, pack: RulePack, listen: str, socket_path: str) -> None:
-        self.service = Service(config, pack, listen, on_message=self._route)
+    def __init__(self, config: SentinelConfig, pack: RulePack, listen: str, socket_path: str,
+                 fallback_port: bool = True) -> None:
+        self.service = Service(config, pack, listen, on_message=self._route, fallback_port=fallback_port)
         try:
             self.listener = DatagramListener(socket_path, self.service.submit_many)
         except BaseException:

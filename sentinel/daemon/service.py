@@ -96,17 +96,19 @@ class Service:
     Args:
         config: the validated config.
         pack: the effective rule pack.
-        listen: ``HOST:PORT`` for HTTP; a busy port falls back to a free one.
+        listen: ``HOST:PORT`` for HTTP; a busy port falls back to a free one (with a
+            warning) unless ``fallback_port`` is False, when it raises ``OSError``.
         on_message: receives alert and stop messages for the training process.
         queue_size: frames waiting for ingest at most; past that they are dropped, counted.
         batch_seconds: once a frame arrives, let more gather this long and ingest them
             together (0: each at once). Thread mode sets it: an engine thread that woke for
             every frame would take the GIL from the training thread at every step.
+        fallback_port: see ``listen``.
     """
 
     def __init__(self, config: SentinelConfig, pack: RulePack, listen: str,
                  on_message: Callable[[Message], None] | None = None, queue_size: int = 8192,
-                 batch_seconds: float = 0.0) -> None:
+                 batch_seconds: float = 0.0, fallback_port: bool = True) -> None:
         self.config = config
         self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
                              idle_ttl=config.retention.idle_seconds, limits=config.limits.limits(),
@@ -141,7 +143,7 @@ class Service:
         try:
             self.http = HttpServer(host, port, **serve)
         except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or port == 0:
+            if exc.errno != errno.EADDRINUSE or port == 0 or not fallback_port:
                 raise
             log.warning("sentinel: %s:%d is in use (another run?); serving on a free port instead", host, port)
             self.http = HttpServer(host, 0, **serve)

@@ -1,7 +1,8 @@
 """The README's defaults, as written: the engine `sentinel.watch` starts and `sentinel run`'s
 daemon serve on `127.0.0.1:9400`, and `mon.url` tells the address bound: another free port
 when 9400 is in use (a second run on the node), with a warning that says so. `SENTINEL_LISTEN`
-sets it for `sentinel run` and `sentinel daemon` as for `watch`."""
+sets it for `sentinel run` and `sentinel daemon` as for `watch`, and `SENTINEL_CONFIG` names the
+config file of every command."""
 
 from __future__ import annotations
 
@@ -120,3 +121,47 @@ def test_sentinel_listen_sets_the_address_of_sentinel_run_and_of_the_daemon(tmp_
     finally:
         end_process(daemon)
     assert f"SENTINEL_URL=http://127.0.0.1:{port}" in line, line
+
+
+def test_sentinel_config_is_the_config_file_of_run_daemon_and_runs(tmp_path: Path) -> None:
+    """deploy/systemd (a drop-in's Environment=SENTINEL_CONFIG=...), the Slurm batch script's
+    SENTINEL_CONFIG, and `sentinel runs` reading the same file's history; --config wins."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("notify: {min_severity: loud}\n")
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "daemon", "--socket", str(tmp_path / "e.sock")],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "SENTINEL_CONFIG": str(bad)})
+    assert out.returncode == 2 and "notify.min_severity" in out.stderr, out.stderr  # the file was read
+    history = tmp_path / "h.sqlite"
+    good = tmp_path / "good.yaml"
+    good.write_text(f"history: {{path: {history}}}\n")
+    env = {**os.environ, "SENTINEL_CONFIG": str(good), "SENTINEL_RUN": "from-env-config"}
+    code = "import torch; m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n" \
+           "for _ in range(3):\n    o.zero_grad(); m(torch.ones(1, 2)).sum().backward(); o.step()"
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    runs = subprocess.run([sys.executable, "-m", "sentinel.cli", "runs"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert runs.returncode == 0 and "from-env-config" in runs.stdout, runs.stdout + runs.stderr
+    # --config wins over the variable: the good file is read, and the start fails only on the bad address
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "daemon", "--config", str(good), "--socket",
+                          str(tmp_path / "e2.sock"), "--listen", "127.0.0.1:99999"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "SENTINEL_CONFIG": str(bad)})
+    assert out.returncode == 2 and out.stderr == "sentinel: listen: expected HOST:PORT, got '127.0.0.1:99999'\n"
+
+
+@pytest.mark.parametrize("command", [["daemon", "--socket", "/tmp/unused.sock"], ["run", "--", "true"]])
+def test_a_bad_listen_address_is_one_line_and_exit_status_2(command: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", *command], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "SENTINEL_LISTEN": "nonsense"})
+    assert (out.returncode, out.stderr) == (2, "sentinel: listen: expected HOST:PORT, got 'nonsense'\n")
+
+
+def test_a_node_daemon_does_not_move_off_a_busy_port(port_9400_busy: None, tmp_path: Path) -> None:
+    """`sentinel daemon`'s address is what Prometheus scrapes: a busy port is one line and exit
+    status 2 (systemd restarts it), never a random port nobody scrapes."""
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "daemon", "--socket", str(tmp_path / "e.sock")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.splitlines()[-1] == "sentinel: cannot start: Address already in use"
+    assert not (tmp_path / "e.sock").exists()  # nothing left behind
