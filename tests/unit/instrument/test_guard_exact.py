@@ -33,6 +33,7 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "adam-single": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
     "adam-fused": lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
     "adamw-foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
+    "adamw-single": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),  # docs/guard.md names it
     "adamw-fused": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
     "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-2),
     "lamb": lambda p: pytorch_optimizer.Lamb(p, lr=1e-2),
