@@ -97,6 +97,28 @@ def test_the_pod_follows_the_conventions_the_docs_state() -> None:
     socket = sidecar["args"][sidecar["args"].index("--socket") + 1]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert env["SENTINEL_SOCKET"] == socket and trainer["args"][:2] == ["sentinel", "run"]
+    # docs/deployment.md: uid 65532 for both, no capabilities, the socket on an in-memory emptyDir
+    assert pod["securityContext"]["runAsUser"] == pod["securityContext"]["runAsGroup"] == 65532
+    for c in (sidecar, trainer):
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert c["securityContext"].get("runAsUser", 65532) == 65532
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["sentinel-socket"]["emptyDir"]["medium"] == "Memory"
     monitor = next(d for d in _docs().values() if d["kind"] == "PodMonitor")
     assert monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
     assert monitor["spec"]["selector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_configmaps_config_is_a_valid_config_at_the_path_the_daemon_reads(tmp_path: Path) -> None:
+    from sentinel.config import load_config
+
+    cm = next(d for d in _docs().values() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sentinel-config")
+    job = next(d for d in _docs().values() if d["kind"] == "Job")
+    [sidecar] = job["spec"]["template"]["spec"]["initContainers"]
+    mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "sentinel-config")["mountPath"]
+    [name] = cm["data"]
+    assert sidecar["args"][sidecar["args"].index("--config") + 1] == f"{mount}/{name}"
+    path = tmp_path / name
+    path.write_text(cm["data"][name])
+    cfg, _ = load_config(path)
+    assert cfg.profile == "fleet" and cfg.alertmanager.url is not None
