@@ -17,7 +17,7 @@ from sentinel.rules.divergence import DivergenceParams
 from sentinel.rules.drop import DropParams
 from sentinel.rules.forecast import ForecastParams
 from sentinel.rules.nonfinite import NonFiniteParams
-from sentinel.rules.oscillation import OscillationParams
+from sentinel.rules.oscillation import OscillationParams, unpredictable_fraction
 from sentinel.rules.plateau import PlateauParams
 from sentinel.rules.spike import SpikeParams
 from sentinel.rules.stall import StallParams
@@ -324,6 +324,88 @@ def test_oscillation_min_amplitude_guards_tiny_losses() -> None:
     values = list(1e-4 * (1.0 + 0.5 * np.where(_t % 2 == 0, 1, -1)))
     p = OscillationParams(**_OSC, min_amplitude=1e-3)
     assert fires("oscillation", win(values), p, ctx()) is False
+
+
+def _rollouts(level: Any, sigma: float, between: float, n: int, seed: int, every: int = 16) -> list[float]:
+    """A PPO-like loss: ``level`` plus Gaussian noise of ``sigma``, plus a level of its own
+    (Gaussian, ``between``) for each rollout of ``every`` minibatches, not clipped at 0."""
+    rng = np.random.default_rng(seed)
+    offsets = np.repeat(between * rng.standard_normal(n // every + 1), every)[:n]
+    return list(np.broadcast_to(np.asarray(level, dtype=np.float64), (n,)) + offsets + sigma * rng.standard_normal(n))
+
+
+_zz = np.where(_t % 2 == 0, 1.0, -1.0)  # a two-level bounce: lr too high
+_blocks = np.where((_t // 4) % 2, 1.0, -1.0)  # blocks of 4 similar batches: unshuffled data
+
+
+# the old ratio to |mean| in the comments: it fired on every clean row with Q above 30
+@pytest.mark.parametrize(
+    ("values", "fires"),
+    [
+        # PPO (tests/programs/ppo.py): noise 0.01 around a level drifting across 0, each
+        # rollout of 16 minibatches 0.006 off it; was ±1400 % and ±3600 % with Q 47 and 36
+        (_rollouts(np.linspace(-0.008, 0.006, 100), 0.01, 0.006, 100, 13), False),
+        (_rollouts(np.linspace(-0.008, 0.006, 100), 0.01, 0.006, 100, 21), False),
+        (_signed(np.linspace(-0.008, 0.006, 100), 0.01, 100, 101), False),  # was ±1190 %, Q 18
+        # a WGAN critic's loss, below 0, the generator's turns every 5 steps; was ±37 %, Q 20
+        (_rollouts(np.linspace(-0.6, -0.4, 100), 0.1, 0.06, 100, 1000, every=5), False),
+        # a negative ELBO falling through 0 (tests/programs/vae_elbo.py); was ±72 %, Q 10
+        (_signed(np.linspace(3.0, -2.0, 100), 0.2, 100, 200), False),
+        # ... falling fast along an exponential: its bend is no swing; was ±339 % and ±53 %,
+        # Q 187 and 238 (the first is above the bar, the level guard vetoes it)
+        (_signed(-4.0 + 13.0 * np.exp(-_t / 30), 0.2, 100, 300), False),
+        (_signed(-4.0 + 13.0 * np.exp(-_t / 10), 0.2, 100, 301), False),
+        # a zig-zag the size of the noise is not an oscillation (the old ratio: ±1810 %)
+        (_signed(0.01 * _zz, 0.01, 100, 500), False),
+        # the real faults: a loss around 0 bouncing between two levels ±3 noise σ apart
+        (_signed(0.03 * _zz, 0.01, 100, 400), True),
+        (_signed(0.03 * _blocks, 0.01, 100, 601), True),
+        (_signed(np.linspace(1.0, -1.0, 100) + 0.6 * _zz, 0.2, 100, 701), True),  # while falling through 0
+        (_signed(-0.5 + 0.3 * np.sin(2 * np.pi * _t / 25), 0.1, 100, 802), True),  # a cycle below 0
+        (_signed(-2.0 + 0.6 * _zz, 0.2, 100, 900), True),
+        # and a positive loss still by its level: ±40 % of 0.05
+        (list(0.05 * (1.0 + 0.4 * _zz)), True),
+    ],
+)
+def test_oscillation_of_a_loss_that_crosses_zero(values: list[float], fires: bool) -> None:
+    v = DETECTORS["oscillation"].fn(win(values), OscillationParams(**_OSC), ctx())
+    assert v is not None and v.firing is fires, v
+
+
+def test_oscillation_of_a_signed_loss_names_its_noise() -> None:
+    v = DETECTORS["oscillation"].fn(win(_signed(0.03 * _zz, 0.01, 100, 400)), OscillationParams(**_OSC), ctx())
+    assert v is not None and v.firing and v.detail.startswith("±0.04")
+    assert "× its noise" in v.detail and "correlated from step to step" in v.detail
+
+
+@pytest.mark.parametrize(
+    "values",
+    [sgd_loss(100, rel=0.1, tau=200), list(1.0 + 0.4 * _zz), list(0.3 + 2.0 * np.exp(-_t / 20))],
+)
+def test_oscillation_of_a_positive_loss_ignores_noise(values: list[float]) -> None:
+    by_level = DETECTORS["oscillation"].fn(win(values), OscillationParams(**_OSC, noise=0.0), ctx())
+    assert DETECTORS["oscillation"].fn(win(values), OscillationParams(**_OSC), ctx()) == by_level
+
+
+def test_oscillation_of_a_signed_loss_falling_fast_is_vetoed_by_its_level() -> None:
+    values = _signed(-4.0 + 13.0 * np.exp(-_t / 30), 0.2, 100, 300)
+    v = DETECTORS["oscillation"].fn(win(values), OscillationParams(**_OSC), ctx())
+    assert v is not None and v.value > 0.3 and not v.firing and "level moved -7.1" in v.detail
+    unguarded = DETECTORS["oscillation"].fn(win(values), OscillationParams(**_OSC, max_trend=0.0), ctx())
+    assert unguarded is not None and unguarded.firing
+
+
+def test_oscillation_noise_zero_keeps_the_ratio_to_the_mean() -> None:
+    values = _rollouts(np.linspace(-0.008, 0.006, 100), 0.01, 0.006, 100, 13)
+    assert fires("oscillation", win(values), OscillationParams(**_OSC, noise=0.0), ctx()) is True
+
+
+@pytest.mark.parametrize(
+    ("rho", "fraction"),
+    [([], 1.0), ([0.0] * 5, 1.0), ([-0.9], 0.19), ([-0.9, 0.81, -0.729], 0.19), ([0.5, 0.5], 0.75 * (1 - 1 / 9))],
+)
+def test_unpredictable_fraction(rho: list[float], fraction: float) -> None:
+    assert unpredictable_fraction(rho) == pytest.approx(fraction)
 
 
 # -- forecast -------------------------------------------------------------------------
