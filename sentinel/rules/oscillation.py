@@ -109,14 +109,15 @@ class OscillationParams(Params):
         return self.window
 
 
-def _autocorrelations(r: np.ndarray, lags: int) -> list[float]:
-    """``[ρ_1 … ρ_lags]`` of ``r`` (the biased estimator), empty if constant or too short."""
+def _autocorrelations(r: np.ndarray, lags: int) -> tuple[list[float], float]:
+    """``([ρ_1 … ρ_lags], variance)`` of ``r`` (the biased estimators); no ρ if ``r`` is
+    constant or too short."""
     n = len(r)
     d = r - float(r.sum()) / n
     den = float(d @ d)
     if den <= 0.0 or n <= lags + 1:
-        return []
-    return [float(d[:-k] @ d[k:]) / den for k in range(1, lags + 1)]
+        return [], den / n
+    return [float(d[:-k] @ d[k:]) / den for k in range(1, lags + 1)], den / n
 
 
 def _ljung_box_of(rho: list[float], n: int) -> float:
@@ -128,7 +129,7 @@ def ljung_box(r: np.ndarray, lags: int) -> float:
 
     Large values mean the residuals are correlated from step to step (not white noise).
     """
-    return _ljung_box_of(_autocorrelations(r, lags), len(r))
+    return _ljung_box_of(_autocorrelations(r, lags)[0], len(r))
 
 
 def unpredictable_fraction(rho: list[float]) -> float:
@@ -253,8 +254,8 @@ def detect(window: Window, params: OscillationParams, ctx: Context) -> Verdict |
     rel, half = _amplitude_of(r, values, logs)
     rho: list[float] | None = None
     if params.noise > 0.0 and float(values.min()) <= 0.0:  # no floor at 0: |mean| is no scale
-        rho = _autocorrelations(r, params.lags)
-        sigma = float(np.std(r)) * math.sqrt(unpredictable_fraction(rho))
+        rho, var = _autocorrelations(r, params.lags)
+        sigma = math.sqrt(var * unpredictable_fraction(rho))
         scale = max(abs(float(values.sum()) / len(values)), params.noise * sigma)
         rel = half / scale if scale > 0.0 else (math.inf if half > 0.0 else 0.0)
         detail = f"±{half:.3g} around the trend, {half / sigma if sigma > 0 else math.inf:.2g}× its noise"
