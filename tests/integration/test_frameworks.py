@@ -1,10 +1,11 @@
 """The frameworks people train with, run for real on the CPU: Lightning's Trainer, the HF
 Trainer, Accelerate, ``torch.optim.LBFGS`` and a plain loop with four backward calls per
 step. Each runs with its adapter or ``sentinel.watch`` (in this process, the engine in a
-thread) and unmodified under ``sentinel run`` (zero-code). At every step before the fault
+thread; Accelerate both with ``mon.log`` and with ``capture_loss=True`` and no log) and unmodified under ``sentinel run`` (zero-code). At every step before the fault
 the exported ``sentinel_grad_norm`` equals the reference taken where the framework's
 gradients are final, ``sentinel_grad_norm_preclip`` the framework's own norm where it
-clips, ``sentinel_loss`` the framework's loss; a NaN injected at step 4, in the loss or in
+clips, ``sentinel_loss`` the framework's loss, ``sentinel_scalar`` what the adapter
+passes on (Lightning's ``self.log``, the HF Trainer's ``learning_rate`` and ``grad_norm``); a NaN injected at step 4, in the loss or in
 the gradients only, fires ``TrainingNonFinite`` at step 4.
 
 The scripts (``scripts/frameworks_train.py``) take the references and poll their own
@@ -28,11 +29,11 @@ SCRIPTS = Path(__file__).parent / "scripts"
 FAULT_STEP = 4
 FAULTS = ("grad", "loss")
 REL = 1e-5
-CLIPS = {"accelerate", "lightning_clip", "lightning_accum_clip", "hf"}
-SCALARS = {"lightning": "train_mse", "lightning_accum": "train_mse", "lightning_clip": "train_mse",
-           "lightning_accum_clip": "train_mse", "hf": "learning_rate"}
-RUNS = {"plain4": "plain4", "lbfgs": "lbfgs", "accelerate": "accelerate", "lightning": "lightning-1-None",
-        "lightning_accum": "lightning-2-None", "lightning_clip": "lightning-1-0.05",
+CLIPS = {"accelerate", "accelerate_capture", "lightning_clip", "lightning_accum_clip", "hf"}
+SCALARS = {"lightning": ("train_mse",), "lightning_accum": ("train_mse",), "lightning_clip": ("train_mse",),
+           "lightning_accum_clip": ("train_mse",), "hf": ("learning_rate", "grad_norm")}
+RUNS = {"plain4": "plain4", "lbfgs": "lbfgs", "accelerate": "accelerate", "accelerate_capture": "accelerate_capture",
+        "lightning": "lightning-1-None", "lightning_accum": "lightning-2-None", "lightning_clip": "lightning-1-0.05",
         "lightning_accum_clip": "lightning-2-0.05", "hf": "hf-tiny-gpt2"}
 ADAPTER_CASES = list(RUNS)
 # under `sentinel run` each case is a fresh Python that imports its framework: the cases
@@ -53,7 +54,7 @@ def _mismatches(result: dict[str, Any], case: str, adapter: bool) -> list[str]:
     if case in CLIPS:
         checks.append(("sentinel_grad_norm_preclip", "preclip"))
     if adapter and case in SCALARS:
-        checks.append((f"scalar:{SCALARS[case]}",) * 2)
+        checks += [(f"scalar:{name}",) * 2 for name in SCALARS[case]]
     for step in range(1, FAULT_STEP):
         ref, got = result["refs"].get(str(step), {}), result["exported"].get(str(step), {})
         for exported, reference in checks:

@@ -119,3 +119,64 @@ def test_sentinel_run_guards_a_zero_code_script_exactly(tmp_path: Path, ranks: i
         fired = set(db.execute("SELECT alertname, severity, step FROM alerts WHERE state_to = 'firing'"))
     assert ("StepSkipped", "info", 6) in fired, fired
     assert not [a for a in fired if a[0] == "TrainingNonFinite"], fired
+
+
+def _guard_run(guard: object, k: int | None, take_step_k: bool = True) -> tuple[dict[str, torch.Tensor], dict, dict,
+                                                                                  sentinel.Monitor | None, dict]:
+    """AdamW and a StepLR on MLP for 10 steps; a NaN in one gradient element at step ``k``.
+    ``guard`` None: no monitor. Returns the weights, the optimizer's and the scheduler's
+    state, the monitor and what its /metrics said of the guard at the end."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    mon = None if guard is None else sentinel.watch(model, opt, guard=guard, engine="thread", listen="127.0.0.1:0")
+    gen = torch.Generator().manual_seed(1)
+    for step in range(1, 11):
+        x = torch.randn(8, 16, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        if step == k:
+            model.layers[1][0].weight.grad[2, 3] = float("nan")
+            if not take_step_k:
+                continue  # the reference: step k's optimizer.step() and scheduler.step() never called
+        opt.step()
+        sched.step()
+        if mon is not None:
+            mon.log(loss=loss)
+    exported: dict = {}
+    if mon is not None:
+        assert mon.engine.flush()
+        with urllib.request.urlopen(f"{mon.url}/metrics", timeout=10) as r:
+            exported = {(s.name, s.labels.get("reason", "")): s.value
+                        for fam in text_string_to_metric_families(r.read().decode()) for s in fam.samples
+                        if s.name.startswith("sentinel_guard")}
+        mon.close()
+    weights = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    return weights, opt.state_dict(), sched.state_dict(), mon, exported
+
+
+@pytest.mark.parametrize("guard", [True, {"factor": 20, "max_consecutive": 4, "on_exhausted": "through"}])
+def test_watch_guard_keeps_a_nan_gradient_out_as_if_the_step_was_not_taken(
+        guard: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/guard.md's ``sentinel.watch(model, opt, guard=...)``, both forms as written: the
+    step with a NaN gradient leaves the weights, AdamW's moments and step counters and the
+    scheduler bit for bit where a run that never called that step's ``optimizer.step()``
+    (nor ``scheduler.step()``) has them, and training goes on; the skip is counted."""
+    monkeypatch.delenv("SENTINEL_GUARD", raising=False)
+    k = 6
+    want, want_opt, want_sched, _, _ = _guard_run(None, k, take_step_k=False)
+    got, got_opt, got_sched, mon, exported = _guard_run(guard, k)
+    assert mon is not None and mon.guard is not None
+    assert mon.guard.steps == [k] and mon.guard.skipped == {"nonfinite": 1, "spike": 0}
+    assert all(torch.equal(want[n], got[n]) for n in want)
+    assert got_sched == want_sched
+    assert got_opt["param_groups"] == want_opt["param_groups"]
+    for pid, state in want_opt["state"].items():
+        for key, value in state.items():
+            assert torch.equal(got_opt["state"][pid][key], value), (pid, key)
+    assert exported[("sentinel_guard_skipped_total", "nonfinite")] == 1
+    # the baseline: unguarded, the NaN reaches the weights
+    unguarded, _, _, _, _ = _guard_run(None, k)
+    assert not all(torch.isfinite(t).all() for t in unguarded.values())

@@ -9,7 +9,8 @@ step ``FAULT_STEP``) or ``grad`` (NaN in the gradients only, at that step). Step
 from 1, as the framework's global step after the step.
 
 Cases: ``plain4`` (four backward calls per step), ``lbfgs`` (``step(closure)``),
-``accelerate`` (``gradient_accumulation_steps=2``, clipping), ``lightning``,
+``accelerate`` (``gradient_accumulation_steps=2``, clipping; ``mon.log`` per micro-batch),
+``accelerate_capture`` (the same with ``watch(..., capture_loss=True)`` and no log), ``lightning``,
 ``lightning_accum`` (``accumulate_grad_batches=2``), ``lightning_clip``
 (``gradient_clip_val``), ``lightning_accum_clip``, ``hf`` (a tiny GPT-2 from a config,
 ``gradient_accumulation_steps=2``, the Trainer's default clipping).
@@ -122,8 +123,9 @@ def lbfgs(probe: Probe, watch: bool) -> None:
         mon.close()
 
 
-def accelerate(probe: Probe, watch: bool) -> None:
-    """Accelerate with ``gradient_accumulation_steps=2`` and clipping; ``watch`` after ``prepare``."""
+def accelerate(probe: Probe, watch: bool, capture: bool = False) -> None:
+    """Accelerate with ``gradient_accumulation_steps=2`` and clipping; ``watch`` after ``prepare``,
+    with ``mon.log(loss=loss)`` per micro-batch or (``capture``) ``capture_loss=True`` and no log."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -140,7 +142,10 @@ def accelerate(probe: Probe, watch: bool) -> None:
     if watch:
         import sentinel
 
-        mon = sentinel.watch(model, opt, run="accelerate", **WATCH)  # opt: an AcceleratedOptimizer
+        if capture:  # the loss is the sum of what accelerator.backward passed on
+            mon = sentinel.watch(model, opt, capture_loss=True, run="accelerate_capture", **WATCH)
+        else:
+            mon = sentinel.watch(model, opt, run="accelerate", **WATCH)  # opt: an AcceleratedOptimizer
         probe._url = lambda: mon.url
     step, micro_losses = 1, []
     for x, y in loader:
@@ -150,7 +155,7 @@ def accelerate(probe: Probe, watch: bool) -> None:
                 loss = loss * NAN
             accelerator.backward(loss)  # divides by the accumulation steps
             micro_losses.append(loss.detach())
-            if mon is not None:
+            if mon is not None and not capture:
                 mon.log(loss=loss)
             if accelerator.sync_gradients:
                 if probe.faulty(step, "grad"):
@@ -263,8 +268,11 @@ def hf(probe: Probe, watch: bool) -> None:
         def on_log(self, args: Any, st: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             if logs and "loss" in logs and "grad_norm" in logs:  # logging_steps=1: every step
                 probe.ref(st.global_step, loss=logs["loss"], preclip=logs["grad_norm"],
-                          **{"scalar:learning_rate": logs["learning_rate"]})
-                probe.step(st.global_step, expect=("scalar:learning_rate",) if watch else ())
+                          **{"scalar:learning_rate": logs["learning_rate"], "scalar:grad_norm": logs["grad_norm"]})
+                # the fault step's grad_norm is NaN: the test compares the steps before it
+                expect = ("scalar:learning_rate", "scalar:grad_norm") if logs["grad_norm"] == logs["grad_norm"] else (
+                    "scalar:learning_rate",)
+                probe.step(st.global_step, expect=expect if watch else ())
 
     callbacks: list[Any] = []
     if watch:
@@ -287,6 +295,7 @@ CASES: dict[str, Callable[[Probe, bool], None]] = {
     "plain4": plain4,
     "lbfgs": lbfgs,
     "accelerate": accelerate,
+    "accelerate_capture": lambda p, w: accelerate(p, w, capture=True),
     "lightning": lightning,
     "lightning_accum": lambda p, w: lightning(p, w, accumulate=2),
     "lightning_clip": lambda p, w: lightning(p, w, clip=0.05),
