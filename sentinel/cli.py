@@ -285,7 +285,8 @@ def compare(
     db: Optional[str] = typer.Option(None, "--db", help=_DB_HELP),
     config: Optional[str] = typer.Option(None, envvar="SENTINEL_CONFIG", help="Sentinel config file."),
 ) -> None:
-    """Seed 004's comparison table; runs differing only by the seed tag aggregate as mean ± std."""
+    """Compare runs in one table (final loss, steps to a target, mean gradient norm and update, peak memory,
+    divergence, alerts); runs differing only by the seed tag aggregate as mean ± std."""
     from pathlib import Path
 
     from rich.console import Console
