@@ -128,3 +128,34 @@ def test_an_alert_raised_during_an_alertmanager_outage_arrives_after_its_restart
         wait_for(lambda: c.outbox.depth(list(c._sinks), 0)[0] == 0, what="an empty outbox")
     finally:
         c.stop()
+
+
+def test_the_example_configs_critical_alert_mutes_its_runs_warnings(tmp_path: Path, hook: Receiver) -> None:
+    """alerts/alertmanager.example.yml, as docs/deployment.md states it: a critical alert of a
+    run mutes that run's warnings (usually its consequences), and no other run's."""
+    from sentinel.delivery.sinks import AlertmanagerSink, alertmanager_alert
+
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "alerts" / "alertmanager.example.yml").read_text())
+    am = Alertmanager(tmp_path, hook)
+    cfg = yaml.safe_load(am.cfg.read_text())
+    am.cfg.write_text(yaml.safe_dump({**cfg, "inhibit_rules": example["inhibit_rules"]}))
+    am.start()
+    try:
+        now = time.time()
+        notices = [{"alertname": a, "severity": s, "job": "train", "run": run, "ranks": [0, 1], "started_at": now,
+                    "summary": f"{a} in {run}"}
+                   for a, s, run in (("LossDivergence", "critical", "r1"), ("GradientSpike", "warning", "r1"),
+                                     ("GradientSpike", "warning", "r2"))]
+        assert AlertmanagerSink(am.url, "am").send({"alerts": [alertmanager_alert(n, None) for n in notices]})
+
+        want = {("LossDivergence", "r1"): "active", ("GradientSpike", "r1"): "suppressed",
+                ("GradientSpike", "r2"): "active"}
+        seen: list[dict[tuple[str, str], str]] = []
+
+        def states() -> bool:  # the inhibitor marks an alert as it is evaluated: wait for the marks
+            seen.append({(a["labels"]["alertname"], a["labels"]["run"]): a["status"]["state"] for a in am.alerts()})
+            return seen[-1] == want
+
+        wait_for(states, what="the run's warning muted, the other run's not")
+    finally:
+        am.stop()
