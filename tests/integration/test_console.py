@@ -4,11 +4,14 @@ with ``sentinel -v``; a clean run prints nothing but the address line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import end_process
 
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parent / "scripts" / "console_train.py"
@@ -68,3 +71,24 @@ def test_a_clean_run_prints_only_the_address() -> None:
     assert out.returncode == 0, out.stderr
     assert _sentinel_lines(out.stderr) == [line for line in out.stderr.splitlines() if line.strip()], out.stderr
     assert len(_sentinel_lines(out.stderr)) == 1 and "metrics at http://127.0.0.1:" in out.stderr, out.stderr
+
+
+def test_a_node_daemon_writes_the_alert_on_its_own_stderr(tmp_path: Path) -> None:
+    """`sentinel daemon` (systemd, the batch script, a sidecar): the alert of a job attached
+    to it is a line in the daemon's log (its stderr: the journal, the job's log file)."""
+    sock = tmp_path / "node" / "engine.sock"
+    daemon = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "daemon", "--listen", "127.0.0.1:0",
+                               "--socket", str(sock)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = daemon.stdout.readline()  # type: ignore[union-attr]
+        # sentinel daemon: export SENTINEL_SOCKET=PATH SENTINEL_URL=URL, as an operator exports it
+        exported = dict(word.split("=", 1) for word in line.split() if word.startswith("SENTINEL_"))
+        assert exported.keys() == {"SENTINEL_SOCKET", "SENTINEL_URL"}, line
+        out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--", sys.executable, str(SCRIPT), "run",
+                              "TrainingNonFinite"], capture_output=True, text=True, timeout=180,
+                             env={**os.environ, **exported})
+        assert out.returncode == 0 and "fired TrainingNonFinite" in out.stdout, out.stderr
+    finally:
+        end_process(daemon)  # type: ignore[arg-type]
+    err = daemon.stderr.read()  # type: ignore[union-attr]
+    assert len([line for line in err.splitlines() if line.startswith(NONFINITE)]) == 1, err
