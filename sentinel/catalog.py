@@ -191,6 +191,12 @@ DAEMON_CATALOG: dict[str, Spec] = {
     "sentinel_daemon_frames_dropped_total": Spec(C, "Frames dropped because the ingest queue was full."),
     "sentinel_daemon_queue_capacity": Spec(G, "Frames the ingest queue holds at most; past that they are dropped."),
     "sentinel_daemon_rule_evaluations_total": Spec(C, "Rule verdicts taken (one rule judging one series)."),
+    "sentinel_daemon_http_refused_total": Spec(
+        C, "HTTP connections and requests refused or cut off, by reason: busy (every worker busy and the queue "
+           "of accepted connections full: a 503), timeout (a client too slow with its TLS handshake, headers or "
+           "reading the reply; an idle keep-alive connection closed is not counted), host (a Host name not "
+           "of this machine on a loopback bind: a 403), cert (a client certificate not allowed: a 403), auth "
+           "(missing or wrong basic auth: a 401).", ("reason",)),
     "sentinel_daemon_resident_memory_bytes": Spec(G, "Resident memory (RSS) of the process running the engine."),
     "sentinel_engine_restarts_total": Spec(
         C, "Times the training process found its embedded engine process dead and started it again."),

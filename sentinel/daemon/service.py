@@ -153,6 +153,7 @@ class Service:
         self.gpu = GpuPoller(self.engine.store, load_nvml() if config.gpu.enabled else None,
                              config.gpu.interval_seconds)
         self.extra_rows.append(self.gpu.rows)
+        self.extra_rows.append(self.http.rows)
         self.gpu.start()
         if self.history is not None:
             self.extra_rows.append(self.history.rows)

@@ -22,7 +22,7 @@ import socketserver
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl
@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from sentinel.serve.webconfig import WebSecurity
+from sentinel.store import Row
 
 log = logging.getLogger("sentinel")
 
@@ -55,6 +56,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def exposure_warning(host: str, url: str, web: WebSecurity | None) -> str | None:
+    """The warning a server bound to ``host`` logs at start: one off this machine with
+    neither TLS nor basic auth serves the metrics and alerts to anyone who reaches it."""
+    if is_loopback(host) or (web is not None and (web.tls or web.auth)):
+        return None
+    return (f"sentinel http: serving {url} on {host} without TLS or basic auth: anyone who can reach this "
+            "address reads the metrics and alerts; pass --web.config.file (tls_server_config, "
+            "basic_auth_users) or listen on 127.0.0.1")
+
+
 def _host_name(header: str) -> str:
     """The name of a ``Host`` header without its port (``[::1]:9400`` → ``[::1]``)."""
     header = header.strip()
@@ -64,16 +75,25 @@ def _host_name(header: str) -> str:
 
 
 class _Deadlines:
-    """Sockets with a deadline; a watchdog thread shuts down those past theirs."""
+    """Sockets with a deadline; a watchdog thread shuts down those past theirs and counts
+    the clients that were too slow (an idle keep-alive connection closed is not one)."""
 
     def __init__(self) -> None:
-        self._at: dict[socket.socket, float] = {}
+        self._at: dict[socket.socket, tuple[float, bool]] = {}
         self._lock = threading.Lock()
-        self.expired = 0
+        self.expired = 0  # slow clients cut off: a handshake, headers or a reply not done in time
 
-    def arm(self, sock: socket.socket, seconds: float) -> None:
+    def arm(self, sock: socket.socket, seconds: float, slow: bool = True) -> None:
+        """Shut ``sock`` down in ``seconds``; ``slow``: count it as a slow client then."""
         with self._lock:
-            self._at[sock] = time.monotonic() + seconds
+            self._at[sock] = (time.monotonic() + seconds, slow)
+
+    def expire(self, sock: socket.socket) -> None:
+        """``sock``'s own timeout struck first: counted as the watchdog would have (once)."""
+        with self._lock:
+            entry = self._at.pop(sock, None)
+            if entry is not None:
+                self.expired += entry[1]
 
     def disarm(self, sock: socket.socket) -> None:
         with self._lock:
@@ -82,9 +102,8 @@ class _Deadlines:
     def reap(self) -> None:
         now = time.monotonic()
         with self._lock:  # the worker disarms before it closes, so the fd is still this socket's
-            for sock in [s for s, at in self._at.items() if at <= now]:
-                del self._at[sock]
-                self.expired += 1
+            for sock in [s for s, (at, _) in self._at.items() if at <= now]:
+                self.expired += self._at.pop(sock)[1]
                 try:
                     socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the TCP socket, under any TLS
                 except OSError:
@@ -131,8 +150,10 @@ class _PoolServer(socketserver.TCPServer):
                     self.deadlines.arm(request, owner.header_timeout)
                     request.do_handshake()
                 self.finish_request(request, address)
+            except TimeoutError:
+                self.deadlines.expire(request)  # a TLS handshake not done in time
             except (OSError, ssl.SSLError, ValueError):
-                pass  # a client that timed out, failed the handshake or went away
+                pass  # a client that failed the handshake or went away
             except Exception:
                 log.warning("sentinel http: error serving a connection", exc_info=True)
             finally:
@@ -186,6 +207,7 @@ class HttpServer:
         self.header_timeout, self.idle_timeout = header_timeout, idle_timeout
         self.loopback = is_loopback(host)
         self.refused_hosts = 0
+        self.refused_certs = 0
         self.unauthorized = 0
         server_class = type("_Server", (_PoolServer,), {"address_family": socket.AF_INET6 if ":" in host
                                                         else socket.AF_INET})
@@ -199,10 +221,9 @@ class HttpServer:
         self._threads.append(threading.Thread(target=self._watch, name="sentinel-http-watch", daemon=True))
         for t in self._threads:
             t.start()
-        if not self.loopback and not (web is not None and (web.tls or web.auth)):
-            log.warning("sentinel http: serving %s on %s without TLS or basic auth: anyone who can reach this "
-                        "address reads the metrics and alerts; pass --web.config.file (tls_server_config, "
-                        "basic_auth_users) or listen on 127.0.0.1", self.url, host)
+        warning = exposure_warning(host, self.url, web)
+        if warning is not None:
+            log.warning("%s", warning)
 
     def _watch(self) -> None:
         while not self._stopping.wait(0.2):
@@ -220,9 +241,17 @@ class HttpServer:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Connections refused busy, timed out, requests refused for their Host or credentials."""
-        return {"busy": self._server.busy, "timed_out": self._server.deadlines.expired,
-                "forbidden_host": self.refused_hosts, "unauthorized": self.unauthorized}
+        """What the server refused or cut off, by reason: connections past the queue
+        (``busy``, a 503), slow clients cut off at a deadline (``timeout``), requests refused
+        for their ``Host`` (``host``, a 403), their client certificate (``cert``, a 403) or
+        their credentials (``auth``, a 401)."""
+        return {"busy": self._server.busy, "timeout": self._server.deadlines.expired,
+                "host": self.refused_hosts, "cert": self.refused_certs, "auth": self.unauthorized}
+
+    def rows(self) -> Iterator[Row]:
+        """:attr:`stats` as ``sentinel_daemon_http_refused_total{reason}``, for /metrics."""
+        for reason, n in self.stats.items():
+            yield ("sentinel_daemon_http_refused_total", "counter", (("reason", reason),), float(n))
 
     def respond(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         """Answer one GET or HEAD request."""
@@ -233,6 +262,7 @@ class HttpServer:
             return
         web = self.web
         if web is not None and web.context is not None and not web.peer_allowed(_peer_cert(h)):
+            self.refused_certs += 1
             self._reply(h, head, 403, "text/plain", b"forbidden: client certificate not allowed\n")
             return
         if web is not None and not web.authorized(h.headers.get("Authorization")):
@@ -318,7 +348,10 @@ def _handler_class(server: HttpServer) -> type[BaseHTTPRequestHandler]:
             deadlines = self.server.deadlines  # type: ignore[attr-defined]
             # the first request's headers must come within the header timeout; a kept-alive
             # connection may wait the idle timeout for its next one
-            deadlines.arm(self.connection, server.header_timeout if self._served == 0 else server.idle_timeout)
+            if self._served == 0:
+                deadlines.arm(self.connection, server.header_timeout)
+            else:  # closing a kept-alive connection that stays idle is the usual end, not a slow client
+                deadlines.arm(self.connection, server.idle_timeout, slow=False)
             self.connection.settimeout(server.header_timeout if self._served == 0 else server.idle_timeout)
             super().handle_one_request()
             self._served += 1
@@ -337,5 +370,11 @@ def _handler_class(server: HttpServer) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # scrapes every few seconds would flood the training log
+
+        def log_error(self, format: str, *args: Any) -> None:
+            # http.server's word for its socket's timeout while reading a request line: a
+            # slow client, unless the deadline was an idle keep-alive wait (not armed slow)
+            if format.startswith("Request timed out"):
+                self.server.deadlines.expire(self.connection)  # type: ignore[attr-defined]
 
     return Handler

@@ -109,6 +109,25 @@ def test_daemon_health_moves_with_frames(daemon: tuple[subprocess.Popen[bytes], 
     s.close()
 
 
+def _refused(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {s.labels["reason"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "sentinel_daemon_http_refused_total"}
+
+
+def test_the_daemons_http_refusals_are_counted_by_reason(daemon: tuple[subprocess.Popen[bytes], Path, str]) -> None:
+    _, _, url = daemon
+    # every reason exists at 0 from the start, so rate() and increase() see the first one
+    assert _refused(url) == {"busy": 0, "timeout": 0, "host": 0, "cert": 0, "auth": 0}
+    port = int(url.rsplit(":", 1)[1])
+    for _ in range(2):  # a web page's request through a rebound DNS name: a 403
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"GET /api/v1/alerts HTTP/1.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n")
+            assert c.recv(64).startswith(b"HTTP/1.1 403 ")
+    assert _refused(url) == {"busy": 0, "timeout": 0, "host": 2, "cert": 0, "auth": 0}
+
+
 def test_queue_depth_and_drops_when_the_engine_falls_behind() -> None:
     config, pack = load_config({"gpu": {"enabled": False}})
     service = Service(config, pack, "127.0.0.1:0", queue_size=4)
