@@ -222,6 +222,14 @@ def test_a_non_loopback_listen_without_tls_or_auth_is_warned_of(tmp_path: Path, 
         assert "--web.config.file" in warning and "listen on 127.0.0.1" in warning
 
 
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("node7.cluster", False), ("", False),
+])
+def test_loopback_names(host: str, loopback: bool) -> None:
+    assert is_loopback(host) == loopback
+
+
 def _web(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "web.yml"
     path.write_text(text)
