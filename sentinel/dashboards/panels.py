@@ -21,6 +21,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from sentinel.dashboards.provision import DATASOURCE_NAME, DATASOURCE_UID
 from sentinel.rules.config import RulePack
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -40,7 +41,10 @@ Panel = cogbuilder.Builder[dm.Panel]
 def variables() -> list[cogbuilder.Builder[dm.VariableModel]]:
     """datasource, job, run, rank, group: each but the first multi-select with "All" (``.*``)."""
     out: list[cogbuilder.Builder[dm.VariableModel]] = [
-        db.DatasourceVariable("datasource").label("Data source").type("prometheus")]
+        db.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        # open on the datasource that provisioning makes; a Grafana without it falls back to
+        # the organisation's default one
+        .current(dm.VariableOption(selected=True, text=DATASOURCE_NAME, value=DATASOURCE_UID))]
     for name, query in (("job", "label_values(sentinel_step, job)"),
                         ("run", 'label_values(sentinel_step{job=~"$job"}, run)'),
                         ("rank", 'label_values(sentinel_step{job=~"$job", run=~"$run"}, rank)'),

@@ -18,6 +18,9 @@ from typing import Any
 MIN_VERSION = (11, 0)
 """Oldest Grafana the generated JSON (the 11.6 flavour's schema) is provisioned into."""
 DATASOURCE_UID = "sentinel-prometheus"
+"""The Prometheus datasource provisioning makes (``--prometheus-url``, and
+``dashboards/provisioning/datasources.yaml``); the dashboards open on it."""
+DATASOURCE_NAME = "Sentinel Prometheus"
 FOLDER_UID = "sentinel"
 
 
@@ -142,7 +145,7 @@ def _folder(api: Any, title: str, report: Report, not_found: type[Exception]) ->
 
 
 def _datasource(api: Any, prometheus_url: str, report: Report, not_found: type[Exception]) -> None:
-    want = {"uid": DATASOURCE_UID, "name": "Sentinel Prometheus", "type": "prometheus", "access": "proxy",
+    want = {"uid": DATASOURCE_UID, "name": DATASOURCE_NAME, "type": "prometheus", "access": "proxy",
             "url": prometheus_url, "jsonData": {"httpMethod": "POST", "timeInterval": "15s"}}
     label = f"datasource {DATASOURCE_UID}"
     try:

@@ -100,3 +100,44 @@ def test_layers_has_heatmaps_and_top_k() -> None:
 def test_render_is_deterministic() -> None:
     assert render() == render()
     assert all(json.loads(text) for text in render().values())
+
+
+def test_generate_with_a_config_draws_its_thresholds(tmp_path: Path) -> None:
+    """`sentinel dashboards generate --config FILE`: the user's rule thresholds are the lines."""
+    cfg = tmp_path / "sentinel.yaml"
+    cfg.write_text("rules:\n  GradientExplosion:\n    params: {value: 250.0}\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["dashboards", "generate", "--out", str(out), "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "overview.json").read_text())
+    steps = _panel(doc, "Gradient norm (pre- and post-clip)")["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps if s["value"] is not None] == [250.0]
+
+    cfg.write_text("rules:\n  GradientExplosion:\n    params: {value: high}\n")  # not a number
+    result = CliRunner().invoke(app, ["dashboards", "generate", "--out", str(tmp_path / "bad"), "--config", str(cfg)])
+    assert result.exit_code == 2 and "GradientExplosion" in result.output
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_file_provisioning_matches_the_dashboards_and_the_provision_command() -> None:
+    """dashboards/provisioning/: the datasource it makes is the one the dashboards open on
+    and `sentinel dashboards provision` makes; the dashboards land in provision's folder.
+    No Grafana server runs here: the shapes are checked against Grafana's documented ones."""
+    import yaml
+
+    from sentinel.dashboards.provision import DATASOURCE_NAME, DATASOURCE_UID, FOLDER_UID
+
+    sources = yaml.safe_load((ROOT / "dashboards/provisioning/datasources.yaml").read_text())
+    assert sources["apiVersion"] == 1
+    [ds] = sources["datasources"]
+    assert (ds["uid"], ds["name"], ds["type"], ds["access"]) == (DATASOURCE_UID, DATASOURCE_NAME, "prometheus", "proxy")
+    providers = yaml.safe_load((ROOT / "dashboards/provisioning/dashboards.yaml").read_text())
+    assert providers["apiVersion"] == 1
+    [prov] = providers["providers"]
+    assert prov["type"] == "file" and prov["folderUid"] == FOLDER_UID and prov["options"]["path"].startswith("/")
+    for path in (ROOT / "dashboards").glob("*.json"):
+        doc = json.loads(path.read_text())
+        [var] = [v for v in doc["templating"]["list"] if v["type"] == "datasource"]
+        assert var["query"] == "prometheus" and var["current"]["value"] == DATASOURCE_UID, path.name
+        refs = {json.dumps(p.get("datasource")) for p in doc["panels"] if "datasource" in p}
+        assert refs <= {json.dumps({"type": "prometheus", "uid": "${datasource}"})}, (path.name, refs)
