@@ -83,7 +83,11 @@ def test_config_guard_skips_alerts_captures_and_lists_the_batch(tmp_path: Path) 
     out = cli("skips", "g-embedded", "--db", str(history))
     assert out.returncode == 0, out.stderr
     assert "1 skipped step(s)" in out.stdout and "skip steps: 7" in out.stdout and "skip batches: 107" in out.stdout
-    assert "nonfinite" in out.stdout
+    head, row = out.stdout.splitlines()[1:3]
+    assert head.split() == ["step", "rank", "reason", "norm", "bound", "batch", "groups"]
+    # the groups column: every group whose gradient held the Inf's NaN, by the model's names
+    assert row.split(None, 6) == ["7", "0", "nonfinite", "nan", row.split()[4], "107",
+                                  "layers.0, layers.1, layers.2, head"], out.stdout
 
 
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2 ranks: make test-slow
