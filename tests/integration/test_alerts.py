@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,42 @@ def test_on_alert_callback_and_stop_action(tmp_path: Path) -> None:
                   "started_step", "started_at", "ended"}
     assert documented == set(wire.Alert.__struct_fields__) - {"evidence"}
     assert all(set(a) - {"evidence"} == documented for a in seen), [sorted(a) for a in seen]
+
+
+@pytest.mark.parametrize("engine", ["process", "thread"])
+def test_on_alert_runs_in_the_training_thread_at_a_later_step(tmp_path: Path, engine: str) -> None:
+    """docs/alerting.md: ``fn(alert_dict)`` is called in the training thread at the next
+    step, with either engine: a callback may touch the model, the optimizer or the loop's
+    state without a lock, and never runs on the engine's thread."""
+    import threading
+
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = 0
+    calls: list[tuple[int, int, str]] = []
+    mon = sentinel.watch(model, opt, listen="127.0.0.1:0", config=write_config(tmp_path), engine=engine,
+                         on_alert=lambda a: calls.append((threading.get_ident(), step, a["state_to"])))
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for step in range(1, 400):
+            x = torch.randn(8, 16, generator=gen)
+            loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+            opt.zero_grad()
+            loss.backward()
+            if step == 3:
+                model.head.weight.grad.fill_(float("nan"))
+            opt.step()
+            mon.log(loss=loss)
+            if any(c[2] == "firing" for c in calls):
+                break
+            time.sleep(0.005)
+    finally:
+        mon.close()
+    firing = [c for c in calls if c[2] == "firing"]
+    assert firing, calls
+    assert {c[0] for c in calls} == {threading.main_thread().ident}
+    assert firing[0][1] > 3  # delivered at a step after the one that fired it
 
 
 def test_bad_config_fails_loudly_at_construction(tmp_path: Path) -> None:
