@@ -125,6 +125,34 @@ def test_sentinel_run_guards_a_zero_code_script_exactly(tmp_path: Path, ranks: i
     assert not [a for a in fired if a[0] == "TrainingNonFinite"], fired
 
 
+@pytest.mark.slow  # make test-slow: two torchrun jobs of FSDP2
+def test_sentinel_run_guard_skips_an_fsdp_step_on_every_rank_when_one_shard_is_bad(tmp_path: Path) -> None:
+    """docs/guard.md: under FSDP each rank holds only its shards' sums, so the guard takes one
+    all-reduce of a scalar a step: a NaN in rank 1's shard alone makes both ranks skip, and
+    the model ends bit for bit where a run that left step K out on both ranks ends."""
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05},
+                       actions={"guard": {"enabled": True}})
+    launcher = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", "2"]
+    script = [str(SCRIPTS / "fsdp_guard_train.py"), "10", "6"]
+    ref = subprocess.run([*launcher, *script, str(tmp_path / "ref"), "reference"], capture_output=True, text=True,
+                         timeout=180)
+    assert ref.returncode == 0, ref.stderr
+    env = dict(os.environ, SENTINEL_RUN="g-fsdp")
+    env.pop("SENTINEL_GUARD", None)
+    res = cli("run", "--config", cfg, "--listen", "127.0.0.1:0", "--", *launcher, *script, str(tmp_path / "got"),
+              env=env)
+    assert res.returncode == 0, res.stderr
+    want = torch.load(tmp_path / "ref.pt", weights_only=True)
+    got = torch.load(tmp_path / "got.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in got.values())
+    assert all(torch.equal(want[n], got[n]) for n in want), {n: (want[n] - got[n]).abs().max() for n in want}
+    out = cli("skips", "g-fsdp", "--db", str(history))
+    assert out.returncode == 0, out.stderr
+    lines = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("6 ")]
+    assert sorted(ln[1] for ln in lines) == ["0", "1"] and all(ln[2] == "nonfinite" for ln in lines), out.stdout
+
+
 def _guard_run(guard: object, k: int | None, take_step_k: bool = True) -> tuple[dict[str, torch.Tensor], dict, dict,
                                                                                   sentinel.Monitor | None, dict]:
     """AdamW and a StepLR on MLP for 10 steps; a NaN in one gradient element at step ``k``.
