@@ -36,7 +36,7 @@ from sentinel.instrument.gcscan import live
 log = logging.getLogger("sentinel")
 
 _installed = False
-_monitors: list[Any] = []
+_monitors: list[weakref.ref[Any]] = []  # zero-code mode's monitors, weakly (registry.hold says why)
 _last_clip: tuple[torch.Tensor, float] | None = None  # clipped before any monitor attached
 _early: Any = None  # the losses passed to backward() since any optimizer last stepped (LossSum)
 _optimizer_seen = False  # an optimizer has begun a step in this process
@@ -169,10 +169,21 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
     else:
         mon.sync_step(steps_so_far)
         early.take()  # the losses before this backward() belong to steps that were not watched
-    _monitors.append(mon)
+    _keep(mon)
 
 
 _hand_watch = _HandWatch()
+
+
+def monitors() -> list[Any]:
+    """The monitors zero-code mode made that are alive now (closed ones included)."""
+    return [m for m in (r() for r in _monitors) if m is not None]
+
+
+def _keep(mon: Any) -> None:
+    """Remember a monitor made here, to close it at exit if it is still alive then."""
+    _monitors[:] = [r for r in _monitors if r() is not None]
+    _monitors.append(weakref.ref(mon))
 
 
 def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:
@@ -219,7 +230,7 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
     early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
     mon = Monitor(_find_model(next((p for g in opt.param_groups for p in g["params"]), None)), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,
                   loss_sum=early)
-    _monitors.append(mon)
+    _keep(mon)
     if _last_clip is not None:  # clipped just before this first step: it belongs to it
         mon.note_clip(*_last_clip)
     return mon
@@ -238,7 +249,7 @@ def close_all() -> None:
     After an uncaught exception the interpreter has set ``sys.last_value`` by the time
     atexit runs, so the goodbye frames say the script raised."""
     error = getattr(sys, "last_value", None)
-    for mon in list(_monitors):
+    for mon in monitors():
         try:
             mon.close(error if isinstance(error, BaseException) else None)
         except Exception:

@@ -119,6 +119,14 @@ class Monitor:
             if outer is not None:
                 self.measure.busy = BusyClock(outer, inner)
                 self.hooks.handles += self.measure.busy.handles
+            # what keeps this monitor alive (Sentinel's tables hold it weakly): zero-code
+            # mode's, the model it watches (its hooks hold the clock, the clock holds this),
+            # so a script that drops a model and its optimizer gets their memory back;
+            # a script's own monitor, and one with no model, Sentinel until it closes
+            if auto and self.measure.busy is not None:
+                self.measure.busy.owner = self
+            else:
+                registry.hold(self)
         except Exception:  # leave nothing behind: no hook, no engine process
             self.close()
             raise

@@ -21,7 +21,9 @@ wrapped it on top of ours meanwhile (then ours stays, inert, to keep theirs work
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +33,8 @@ log = logging.getLogger("sentinel")
 
 Listener = Callable[[torch.Tensor, float], None]
 
-_listeners: list[Listener] = []
+# the listeners, a monitor's bound method weakly (a monitor must not outlive its model for this)
+_listeners: list[Callable[[], Listener | None]] = []
 # (module, attribute) -> (the function we wrapped, our wrapper)
 _wrapped: dict[tuple[Any, str], tuple[Any, Any]] = {}
 _failures = 0
@@ -40,15 +43,15 @@ _failures = 0
 class ClipHandle:
     """Detaches one listener; idempotent (the shape of torch's ``RemovableHandle``)."""
 
-    def __init__(self, fn: Listener) -> None:
-        self._fn: Listener | None = fn
+    def __init__(self, entry: Callable[[], Listener | None]) -> None:
+        self._entry: Callable[[], Listener | None] | None = entry
 
     def remove(self) -> None:
-        fn, self._fn = self._fn, None
-        if fn is None:
+        entry, self._entry = self._entry, None
+        if entry is None:
             return
         try:
-            _listeners.remove(fn)
+            _listeners.remove(entry)
         except ValueError:
             pass
         if not _listeners:
@@ -61,10 +64,12 @@ def attach(fn: Listener) -> ClipHandle:
     Returns:
         A handle whose ``remove()`` detaches ``fn``.
     """
+    _listeners[:] = [e for e in _listeners if e() is not None]  # those of monitors gone with their models
     if not _listeners:
         _wrap()
-    _listeners.append(fn)
-    return ClipHandle(fn)
+    entry: Callable[[], Listener | None] = weakref.WeakMethod(fn) if inspect.ismethod(fn) else (lambda: fn)
+    _listeners.append(entry)
+    return ClipHandle(entry)
 
 
 def _notify(total_norm: Any, max_norm: Any) -> None:
@@ -80,8 +85,10 @@ def _notify(total_norm: Any, max_norm: Any) -> None:
                 return  # a partial norm is not the total; reading it would take a collective
             total_norm = total_norm.to_local()  # type: ignore[attr-defined]
         m = float(max_norm)  # a Python number (clip_grad_norm_ already did float(max_norm))
-        for fn in list(_listeners):
-            fn(total_norm, m)
+        for entry in list(_listeners):
+            fn = entry()
+            if fn is not None:
+                fn(total_norm, m)
     except Exception:  # never into training
         _failures += 1
         if _failures == 1:

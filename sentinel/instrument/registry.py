@@ -32,7 +32,10 @@ import torch
 
 log = logging.getLogger("sentinel")
 
-_by_opt: weakref.WeakKeyDictionary[torch.optim.Optimizer, Any] = weakref.WeakKeyDictionary()
+# optimizer -> the monitor hooking it, held weakly both ways (None: nobody's, don't look again):
+# what keeps a monitor alive is :func:`hold` or the model it watches (see :func:`hold`)
+_by_opt: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[Any] | None] = weakref.WeakKeyDictionary()
+_held: dict[int, Any] = {}  # id -> a monitor kept until it closes
 _owner: dict[int, weakref.ref[Any]] = {}  # id(parameter) -> the monitor watching it
 _hooked = False
 _fallback: Callable[[torch.optim.Optimizer], None] | None = None
@@ -84,23 +87,37 @@ def any_optimizer() -> bool:
 
 def monitor_of(opt: torch.optim.Optimizer) -> Any:
     """The live monitor hooking ``opt``, or None."""
-    return _by_opt.get(opt)
+    ref = _by_opt.get(opt)
+    return ref() if ref is not None else None
+
+
+def hold(monitor: Any) -> None:
+    """Keep ``monitor`` alive until it closes (:func:`release`).
+
+    Sentinel's own tables hold monitors weakly, as the monitors hold the script's model
+    and optimizers: a monitor that nothing kept would keep them alive for the rest of the
+    process. A script's own monitor (``watch``) is held here; zero-code mode's lives as
+    long as the model it watches, whose hooks hold it, so a script that drops a model and
+    its optimizer (each fold of a k-fold loop) gets their memory back, as without Sentinel.
+    """
+    _held[id(monitor)] = monitor
 
 
 def claim(monitor: Any, opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
     """Record that ``monitor`` hooks ``opt`` and watches ``params``."""
     _hook()
-    _by_opt[opt] = monitor
     ref = weakref.ref(monitor)
+    _by_opt[opt] = ref
     for p in params:
         _owner[id(p)] = ref
 
 
 def release(monitor: Any, opt: torch.optim.Optimizer | None = None) -> None:
-    """Forget ``opt`` (or every optimizer and parameter of ``monitor``)."""
-    for o in [o for o, m in list(_by_opt.items()) if m is monitor and (opt is None or o is opt)]:
+    """Forget ``opt`` (or every optimizer and parameter of ``monitor``, and stop holding it)."""
+    for o in [o for o, r in list(_by_opt.items()) if r is not None and r() is monitor and (opt is None or o is opt)]:
         del _by_opt[o]
     if opt is None:
+        _held.pop(id(monitor), None)
         for pid in [pid for pid, r in _owner.items() if r() is monitor or r() is None]:
             del _owner[pid]
 
@@ -200,22 +217,26 @@ def _hook() -> None:
         _hooked = True
 
 
+_UNSEEN: Any = object()
+
+
 def _first_param(opt: torch.optim.Optimizer) -> torch.Tensor | None:
     return next((p for g in opt.param_groups for p in g["params"]), None)
 
 
 def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
-    mon = _by_opt.get(opt)
-    if mon is None and opt not in _by_opt:
+    ref = _by_opt.get(opt, _UNSEEN)
+    mon = ref() if ref is not None and ref is not _UNSEEN else None
+    if mon is None and ref is not None:  # never seen, or its monitor is gone with its model
         _unwatched(opt)
-        mon = _by_opt.get(opt)
+        mon = monitor_of(opt)
     if mon is not None:
         return mon.step_pre(opt, args, kwargs)  # never raises (the monitor's boundary)
     return None
 
 
 def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    mon = _by_opt.get(opt)
+    mon = monitor_of(opt)
     if mon is not None:
         mon.step_post(opt, args, kwargs)
 

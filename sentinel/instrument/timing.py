@@ -55,6 +55,7 @@ class BusyClock:
     """
 
     def __init__(self, outer: torch.nn.Module, inner: torch.nn.Module) -> None:
+        self.owner: Any = None  # what the model's hooks keep alive with the clock (its monitor)
         self._busy = 0.0
         self._seen = False
         self._mark: float | None = None  # since when time counts as busy

@@ -400,11 +400,11 @@ def step():
 if os.environ["WHEN"] == "after":
     for _ in range(3):
         step()
-    assert len(auto._monitors) == 1 and auto._monitors[0].steps == 3
+    assert len(auto.monitors()) == 1 and auto.monitors()[0].steps == 3
 mon = sentinel.watch(model, opt, run="mine", engine="off")
 for _ in range(2):
     step()
-live = [m for m in auto._monitors if not m.closed]
+live = [m for m in auto.monitors() if not m.closed]
 print("live-auto", len(live), "steps", mon.steps, "run", mon.options.run)
 mon.close()
 """
