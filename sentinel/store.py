@@ -355,19 +355,19 @@ class Store:
             if m is not None and (m.series.pop(labels, None) is not None or m.totals.pop(labels, None) is not None):
                 self.generation += 1
 
-    def drop(self, job: str, run: str) -> int:
-        """Forget every series and counter of a run (one that ended); returns how many."""
-        pair_job, pair_run = ("job", job), ("run", run)
+    def drop(self, job: str, run: str, rank: int | None = None) -> int:
+        """Forget every series and counter of a run (one that ended), or of one rank of it
+        (its training started over); returns how many."""
+        pairs = (("job", job), ("run", run)) + ((("rank", str(rank)),) if rank is not None else ())
         dropped = 0
         with self.lock:
             for m in self._metrics.values():
                 for table in (m.series, m.totals):
-                    gone = [ls for ls in table if pair_run in ls and pair_job in ls]
+                    gone = [ls for ls in table if all(p in ls for p in pairs)]
                     for ls in gone:
                         del table[ls]
                     dropped += len(gone)
-                for key in [k for k, (labels, _) in m.blocks.items() if labels and pair_run in labels[0]
-                            and pair_job in labels[0]]:
+                for key in [k for k, (labels, _) in m.blocks.items() if labels and all(p in labels[0] for p in pairs)]:
                     del m.blocks[key]
             for name in [n for n, m in self._metrics.items() if not m.series and not m.totals]:
                 del self._metrics[name]

@@ -249,6 +249,17 @@ class Frame(Struct, kw_only=True):
     status: Annotated[int, Meta(ge=-1, le=255)] | UnsetType = UNSET
 
 
+def starts_over(step: int, last: int | None) -> bool:
+    """Whether a step frame at ``step``, from a stream whose last step frame was at ``last``
+    (None: none yet), begins that stream's training again: a monitor counts from step 1,
+    so a new model and optimizer in the same process (the next fold of a k-fold loop, a
+    notebook cell run again, a script's second experiment) or a process started again from
+    scratch under the same name. The engine's series and alerts of the rank, and the
+    history's run row, start over there; a restart from a checkpoint (its step goes on
+    from the checkpoint's) does not."""
+    return step == 1 and last is not None and last >= 1
+
+
 _encoder = msgspec.msgpack.Encoder()
 _strict = msgspec.msgpack.Decoder(Frame)
 _plain = msgspec.msgpack.Decoder(dict[str, Any])

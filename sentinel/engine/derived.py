@@ -92,6 +92,10 @@ class GvrTracker:
         self.max_keys = max_keys
         self._state: dict[Hashable, tuple[deque[float], list[float]]] = {}
 
+    def forget(self, key: Hashable) -> None:
+        """Drop what is kept for ``key``."""
+        self._state.pop(key, None)
+
     def push(self, key: Hashable, value: float) -> float | None:
         """Add one norm (a non-finite one is skipped); the ratio, or None with fewer than
         10 values or a mean of 0."""

@@ -97,6 +97,8 @@ class Engine:
         self.halted: set[tuple[str, str]] = set()  # runs the stop action stopped: their exit is no crash
         self.runs_seen: dict[tuple[str, str], float] = {}  # the time of each run's last frame
         self.runs_dropped = 0
+        self.restarts = 0
+        """Times a rank's training began again at step 1 and its series started over (:meth:`_start_over`)."""
         self._crash_rules = self.rules.rules_of_kind("exited")
         self._cross_rules = self.rules.rules_reading(crossrank.METRICS)
         self.node = node
@@ -190,6 +192,10 @@ class Engine:
         """Record a decoded frame and evaluate the rules; returns what ingesting it found."""
         job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
         store = self.store
+        if kind == "step":
+            last = self.ingestor.last_step(job, run, rank, frame.get("opt", ""))
+            if last is not None and wire.starts_over(frame["step"], last):
+                self._start_over(job, run, rank, last)
         with store.lock:  # the GPU poller's thread writes the store too
             store.written.clear()
         ctx = self.ingestor.ingest(frame)
@@ -225,6 +231,17 @@ class Engine:
                     self._publish(self.rules.evaluate(job, run, other, frame["step"], float(frame["t"]),
                                                       only=self._cross_rules, opt=opt))
         return ctx
+
+    def _start_over(self, job: str, run: str, rank: int, last: int) -> None:
+        """A rank's training began again at step 1 (:func:`wire.starts_over`: the next fold of
+        a k-fold loop, a notebook cell run again). Its series, rule state and alerts start
+        over (its alerts resolve), so no rule reads the new training against the old one."""
+        self.restarts += 1
+        log.info("sentinel engine: rank %d of run %s/%s began again at step 1 (after step %d); its series and "
+                 "alerts start over", rank, job, run, last)
+        self._publish(self.rules.retire(job, run, rank))
+        self.store.drop(job, run, rank)
+        self.ingestor.forget_rank(job, run, rank)
 
     def _stream_ends(self, rk: tuple[str, str, int], opt: str) -> bool:
         """A goodbye of optimizer stream ``opt`` of a rank: True while other streams of the

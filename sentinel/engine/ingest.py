@@ -27,7 +27,7 @@ class _Rank:
     series its gauges go to (:class:`~sentinel.store.Plan`), the label sets of its groups,
     and which of its counters exist."""
 
-    __slots__ = ("base", "plan", "rows", "groups", "group_labels", "totals", "nonfinite", "amp_counted")
+    __slots__ = ("base", "plan", "rows", "groups", "group_labels", "totals", "nonfinite", "amp_counted", "step")
 
     def __init__(self, base: Labels) -> None:
         self.base = base
@@ -38,6 +38,7 @@ class _Rank:
         self.totals: dict[str, Any] = {}  # the last total written per counter
         self.nonfinite: dict[str, Labels] = {}  # source -> labels of its counter, once it exists
         self.amp_counted = False
+        self.step: int | None = None  # the last step frame's step
 
     def add(self, metric: str, value: float, /, **extra: str) -> None:
         """Queue a gauge sample of this rank for the frame's one write. ``metric`` is
@@ -96,6 +97,7 @@ class Ingestor:
             if self.store.last("sentinel_run_info", info) is None:
                 self._drop_info(f["job"], f["run"])  # one info series per run: the latest tags
         if kind == "step":
+            r.step = step
             self._step(f, r, ctx)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
             self._scalars(f["scalars"], r, ctx)
@@ -122,6 +124,21 @@ class Ingestor:
             self._sched_in.pop(b, None)  # type: ignore[arg-type]
         for key in [k for k in self._ranks if k[:2] == (job, run)]:
             del self._ranks[key]  # a run started again under the same name gets its series and counters back
+
+    def last_step(self, job: str, run: str, rank: int, opt: str = "") -> int | None:
+        """The step of the stream's last step frame (None: none yet)."""
+        r = self._ranks.get((job, run, rank, opt))
+        return r.step if r is not None else None
+
+    def forget_rank(self, job: str, run: str, rank: int) -> None:
+        """Drop what is kept of every stream of one rank (its training started over)."""
+        for key in [k for k in self._ranks if k[:3] == (job, run, rank)]:
+            base = self._ranks.pop(key).base
+            for table in (self._lr_last, self.lr_change_step, self._scale_last, self._sched_last, self._sched_in,
+                          self._env):
+                table.pop(base, None)
+            self.schedule.forget([base])
+            self._gvr.forget(base)
 
     def _drop_info(self, job: str, run: str) -> None:
         for labels in self.store.labelsets("sentinel_run_info"):

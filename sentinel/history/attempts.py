@@ -33,6 +33,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
+from sentinel.wire import starts_over
+
 Stream = int | tuple[int, str]
 """A rank, or ``(rank, opt)`` for an optimizer stream of a process with several."""
 
@@ -91,7 +93,7 @@ def starts_new(r: RunRow, kind: str, rank: Stream, step: int) -> bool:
         return False
     if r.state == "finished" or r.exit_status is not None or rank in r.byes:
         return True
-    return kind == "step" and step == 1 and r.last.get(rank, 0) >= 1
+    return kind == "step" and starts_over(step, r.last.get(rank))
 
 
 def late_rank(r: RunRow, stream: Stream) -> bool:

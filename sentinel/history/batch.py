@@ -18,6 +18,7 @@ from sentinel.history import attempts, skips
 from sentinel.history.attempts import RunRow, starts_new, stream_of
 from sentinel.history.values import COLUMNS, group_blob, local_only, optimizer_of, sample, tags_of, transition_row
 from sentinel.rules.alert import Transition
+from sentinel.wire import starts_over
 
 _UPSERT = (f"INSERT INTO samples (run_id, step, t, {', '.join(COLUMNS)}, groups) "
            f"VALUES (?, ?, ?, {', '.join('?' * len(COLUMNS))}, ?) ON CONFLICT (run_id, step) DO UPDATE SET "
@@ -99,6 +100,16 @@ class BatchWriter:
             self._runs[(job, run)] = r
         return r
 
+    def _over(self, db: sqlite3.Connection, r: RunRow) -> None:
+        """End a running row whose training began again in the same process (the next fold
+        of a k-fold loop): ``finished`` at its last frame, as nothing reports to it again."""
+        if r.agg:
+            cols = ", ".join(f"{k} = ?" for k in r.agg)
+            db.execute(f"UPDATE runs SET {cols} WHERE id = ?", (*r.agg.values(), r.id))
+            r.agg = {}
+        db.execute("UPDATE runs SET state = 'finished', ended = last_seen WHERE id = ?", (r.id,))
+        r.state = "finished"
+
     def _new_run(self, db: sqlite3.Connection, job: str, run: str, t: float, prev: RunRow) -> RunRow:
         r = self._runs[(job, run)] = attempts.insert(db, job, run, self.host, t, prev.attempt + 1)
         return r
@@ -109,6 +120,8 @@ class BatchWriter:
         who, opt = stream_of(f), f.get("opt", "")  # a rank, or one optimizer stream of a rank
         r = self._run(db, f["job"], f["run"], t)
         if starts_new(r, kind, who, step):
+            if r.state == "running" and kind == "step" and who not in r.byes and starts_over(step, r.last.get(who)):
+                self._over(db, r)  # its training began again: the row before holds the one that ended
             r = self._new_run(db, f["job"], f["run"], t, r)
         elif r.state == "finished" and kind != "bye":  # a rank that had not reported yet joins
             r.state = r.agg["state"] = "running"

@@ -70,7 +70,11 @@ END = [("end", ("j", "r", 0))]  # and records its exit status
 SCENARIOS: dict[str, tuple[list[tuple[str, Any]], list[tuple[int, str]]]] = {
     # name: (items, [(steps, state) per attempt])
     "run again after it finished": (steps(1, 3) + [BYE] + steps(1, 2), [(3, "finished"), (2, "running")]),
-    "killed without a goodbye, run again": (steps(1, 3) + steps(1, 2), [(3, "running"), (2, "running")]),
+    # the row before can get no frame again: it ends at its last one (a crash the engine
+    # found is recorded as one: "crashed", below)
+    "killed without a goodbye, run again": (steps(1, 3) + steps(1, 2), [(3, "finished"), (2, "running")]),
+    "the next fold of a k-fold loop (a new model, step 1)": (
+        steps(1, 3) + steps(1, 3) + steps(1, 2), [(3, "finished"), (3, "finished"), (2, "running")]),
     "resumed while running (later steps)": (steps(1, 3) + steps(4, 5), [(5, "running")]),
     "one rank crashed, the other goes on": (
         steps(1, 1) + steps(1, 1, rank=1, world=2) + [("frame", frame("bye", 1, rank=1, exc="RuntimeError"))]
@@ -110,6 +114,8 @@ def test_a_reused_run_name_gets_a_row_per_run(tmp_path: Path, name: str) -> None
     db = hdb.connect(path, readonly=True)
     got = db.execute("SELECT attempt, steps, state FROM runs WHERE run = 'r' ORDER BY attempt").fetchall()
     assert got == [(i + 1, n, state) for i, (n, state) in enumerate(expected)]
+    ends = db.execute("SELECT state, ended, last_seen FROM runs WHERE run = 'r'").fetchall()
+    assert all(ended is not None for state, ended, _ in ends if state != "running"), ends
     for attempt, (n, _) in enumerate(expected, 1):
         info = find_run(db, f"r@{attempt}")
         assert info is not None and info.attempt == attempt

@@ -1,0 +1,54 @@
+"""k-fold cross-validation under ``sentinel run`` (zero-code), the shape of the public Kaggle
+notebooks (tests/integration/scripts/kfold_train.py): a new model, AdamW and LambdaLR per
+fold, each fold's model and optimizer dropped before the next.
+
+Sentinel must leave the script as it was: the same output (so each fold's model and
+optimizer are freed as without it: a monitor holding them would take a model and its
+optimizer state per fold, the next fold's OOM on a GPU), the same saved files, and no
+alert from reading a fold's first, high losses against the last fold's low ones.
+
+Real parts: CPU training, ``sentinel run``'s daemon, the history in SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import write_config
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).parent / "scripts" / "kfold_train.py"
+
+
+def test_kfold_under_sentinel_run_frees_each_fold_and_raises_no_alert(tmp_path: Path) -> None:
+    plain = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "plain")], capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    assert "alive: [(False, False), (False, False), (False, False)]" in plain.stdout
+
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    watched = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
+                              "127.0.0.1:0", "--", sys.executable, str(SCRIPT), str(tmp_path / "watched")],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "SENTINEL_RUN": "kfold"})
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == plain.stdout  # bit-identical training, and every fold freed
+    assert [ln for ln in watched.stderr.splitlines() if ln.startswith("sentinel:")
+            and "metrics at" not in ln] == [], watched.stderr
+    for fold in range(3):
+        want = torch.load(tmp_path / "plain" / f"fold{fold}.pt", weights_only=True)
+        got = torch.load(tmp_path / "watched" / f"fold{fold}.pt", weights_only=True)
+        assert list(got) == list(want) and all(torch.equal(want[k], got[k]) for k in want)
+    with sqlite3.connect(history) as db:
+        fired = db.execute("SELECT alertname, severity FROM alerts WHERE state_to = 'firing'").fetchall()
+        state = db.execute("SELECT state FROM runs WHERE run = 'kfold'").fetchall()
+    assert fired == [], fired
+    assert state == [("finished",)] * 3  # a row per fold (attempt 1, 2, 3), each ended
