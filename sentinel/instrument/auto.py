@@ -23,6 +23,7 @@ per process), so its step is reported too.
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import sys
@@ -227,6 +228,11 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 
         registry.expect_streams(_optimizers_alive())
     _optimizer_seen = True
+    if monitors():
+        # a monitor made before and its model form a cycle (its hooks hold it), which only a
+        # full collection frees: the last fold's model and optimizer that the script has just
+        # bound anew go now, not at some later collection, as they would without Sentinel
+        gc.collect()
     early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
     mon = Monitor(_find_model(next((p for g in opt.param_groups for p in g["params"]), None)), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,
                   loss_sum=early)

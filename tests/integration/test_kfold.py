@@ -27,16 +27,21 @@ pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parent / "scripts" / "kfold_train.py"
 
 
-def test_kfold_under_sentinel_run_frees_each_fold_and_raises_no_alert(tmp_path: Path) -> None:
-    plain = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "plain")], capture_output=True, text=True,
-                           timeout=300)
+@pytest.mark.parametrize("drop", ["del and gc.collect()", "bound anew"])
+def test_kfold_under_sentinel_run_frees_each_fold_and_raises_no_alert(tmp_path: Path, drop: str) -> None:
+    flags = ["--no-gc"] if drop == "bound anew" else []
+    plain = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "plain"), *flags], capture_output=True,
+                           text=True, timeout=300)
     assert plain.returncode == 0, plain.stderr
-    assert "alive: [(False, False), (False, False), (False, False)]" in plain.stdout
+    if flags:  # each fold's first step: the fold before is gone
+        assert plain.stdout.count("first step: the fold before's model and optimizer alive: (False, False)") == 2
+    else:
+        assert "alive: [(False, False), (False, False), (False, False)]" in plain.stdout
 
     history = tmp_path / "h.sqlite"
     cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
     watched = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
-                              "127.0.0.1:0", "--", sys.executable, str(SCRIPT), str(tmp_path / "watched")],
+                              "127.0.0.1:0", "--", sys.executable, str(SCRIPT), str(tmp_path / "watched"), *flags],
                              capture_output=True, text=True, timeout=300,
                              env={**os.environ, "SENTINEL_RUN": "kfold"})
     assert watched.returncode == 0, watched.stderr

@@ -7,7 +7,12 @@ Each fold prints its losses with repr and whether the models and optimizers of t
 folds are gone (as they are without a monitor): a monitor that kept them would hold a
 model and its optimizer state per fold, which on a GPU is the next fold's OOM.
 
-argv: OUT_DIR [FOLDS] [EPOCHS]
+With ``--no-gc`` a fold's variables are just bound again by the next fold, with no ``del``
+and no ``gc.collect()`` (as many scripts do): each fold then prints, after its first
+optimizer step, whether the fold before's model and optimizer are gone (they are, without
+a monitor: nothing else held them).
+
+argv: OUT_DIR [FOLDS] [EPOCHS] [--no-gc]
 """
 
 import gc
@@ -20,9 +25,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-out_dir = sys.argv[1]
-folds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+no_gc = "--no-gc" in sys.argv
+args = [a for a in sys.argv[1:] if a != "--no-gc"]
+out_dir = args[0]
+folds = int(args[1]) if len(args) > 1 else 3
+epochs = int(args[2]) if len(args) > 2 else 8
 torch.manual_seed(0)
 n, dim = 480, 12
 x_all = torch.randn(n, dim)
@@ -56,12 +63,15 @@ for fold in range(folds):
     best = math.inf
     for epoch in range(epochs):
         model.train()
-        for xb, yb in loader:
+        for i, (xb, yb) in enumerate(loader):
             loss = nn.functional.mse_loss(model(xb), yb)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             scheduler.step()
+            if no_gc and fold and epoch == 0 and i == 0:
+                print(f"fold {fold} first step: the fold before's model and optimizer alive: "
+                      f"{(gone[-1][0]() is not None, gone[-1][1]() is not None)}", flush=True)
         model.eval()
         with torch.no_grad():
             pred = model(x_all[valid_idx])
@@ -72,6 +82,8 @@ for fold in range(folds):
             oof[valid_idx] = pred
             torch.save(model.state_dict(), os.path.join(out_dir, f"fold{fold}.pt"))
     gone.append((weakref.ref(model), weakref.ref(optimizer)))
+    if no_gc:
+        continue
     del model, optimizer, scheduler, loss
     gc.collect()
     print(f"fold {fold} best {best!r}; earlier folds' models and optimizers alive: "
