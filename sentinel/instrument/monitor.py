@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,6 +89,7 @@ class Monitor:
         self.engine: Any = None
         self.closed = False
         self._record = StateRecord(self.boundary, o)
+        self._farewell: weakref.finalize[Any, Any] | None = None
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
         losses.install()  # counts backward() calls: which step a log() belongs to
@@ -125,6 +127,9 @@ class Monitor:
             # a script's own monitor, and one with no model, Sentinel until it closes
             if auto and self.measure.busy is not None:
                 self.measure.busy.owner = self
+                # collected with its model, unclosed: the stream's goodbye still goes out
+                self._farewell = weakref.finalize(self, self.reporter.farewell)
+                self._farewell.atexit = False  # at exit, auto.close_all closes it (its last reports too)
             else:
                 registry.hold(self)
         except Exception:  # leave nothing behind: no hook, no engine process
@@ -196,6 +201,8 @@ class Monitor:
         if self.closed:
             return
         self.closed = True
+        if self._farewell is not None:
+            self._farewell.detach()  # the goodbye goes out below
         self.hooks.remove()
         registry.release(self)
         losses.backward_listeners.discard(self)

@@ -5,6 +5,8 @@ stop and capture actions)."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -25,6 +27,41 @@ from sentinel.instrument.scalars import NameBudget, Scalars, to_value
 from sentinel.instrument.sender import Sender
 
 log = logging.getLogger("sentinel")
+
+
+class Farewell:
+    """The goodbye of a monitor that goes without being closed: a zero-code monitor is
+    collected with the model it watched once the script drops it (a function that trained
+    and returned, a fold of a k-fold loop). Called then (``weakref.finalize``), it sends the
+    stream's goodbye frame at its last step, so the engine sees a training that ended rather
+    than a process gone silent (a crash, once the process is gone).
+
+    It holds nothing of the monitor's but where frames go and the stream's identity, kept by
+    :meth:`Reporter.send`; it sends on a socket of its own (a collection may run anywhere,
+    even inside the dead monitor's sender), and only to a daemon's socket path.
+    """
+
+    def __init__(self, sender: Sender, engine: Any) -> None:
+        self.path: str | None = getattr(sender, "path", None)
+        self.reply: str | None = getattr(engine, "reply_path", None)
+        self.last: wire.Frame | None = None  # the identity and step of the stream's last frame
+
+    def __call__(self) -> None:
+        last, self.last = self.last, None
+        try:
+            if last is not None and self.path is not None:
+                bye = wire.Frame(kind="bye", job=last.job, run=last.run, rank=last.rank, world=last.world,
+                                 step=last.step, t=time.time(), opt=last.opt)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    sock.setblocking(False)
+                    sock.sendto(wire.encode(bye), self.path)
+                finally:
+                    sock.close()
+            if self.reply is not None:
+                os.unlink(self.reply)  # the dead link's way back, which nobody reads now
+        except Exception:
+            pass  # a daemon gone, a full queue: the process's end still reaches it
 
 
 class Reporter:
@@ -57,6 +94,7 @@ class Reporter:
         self.request_stop, self.stream_label, self.losses = request_stop, stream_label, loss_sum
         self.layout, self.scaler, self.auto = layout, scaler, auto
         self.stream: str | None = None  # decided once, at the first send
+        self.farewell = Farewell(sender, engine)
         self.readback = Readback(options.max_pending, on_drop=self._count_drop)
         self.report_drops = 0
         self.guard: Any = None  # the step guard (sentinel.instrument.guard.Guard) or None
@@ -217,6 +255,8 @@ class Reporter:
             if self.stream:
                 frame["opt"] = self.stream
         self.sender.send(wire.encode(frame))
+        if isinstance(frame, wire.Frame) and frame.kind == "step":
+            self.farewell.last = frame
 
     def _count_drop(self) -> None:
         self.report_drops += 1

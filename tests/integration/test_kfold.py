@@ -1,6 +1,7 @@
-"""k-fold cross-validation under ``sentinel run`` (zero-code), the shape of the public Kaggle
-notebooks (tests/integration/scripts/kfold_train.py): a new model, AdamW and LambdaLR per
-fold, each fold's model and optimizer dropped before the next.
+"""Scripts that drop their model under ``sentinel run`` (zero-code). k-fold cross-validation,
+the shape of the public Kaggle notebooks (tests/integration/scripts/kfold_train.py): a new
+model, AdamW and LambdaLR per fold, each fold's model and optimizer dropped before the next;
+and training inside ``main()``, whose model is garbage once it returns.
 
 Sentinel must leave the script as it was: the same output (so each fold's model and
 optimizer are freed as without it: a monitor holding them would take a model and its
@@ -12,19 +13,24 @@ Real parts: CPU training, ``sentinel run``'s daemon, the history in SQLite.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import write_config
+from tests.helpers import wait_for, write_config
+from tests.integration.test_prometheus import _free_port
 
 pytestmark = pytest.mark.integration
-SCRIPT = Path(__file__).parent / "scripts" / "kfold_train.py"
+SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPT = SCRIPTS / "kfold_train.py"
 
 
 @pytest.mark.parametrize("drop", ["del and gc.collect()", "bound anew"])
@@ -57,3 +63,28 @@ def test_kfold_under_sentinel_run_frees_each_fold_and_raises_no_alert(tmp_path: 
         state = db.execute("SELECT state FROM runs WHERE run = 'kfold'").fetchall()
     assert fired == [], fired
     assert state == [("finished",)] * 3  # a row per fold (attempt 1, 2, 3), each ended
+
+
+def test_a_model_dropped_after_training_ends_its_stream_with_a_goodbye_not_a_crash(tmp_path: Path) -> None:
+    """Attached to a node's daemon (the Slurm batch script, the systemd unit): the monitor
+    goes with the model main() dropped, and its goodbye goes out then; without it the
+    daemon found a process gone without one and paged a critical TrainingCrashed."""
+    sock, port = tmp_path / "node" / "engine.sock", _free_port()
+    daemon = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "daemon", "--socket", str(sock),
+                               "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, timeout=30, what="the node daemon")
+        env = {**os.environ, "SENTINEL_SOCKET": str(sock), "SENTINEL_RUN": "in-main"}
+        out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--", sys.executable,
+                              str(SCRIPTS / "train_in_main.py"), "3"], capture_output=True, text=True, timeout=300,
+                             env=env)
+        assert out.returncode == 0 and out.stdout.endswith("done\n"), out.stderr
+
+        time.sleep(4)  # the daemon checks the reporting processes every second: it has seen this one gone
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=5) as r:
+            alerts = json.loads(r.read())["data"]["alerts"]
+        assert [a["alertname"] for a in alerts if a["run"] == "in-main"] == [], alerts
+        assert not list(sock.parent.glob("reply-*.sock"))  # the gone monitor's way back, removed
+    finally:
+        daemon.terminate()
+        daemon.wait(20)
