@@ -24,27 +24,12 @@ from torch import nn
 from sentinel import wire
 from sentinel.instrument.monitor import Monitor
 from sentinel.instrument.options import from_kwargs
-from tests.helpers import wait_for, write_config
+from tests.helpers import CaptureSender, wait_for, write_config
 from tests.integration.test_prometheus import _free_port
 
 pytestmark = pytest.mark.integration
 
 RANKS, GROUPS, STEPS = 8, 64, 120  # past 100 steps: the optimizer state's report is in
-
-
-class _Recorder:
-    """A sender that keeps the frames (the monitor's own encoding)."""
-
-    def __init__(self) -> None:
-        self.frames: list[bytes] = []
-        self.dropped = 0
-
-    def send(self, data: bytes) -> bool:
-        self.frames.append(data)
-        return True
-
-    def close(self) -> None:
-        pass
 
 
 class _Residual(nn.Module):
@@ -63,7 +48,7 @@ def _frames() -> list[dict[str, Any]]:
     torch.manual_seed(0)
     model = _Residual()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    rec = _Recorder()
+    rec = CaptureSender()  # the frames, decoded
     mon = Monitor(model, [opt], from_kwargs({"engine": "off", "run": "budget"}), sender=rec)
     for _ in range(STEPS):
         x = torch.randn(16, 8)
@@ -74,7 +59,7 @@ def _frames() -> list[dict[str, Any]]:
         mon.log(loss=loss)
     assert len(mon.groups) == GROUPS
     mon.close()
-    return [f for f in map(wire.decode, rec.frames) if f["kind"] in ("step", "log")]
+    return [f for f in rec.frames if f["kind"] in ("step", "log")]
 
 
 def _series(frames: list[dict[str, Any]], tmp_path: Path, profile: str) -> tuple[int, set[str]]:
