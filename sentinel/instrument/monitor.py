@@ -90,6 +90,7 @@ class Monitor:
         self.closed = False
         self._record = StateRecord(self.boundary, o)
         self._farewell: weakref.finalize[Any, Any] | None = None
+        self._adopted = 0  # optimizers made anew over the watched parameters, followed (adopt)
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
         losses.install()  # counts backward() calls: which step a log() belongs to
@@ -281,8 +282,13 @@ class Monitor:
             self.hooks.opt_handles.append(self._hook_optimizer(k, opt))
         self._contributed.discard(k)
         self._relayout()
-        log.warning("sentinel: a new %s steps the watched parameters (in place of %s): following it; "
-                    "steps continue from %d", type(opt).__name__, old_name, self.steps)
+        # said once to a script's own monitor; zero-code mode's stderr holds only its address,
+        # what it cannot watch and its alerts (a script that makes its optimizer anew each
+        # epoch, to set its lr, would get a line an epoch)
+        say = log.warning if not (self.auto or self._adopted) else log.info
+        say("sentinel: a new %s steps the watched parameters (in place of %s): following it; steps continue "
+            "from %d", type(opt).__name__, old_name, self.steps)
+        self._adopted += 1
 
     def __enter__(self) -> Monitor:
         return self

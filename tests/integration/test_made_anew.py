@@ -1,7 +1,9 @@
-"""Scripts that drop their model under ``sentinel run`` (zero-code). k-fold cross-validation,
+"""Scripts that make their model or optimizer anew, or drop them, under ``sentinel run``
+(zero-code). k-fold cross-validation,
 the shape of the public Kaggle notebooks (tests/integration/scripts/kfold_train.py): a new
 model, AdamW and LambdaLR per fold, each fold's model and optimizer dropped before the next;
-and training inside ``main()``, whose model is garbage once it returns.
+training inside ``main()``, whose model is garbage once it returns; and an optimizer made
+anew each epoch to set its learning rate.
 
 Sentinel must leave the script as it was: the same output (so each fold's model and
 optimizer are freed as without it: a monitor holding them would take a model and its
@@ -88,3 +90,22 @@ def test_a_model_dropped_after_training_ends_its_stream_with_a_goodbye_not_a_cra
     finally:
         daemon.terminate()
         daemon.wait(20)
+
+
+def test_an_optimizer_made_anew_each_epoch_is_followed_quietly(tmp_path: Path) -> None:
+    """The same model, a new SGD each epoch: one stream whose steps go on, the same output,
+    and nothing on stderr but Sentinel's address (not a line an epoch)."""
+    script = [sys.executable, str(SCRIPTS / "optimizer_per_epoch.py")]
+    plain = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    watched = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
+                              "127.0.0.1:0", "--", *script], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "SENTINEL_RUN": "per-epoch"})
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == plain.stdout
+    assert [ln for ln in watched.stderr.splitlines() if "metrics at" not in ln] == [], watched.stderr
+    with sqlite3.connect(history) as db:
+        rows = db.execute("SELECT steps, state FROM runs WHERE run = 'per-epoch'").fetchall()
+    assert rows == [(32, "finished")]  # 4 epochs of 8 steps, one run: the steps went on
