@@ -56,6 +56,9 @@ class BatchWriter:
     def __init__(self, max_points: int, host: str) -> None:
         self.max_points, self.host = max_points, host
         self._runs: dict[tuple[str, str], RunRow] = {}
+        # per run name, the row a start-over ended and the row it began: the other ranks'
+        # last frames of the ended training still go to the first (see _frame)
+        self._over_rows: dict[tuple[str, str], tuple[RunRow, RunRow]] = {}
 
     def write(self, db: sqlite3.Connection, batch: list[tuple[str, Any]]) -> None:
         """Apply ``batch`` (``(kind, item)`` pairs) inside the caller's transaction.
@@ -89,6 +92,7 @@ class BatchWriter:
     def forget(self) -> None:
         """Drop the in-memory view of the runs (after a rolled-back batch); rows are reloaded."""
         self._runs.clear()
+        self._over_rows.clear()
 
     def _run(self, db: sqlite3.Connection, job: str, run: str, t: float) -> RunRow:
         """The latest row of (job, run), created if there is none."""
@@ -119,10 +123,20 @@ class BatchWriter:
         rank, step, kind = f["rank"], f["step"], f["kind"]
         who, opt = stream_of(f), f.get("opt", "")  # a rank, or one optimizer stream of a rank
         r = self._run(db, f["job"], f["run"], t)
-        if starts_new(r, kind, who, step):
-            if r.state == "running" and kind == "step" and who not in r.byes and starts_over(step, r.last.get(who)):
-                self._over(db, r)  # its training began again: the row before holds the one that ended
-            r = self._new_run(db, f["job"], f["run"], t, r)
+        over = self._over_rows.get((f["job"], f["run"]))
+        if over is not None and over[1] is r and who in over[0].streams and who not in r.streams and not (
+                kind == "step" and step == 1):
+            r = over[0]  # the last frames of the training that ended, from a rank not begun again yet (DDP)
+            r.agg["ended"] = t
+        elif starts_new(r, kind, who, step):
+            prev = r
+            r = self._new_run(db, f["job"], f["run"], t, prev)
+            if prev.state == "running" and kind == "step" and who not in prev.byes and starts_over(
+                    step, prev.last.get(who)):
+                self._over(db, prev)  # its training began again: the row before holds the one that ended
+                if len(self._over_rows) > 1000:
+                    self._over_rows.clear()
+                self._over_rows[(f["job"], f["run"])] = (prev, r)
         elif r.state == "finished" and kind != "bye":  # a rank that had not reported yet joins
             r.state = r.agg["state"] = "running"
             r.agg["ended"] = None

@@ -75,6 +75,10 @@ SCENARIOS: dict[str, tuple[list[tuple[str, Any]], list[tuple[int, str]]]] = {
     "killed without a goodbye, run again": (steps(1, 3) + steps(1, 2), [(3, "finished"), (2, "running")]),
     "the next fold of a k-fold loop (a new model, step 1)": (
         steps(1, 3) + steps(1, 3) + steps(1, 2), [(3, "finished"), (3, "finished"), (2, "running")]),
+    # DDP: rank 1's last step of the ended fold reaches the writer after rank 0 began again
+    "the next fold of a DDP k-fold loop, its ranks' frames interleaved": (
+        steps(1, 3, world=2) + steps(1, 2, rank=1, world=2) + steps(1, 1, world=2) + steps(3, 3, rank=1, world=2)
+        + steps(1, 2, rank=1, world=2) + steps(2, 2, world=2), [(3, "finished"), (2, "running")]),
     "resumed while running (later steps)": (steps(1, 3) + steps(4, 5), [(5, "running")]),
     "one rank crashed, the other goes on": (
         steps(1, 1) + steps(1, 1, rank=1, world=2) + [("frame", frame("bye", 1, rank=1, exc="RuntimeError"))]
