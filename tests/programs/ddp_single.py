@@ -2,7 +2,7 @@
 often run on one machine for a smoke test: ``init_process_group`` from the env://
 variables (set here when torchrun did not), the model wrapped in
 ``DistributedDataParallel``, a ``DistributedSampler``, Adam, ``model.module.state_dict()``
-saved by rank 0, ``destroy_process_group`` at the end.
+saved by rank 0, a barrier and ``destroy_process_group`` at the end.
 
 argv: OUT_DIR [EPOCHS]
 """
@@ -56,5 +56,8 @@ if rank == 0:
     os.makedirs(out_dir, exist_ok=True)
     torch.save(model.module.state_dict(), os.path.join(out_dir, "model.pt"))
     ref.saved_file(os.path.join(out_dir, "model.pt"))
+# every rank done before any tears its connections down: without the barrier, gloo on the
+# CPU may abort a rank whose peer closed first (a SIGABRT seen once in CI, in the plain run)
+dist.barrier()
 dist.destroy_process_group()
 ref.finish(model.module)
