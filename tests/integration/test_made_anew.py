@@ -20,7 +20,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -72,8 +71,11 @@ def test_a_model_dropped_after_training_ends_its_stream_with_a_goodbye_not_a_cra
     goes with the model main() dropped, and its goodbye goes out then; without it the
     daemon found a process gone without one and paged a critical TrainingCrashed."""
     sock, port = tmp_path / "node" / "engine.sock", _free_port()
-    daemon = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "daemon", "--socket", str(sock),
-                               "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    daemon = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "daemon", "--socket", str(sock), "--config",
+                               cfg, "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     try:
         wait_for(sock.exists, timeout=30, what="the node daemon")
         env = {**os.environ, "SENTINEL_SOCKET": str(sock), "SENTINEL_RUN": "in-main"}
@@ -82,7 +84,14 @@ def test_a_model_dropped_after_training_ends_its_stream_with_a_goodbye_not_a_cra
                              env=env)
         assert out.returncode == 0 and out.stdout.endswith("done\n"), out.stderr
 
-        time.sleep(4)  # the daemon checks the reporting processes every second: it has seen this one gone
+        def ended() -> str | None:  # a goodbye ends the run; a process gone without one, a crash
+            if not history.exists():
+                return None
+            with sqlite3.connect(history) as db:
+                row = db.execute("SELECT state FROM runs WHERE run = 'in-main'").fetchone()
+            return row[0] if row is not None and row[0] != "running" else None
+
+        assert wait_for(ended, timeout=30, what="the run's end") == "finished"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=5) as r:
             alerts = json.loads(r.read())["data"]["alerts"]
         assert [a["alertname"] for a in alerts if a["run"] == "in-main"] == [], alerts

@@ -1,7 +1,8 @@
 """docs/deployment.md, "The series budget": a node's daemon with 8 ranks of a 64-group model
 exports at most 2,000 series in the ``fleet`` profile, and every rank keeps its own series.
 
-Real parts: the frames of a real CPU run recorded by the monitor itself, replayed as the 8
+Real parts: the frames of a real CPU run recorded by the monitor itself (the benchmark's
+recording: a residual MLP of 64 groups, AdamW, 300 steps), replayed as the 8
 ranks of a DDP job into a real ``sentinel daemon`` over its socket, counted in what a scrape
 of its ``/metrics`` returns (the daemon's own series included).
 """
@@ -17,49 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
-from torch import nn
 
+from benchmarks.series_budget import record
 from sentinel import wire
-from sentinel.instrument.monitor import Monitor
-from sentinel.instrument.options import from_kwargs
-from tests.helpers import CaptureSender, wait_for, write_config
+from tests.helpers import wait_for, write_config
 from tests.integration.test_prometheus import _free_port
 
 pytestmark = pytest.mark.integration
 
-RANKS, GROUPS, STEPS = 8, 64, 120  # past 100 steps: the optimizer state's report is in
-
-
-class _Residual(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(GROUPS - 1))
-        self.head = nn.Linear(8, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = x + layer(x)  # a healthy deep model: no alert names a group
-        return self.head(x)
+RANKS, GROUPS = 8, 64
 
 
 def _frames() -> list[dict[str, Any]]:
-    torch.manual_seed(0)
-    model = _Residual()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    rec = CaptureSender()  # the frames, decoded
-    mon = Monitor(model, [opt], from_kwargs({"engine": "off", "run": "budget"}), sender=rec)
-    for _ in range(STEPS):
-        x = torch.randn(16, 8)
-        loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mon.log(loss=loss)
-    assert len(mon.groups) == GROUPS
-    mon.close()
-    return [f for f in rec.frames if f["kind"] in ("step", "log")]
+    """The benchmark's own recording: the frames its table was measured with."""
+    frames, groups = record(GROUPS)
+    assert groups == GROUPS
+    return frames
 
 
 def _series(frames: list[dict[str, Any]], tmp_path: Path, profile: str) -> tuple[int, set[str]]:
