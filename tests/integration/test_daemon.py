@@ -44,20 +44,23 @@ def test_daemon_killed_and_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyP
             model = MLP()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
             mon = sentinel.watch(model, opt, run="restart") if monitored else None
-            train_steps(model, opt, 5, mon)
-            if mon is not None:
-                wait_for(lambda: 'run="restart"} 5.0' in _metrics(port), what="step 5")
-                daemon.send_signal(signal.SIGKILL)
-                daemon.wait()
-            train_steps(model, opt, 5, mon, seed=1)  # nobody listens: dropped, counted
-            if mon is not None:
-                daemon = _daemon(sock, port)
-                wait_for(lambda: "sentinel_daemon_up 1.0" in _metrics(port), what="the restarted daemon")
-            train_steps(model, opt, 1, mon, seed=2)
-            if mon is not None:  # the first step after the restart is on /metrics within a second
-                wait_for(lambda: 'sentinel_step{job="train",rank="0",run="restart"} 11.0' in _metrics(port),
-                         timeout=1.0, what="metrics from the restarted daemon")
-                mon.close()
+            try:
+                train_steps(model, opt, 5, mon)
+                if mon is not None:
+                    wait_for(lambda: 'run="restart"} 5.0' in _metrics(port), what="step 5")
+                    daemon.send_signal(signal.SIGKILL)
+                    daemon.wait()
+                train_steps(model, opt, 5, mon, seed=1)  # nobody listens: dropped, counted
+                if mon is not None:
+                    daemon = _daemon(sock, port)
+                    wait_for(lambda: "sentinel_daemon_up 1.0" in _metrics(port), what="the restarted daemon")
+                train_steps(model, opt, 1, mon, seed=2)
+                if mon is not None:  # the first step after the restart reaches it: no reconnect is needed
+                    wait_for(lambda: 'sentinel_step{job="train",rank="0",run="restart"} 11.0' in _metrics(port),
+                             what="metrics from the restarted daemon")
+            finally:
+                if mon is not None:
+                    mon.close()  # a failure here must not leave a monitor attached for the tests after it
             return [p.detach().clone() for p in model.parameters()], mon
 
         reference, _ = run(False)
