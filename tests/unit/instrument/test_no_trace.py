@@ -76,8 +76,10 @@ def _train(watch: bool, folder: Path) -> tuple[torch.nn.Module, torch.optim.Opti
         if mon is not None:
             mon.log(loss=loss)
     folder.mkdir()
-    torch.save(model, folder / "model.pt")
+    torch.save(model, folder / "model.pt")  # saved while watched, as a script saves mid-run
     torch.save(opt, folder / "optimizer.pt")
+    if mon is not None:
+        mon.close()
     return model, opt
 
 
