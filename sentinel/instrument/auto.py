@@ -12,12 +12,13 @@ An optimizer re-created over the same parameters is followed by the same monitor
 script's own ``sentinel.watch`` of an optimizer replaces the automatic monitor.
 
 A script that never steps an optimizer (it updates its parameters by hand) is seen at its
-second ``backward()``, when the gradients of the first were reset in between (or at its
-:data:`HAND_AFTER`-th backward() otherwise): one line says what cannot be watched, and a
-monitor of the parameters that received gradients reports one step per ``backward()``
-(loss, gradient norms, NaN/Inf), the gradients read right after it. The first
-``backward()``'s gradient norms are kept on the device until then (one fused norm, once
-per process), so its step is reported too.
+second ``backward()``, when the gradients of the first were reset in between and no
+optimizer holds the parameters (or at its :data:`HAND_AFTER`-th backward() otherwise; SAM
+resets them between its two passes before its optimizer's first step): one line says what
+cannot be watched, and a monitor of the parameters that received gradients reports one
+step per ``backward()`` (loss, gradient norms, NaN/Inf), the gradients read right after
+it. The first ``backward()``'s gradient norms are kept on the device until then (one
+fused norm, once per process), so its step is reported too.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class _HandWatch:
         self.first: tuple[list[torch.Tensor], torch.Tensor] | None = None  # its leaves' grad norms
         self._leaves: list[torch.Tensor] = []  # what the first backward() reached, until it returns
         self.done = False
+        self.held: bool | None = None  # an optimizer holds the parameter (looked for once)
 
     def _finish(self) -> None:
         """Decided either way: off the backward() path for the rest of the process."""
@@ -99,6 +101,8 @@ class _HandWatch:
             if self.calls == 1:
                 leaves = _leaves_of(loss)
                 self.param = weakref.ref(leaves[0]) if leaves else None
+                if _early is not None and leaves:  # SAM's second pass before the first step: not a micro-batch
+                    _early.watch(leaves[0])
                 self._leaves = leaves
                 return
             p = self.param() if self.param is not None else None
@@ -106,12 +110,22 @@ class _HandWatch:
                 self._finish()  # nothing trainable reached: nothing to watch
                 return
             if p.grad is None or self.calls >= HAND_AFTER:  # reset between backward() calls: a step each
+                if self.calls < HAND_AFTER and self._in_optimizer(p):
+                    return  # SAM's two passes before its optimizer's first step: not by hand, wait
                 first = self.first
                 self._finish()
                 _attach_hand(p, self.calls - 1, first if self.calls == 2 else None)
         except Exception:
             self._finish()
             log.warning("sentinel: could not watch a loop without an optimizer; training continues", exc_info=True)
+
+    def _in_optimizer(self, p: torch.Tensor) -> bool:
+        """Whether an optimizer made over ``p`` exists, one that has not stepped yet (one
+        gc scan, the first time the gradients are found reset)."""
+        if self.held is None:
+            self.held = any(any(q is p for g in getattr(o, "param_groups", ()) for q in g.get("params", ()))
+                            for o in live(torch.optim.Optimizer))
+        return self.held
 
     def after_backward(self) -> None:
         """After the first backward(): its gradients' norms, kept on the device (no sync) in
@@ -209,11 +223,13 @@ def _find_model(first: torch.Tensor | None) -> torch.nn.Module | None:
 def _optimizers_alive() -> int:
     """Initialised optimizers alive now that train something (one gc scan, at the first
     attach). A wrapper that never ran ``Optimizer.__init__`` (Accelerate's) is not one."""
+    from sentinel.instrument.registry import shared_inner
+
     n = 0
     for obj in live(torch.optim.Optimizer):
         groups = getattr(obj, "param_groups", None) if hasattr(obj, "_optimizer_step_pre_hooks") else None
-        if groups and any(p.requires_grad for g in groups for p in g.get("params", ())):
-            n += 1
+        if groups and any(p.requires_grad for g in groups for p in g.get("params", ())) and shared_inner(obj) is None:
+            n += 1  # (a SAM optimizer and its base optimizer are one: the base steps)
     return n
 
 

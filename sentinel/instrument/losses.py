@@ -44,20 +44,46 @@ gradients there). Neither may raise."""
 
 
 class LossSum:
-    """The losses passed to ``backward()`` since the last :meth:`take`, summed on the device."""
+    """The losses passed to ``backward()`` since the last :meth:`take`, summed on the device.
+
+    With :meth:`watch`, a ``backward()`` that finds the watched parameter's gradient reset
+    after an earlier ``backward()`` of this step had filled it is another evaluation of the
+    same step, not a micro-batch: SAM's second pass at the perturbed weights (its first
+    pass's loss is the one scripts report), or an LBFGS closure. Its loss is not added."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
         self.count = 0
         self.frozen = False
+        self._param: weakref.ref[torch.Tensor] | None = None
+        self._filling = False  # this backward() found the gradient unset: it may fill it
+        self.filled = False  # a backward() of this step filled the watched gradient
         install()
         _sums.add(self)
+
+    def watch(self, param: torch.Tensor | None) -> None:
+        """Tell apart accumulation (gradients summed over backward() calls) from another
+        evaluation of the step (gradients reset in between) by this parameter's gradient."""
+        self._param = weakref.ref(param) if param is not None else None
 
     def add(self, loss: torch.Tensor) -> None:
         if self.frozen:
             return
+        p = self._param() if self._param is not None else None
+        if p is not None and p.grad is None:  # an attribute read: no sync
+            if self.filled:
+                self.frozen = True  # reset since this step's first pass filled it
+                return
+            self._filling = True
         self.total = loss if self.total is None else self.total + loss.to(self.total.device)
         self.count += 1
+
+    def after(self) -> None:
+        """After a backward(): whether it filled the watched gradient."""
+        if self._filling:
+            self._filling = False
+            p = self._param() if self._param is not None else None
+            self.filled = p is not None and p.grad is not None
 
     def freeze(self) -> None:
         """Ignore further losses until the next :meth:`take` (closure re-evaluations)."""
@@ -66,6 +92,7 @@ class LossSum:
     def take(self) -> torch.Tensor | None:
         """The sum since the last take (None if nothing was passed to backward), and reset."""
         total, self.total, self.count, self.frozen = self.total, None, 0, False
+        self.filled = self._filling = False
         return total
 
     def claim(self) -> torch.Tensor | None:
@@ -80,7 +107,7 @@ class LossSum:
             return _claimed[1]
         for s in list(_sums):
             if s is not self and not s.frozen:
-                s.total, s.count = None, 0
+                s.total, s.count, s.filled = None, 0, False
         if total is not None:
             _claimed = (backward_calls, total)
         return total
@@ -118,6 +145,8 @@ def _seen(loss: torch.Tensor) -> None:
 
 
 def _after() -> None:
+    for s in list(_sums):
+        s.after()
     for listener in list(backward_listeners):
         after = getattr(listener, "after_backward", None)
         if after is not None:

@@ -93,6 +93,9 @@ class Monitor:
         self._adopted = 0  # optimizers made anew over the watched parameters, followed (adopt)
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
+        if self._losses is not None and self.optimizers:  # its gradient tells a second pass of a step
+            self._losses.watch(next((p for g in self.optimizers[0].param_groups for p in g["params"]
+                                     if p.requires_grad), None))
         losses.install()  # counts backward() calls: which step a log() belongs to
         close_at_exit(self)
 

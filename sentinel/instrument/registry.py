@@ -49,12 +49,34 @@ class UnsupportedOptimizer(TypeError):
     """What :func:`unwrap` says of an object that holds no usable optimizer."""
 
 
+def shared_inner(obj: Any) -> torch.optim.Optimizer | None:
+    """The optimizer inside ``obj`` that steps ``obj``'s own parameter groups, when ``obj``
+    is an optimizer built around another one over the same groups: the SAM optimizer (and
+    its copies, ASAM, GSAM), whose ``first_step``/``second_step`` move the weights by hand
+    and leave the update to its ``base_optimizer``; Lookahead-style wrappers. None for any
+    other object. Only the instance's own attributes are looked at (no properties run)."""
+    groups = getattr(obj, "param_groups", None) if isinstance(obj, torch.optim.Optimizer) else None
+    attrs = getattr(obj, "__dict__", None)
+    if not groups or not isinstance(attrs, dict):
+        return None
+    for value in attrs.values():
+        if value is obj or not isinstance(value, torch.optim.Optimizer):
+            continue
+        inner = value.__dict__.get("param_groups")
+        if inner is groups or (isinstance(inner, list) and len(inner) == len(groups)
+                               and all(a is b for a, b in zip(inner, groups, strict=True))):
+            return value
+    return None
+
+
 def unwrap(obj: Any) -> torch.optim.Optimizer:
     """The ``torch.optim.Optimizer`` that really steps, inside any wrappers.
 
     Accelerate's ``AcceleratedOptimizer`` (an ``Optimizer`` subclass that never ran
     ``Optimizer.__init__``), Lightning's ``LightningOptimizer``, DeepSpeed-style wrappers:
-    anything that keeps the real one as ``.optimizer`` or ``._optimizer``.
+    anything that keeps the real one as ``.optimizer`` or ``._optimizer``; and an
+    optimizer whose inner optimizer steps the same parameter groups (SAM's
+    ``base_optimizer``: :func:`shared_inner`).
 
     Raises:
         UnsupportedOptimizer: no initialised ``torch.optim.Optimizer`` inside ``obj``.
@@ -70,6 +92,9 @@ def unwrap(obj: Any) -> torch.optim.Optimizer:
             if isinstance(cand, torch.optim.Optimizer) and id(cand) not in seen:
                 inner = cand
                 break
+        if inner is None:
+            cand = shared_inner(obj)
+            inner = cand if cand is not None and id(cand) not in seen else None
         if inner is None:
             break
         seen.add(id(inner))
@@ -246,6 +271,9 @@ def _unwatched(opt: torch.optim.Optimizer) -> None:
     if _failures >= 3:
         return
     try:
+        if shared_inner(opt) is not None:  # SAM.step(closure): its base optimizer's step is the update
+            _by_opt[opt] = None
+            return
         first = _first_param(opt)
         ref = _owner.get(id(first)) if first is not None else None
         mon = ref() if ref is not None else None

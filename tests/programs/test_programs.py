@@ -1,6 +1,6 @@
 """The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
 PyTorch examples' DCGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
-DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE), each run plainly, under ``sentinel run`` (zero-code) and, where
+DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM), each run plainly, under ``sentinel run`` (zero-code) and, where
 people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -63,6 +63,7 @@ PROGRAMS = [
     Program("sparse_embedding", "sparse_embedding.py", watch=True, optimizers=2, opt="SparseAdam"),
     Program("ppo", "ppo.py", watch=True, opt="Adam"),
     Program("vae_elbo", "vae_elbo.py", watch=True, opt="Adam"),
+    Program("sam", "sam.py", watch=True, opt="SGD"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]

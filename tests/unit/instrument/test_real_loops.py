@@ -458,3 +458,173 @@ def test_captured_loss_of_two_optimizers_is_the_backward_that_filled_each(shape:
     got = {name: [f.get("scalars", {}).get("loss") for f in sender.steps() if f.get("opt") == label]
            for name, label in (("a", "0"), ("b", "1"))}
     assert got == {k: pytest.approx(v, rel=1e-6) for k, v in expected.items()}
+
+
+class _SAM(torch.optim.Optimizer):
+    """The shapes of the widely copied SAM optimizer: ``shares="list"`` builds its base
+    optimizer over its own groups and takes the base's list (davda54/sam);
+    ``shares="dicts"`` wraps a base optimizer made by the script, its own list holding the
+    base's group dicts; ``shares="uninit"`` never runs ``Optimizer.__init__``."""
+
+    def __init__(self, params: Any, shares: str, rho: float = 0.05, **kw: Any) -> None:
+        if shares == "list":
+            super().__init__(params, dict(rho=rho, **kw))
+            self.base_optimizer = torch.optim.SGD(self.param_groups, **kw)
+            self.param_groups = self.base_optimizer.param_groups
+        elif shares == "dicts":
+            self.base_optimizer = torch.optim.SGD(params, **kw)
+            super().__init__(self.base_optimizer.param_groups, dict(rho=rho, **kw))
+        else:
+            self.base_optimizer = torch.optim.SGD(params, **kw)
+            self.param_groups = self.base_optimizer.param_groups
+        self.rho = rho
+        self.old: dict[int, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def first_step(self, zero_grad: bool = False) -> None:
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        scale = self.rho / (torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in grads])) + 1e-12)
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    self.old[id(p)] = p.detach().clone()
+                    p.add_(p.grad * scale)
+        if zero_grad:
+            self.base_optimizer.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self, zero_grad: bool = False) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if id(p) in self.old:
+                    p.copy_(self.old[id(p)])
+        self.base_optimizer.step()
+        if zero_grad:
+            self.base_optimizer.zero_grad()
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # the closure form: both passes in one call
+        self.both_passes(closure)
+
+    def both_passes(self, closure: Any) -> None:
+        self.first_step(zero_grad=True)
+        with torch.enable_grad():
+            closure()
+        self.second_step()
+
+
+class _UninitSAM(_SAM):
+    """Its own ``step``: torch wraps a class's ``step`` in ``Optimizer.__init__``, which
+    this one never runs (an instance of ``_SAM`` would have wrapped the inherited one)."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        self.both_passes(closure)
+
+
+def _sam_steps(mlp: MLP, sam: _SAM, steps: int, closure: bool) -> tuple[list[float], list[float]]:
+    """SAM's loop; the first pass's losses (what its users report) and the applied norms."""
+    losses, norms = [], []
+    for i in range(steps):
+        x, y = _batch(i)
+        loss = nn.functional.mse_loss(mlp(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        if closure:
+            sam.step(lambda x=x, y=y: nn.functional.mse_loss(mlp(x), y).backward())
+            norms.append(float("nan"))
+        else:
+            sam.first_step(zero_grad=True)
+            nn.functional.mse_loss(mlp(x), y).backward()
+            norms.append(_norm(mlp))
+            sam.second_step()
+        sam.base_optimizer.zero_grad()
+    return losses, norms
+
+
+@pytest.mark.parametrize("shares", ["list", "dicts", "uninit"])
+@pytest.mark.parametrize("closure", [False, True], ids=["two-calls", "closure"])
+def test_sam_is_watched_through_its_base_optimizer_one_step_each(mlp: MLP, shares: str, closure: bool,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    sam = (_UninitSAM if shares == "uninit" else _SAM)(mlp.parameters(), shares, lr=0.05, momentum=0.9)
+    mon = sentinel.watch(mlp, sam, engine="off", capture_loss=True)
+    sender = CaptureSender()
+    mon.reporter.sender = sender  # watch() takes no sender: capture its frames
+    try:
+        with caplog.at_level(logging.INFO, logger="sentinel"):
+            losses, norms = _sam_steps(mlp, sam, 4, closure)
+    finally:
+        mon.close()
+    assert mon.optimizers == [sam.base_optimizer]  # the optimizer whose step applies the update
+    assert not [r for r in caplog.records if "steps the watched parameters" in r.getMessage()]
+    steps = sender.steps()
+    assert [f["step"] for f in steps] == [1, 2, 3, 4]
+    # the loss of the first pass, at the weights themselves, not the sum with the second's
+    assert [f["scalars"]["loss"] for f in steps] == pytest.approx(losses, rel=1e-6)
+    if not closure:
+        assert _frame_norms(sender) == pytest.approx(norms, rel=1e-5)  # the second pass's: the applied one
+
+
+def test_a_reset_between_backward_calls_is_not_accumulation_but_a_reset_after_a_step_is(mlp: MLP) -> None:
+    """Accumulated micro-batches sum; a zero_grad() at each step starts the next sum; only
+    a reset inside one step marks a second evaluation."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt, capture_loss=True)
+    expected = []
+    for step in range(3):
+        total = 0.0
+        for micro in range(2):
+            x, y = _batch(10 * step + micro)
+            loss = nn.functional.mse_loss(mlp(x), y) / 2
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        expected.append(total)
+    mon.close()
+    assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(expected, rel=1e-6)
+
+
+def test_pytorch_optimizers_sam_and_lookahead_report_one_step_per_update(mlp: MLP,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The maintained package's own wrappers (pytorch-optimizer, the test extra): its SAM
+    (the davda54 shape) and a Lookahead around AdamW, whose step() runs its base's inside."""
+    from pytorch_optimizer import SAM, Lookahead
+
+    sam = SAM(mlp.parameters(), torch.optim.SGD, rho=0.05, lr=0.05, momentum=0.9)
+    mon = sentinel.watch(mlp, sam, engine="off", capture_loss=True)
+    sender = CaptureSender()
+    mon.reporter.sender = sender
+    try:
+        with caplog.at_level(logging.INFO, logger="sentinel"):
+            losses = []
+            for i in range(3):
+                x, y = _batch(i)
+                loss = nn.functional.mse_loss(mlp(x), y)
+                loss.backward()
+                losses.append(loss.item())
+                sam.first_step(zero_grad=True)
+                nn.functional.mse_loss(mlp(x), y).backward()
+                sam.second_step(zero_grad=True)
+    finally:
+        mon.close()
+    assert mon.optimizers == [sam.base_optimizer]
+    assert [f["step"] for f in sender.steps()] == [1, 2, 3]
+    assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(losses, rel=1e-6)
+
+    ahead = Lookahead(torch.optim.AdamW(mlp.parameters(), lr=1e-3), k=2)
+    mon = sentinel.watch(mlp, ahead, engine="off")
+    sender = CaptureSender()
+    mon.reporter.sender = sender
+    try:
+        with caplog.at_level(logging.INFO, logger="sentinel"):
+            for i in range(4):
+                x, y = _batch(i)
+                ahead.zero_grad()
+                nn.functional.mse_loss(mlp(x), y).backward()
+                ahead.step()
+    finally:
+        mon.close()
+    assert mon.optimizers == [ahead.optimizer]
+    assert [f["step"] for f in sender.steps()] == [1, 2, 3, 4]
+    assert not [r for r in caplog.records if "steps the watched parameters" in r.getMessage()]
