@@ -57,6 +57,7 @@ def install() -> bool:
     if _installed or not enabled():
         return False
     _installed = True
+    _own_lines()
     atexit.register(close_all)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -69,6 +70,22 @@ def install() -> bool:
     preclip.attach(_on_clip)
     losses.backward_listeners.add(_hand_watch)
     return True
+
+
+def _own_lines() -> None:
+    """Sentinel's records in a script it was not asked into go to stderr alone, its warnings
+    as the bare ``sentinel: ...`` lines they are, never through the script's own logging
+    set-up: a script that configures the root logger (``logging.basicConfig`` with a handler
+    to stdout or a ``train.log``, as the Hugging Face examples do) keeps its stdout and its
+    files its own. The stream is the one stderr is at install (at ``import torch``), so a
+    script that later tees ``sys.stderr`` into a file does not get these lines in it."""
+    own = logging.getLogger("sentinel")
+    if not own.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        own.addHandler(handler)
+    own.propagate = False
 
 
 class _HandWatch:

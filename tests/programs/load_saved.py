@@ -66,8 +66,12 @@ def digest(obj, depth=0):  # type: ignore[no-untyped-def]
 
 
 def load(path):  # type: ignore[no-untyped-def]
-    """The file as its program loads it: pickle for ``.pkl``, TorchScript archives with
-    ``torch.jit.load``, anything else with ``torch.load``."""
+    """The file as its program loads it: pickle for ``.pkl``, text for ``.log`` and
+    ``.txt`` (a log file, its lines), TorchScript archives with ``torch.jit.load``,
+    anything else with ``torch.load``."""
+    if path.endswith((".log", ".txt")):
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
     if path.endswith(".pkl"):
         with open(path, "rb") as f:
             return pickle.load(f)
