@@ -28,6 +28,7 @@ from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
 from sentinel.instrument.measure import HandUpdated, Measure
+from sentinel.instrument.optinfo import resumed_step
 from sentinel.instrument.options import WatchOptions, rank_world
 from sentinel.instrument.reporter import Reporter
 from sentinel.instrument.sender import NullSender, Sender
@@ -91,6 +92,7 @@ class Monitor:
         self._record = StateRecord(self.boundary, o)
         self._farewell: weakref.finalize[Any, Any] | None = None
         self._adopted = 0  # optimizers made anew over the watched parameters, followed (adopt)
+        self._counted = False  # the first step has looked for a resumed optimizer's count
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
         if self._losses is not None and self.optimizers:  # its gradient tells a second pass of a step
@@ -362,6 +364,11 @@ class Monitor:
                 run("report", reporter.submit_open)
             if k in contributed:  # this optimizer steps again: a new report begins
                 run("report", finalize)
+            if not self._counted:  # the first step: a resumed optimizer's count goes on
+                self._counted = True
+                resumed = run("resume", resumed_step, opt) if self.steps == 0 else None
+                if resumed:
+                    self.steps = resumed
             step = self.steps + 1
             if not contributed:  # the step's first optimizer
                 run("cadence", cadence.begin, step, self.optimizers)

@@ -68,3 +68,27 @@ def describe(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict[str, Any]
         low = min(dtypes, key=lambda d: _SIZE.get(d, 2)) if dtypes else None
         out.append({"class": name, "dtype": str(low).removeprefix("torch.") if low else "none", "hp": reduced})
     return out
+
+
+def resumed_step(opt: torch.optim.Optimizer) -> int:
+    """The steps ``opt`` took before this process watched it, by its own count: a state
+    loaded from a checkpoint (``optimizer.load_state_dict``) holds them as ``step`` (Adam,
+    AdamW, RMSprop, Adagrad and most others, per parameter; some per group). 0 for a fresh
+    optimizer, and for one that keeps no count (SGD's momentum buffers, LBFGS).
+
+    Read once, at a monitor's first step: a count kept on an accelerator (a fused or
+    capturable Adam) costs one host sync there, never again."""
+    for group in opt.param_groups:
+        for p in group.get("params", ()):
+            st = opt.state.get(p)  # a defaultdict: get() adds nothing
+            if st and "step" in st:
+                return _count(st["step"])
+    return _count(opt.param_groups[0].get("step")) if opt.param_groups else 0
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 1:
+        return int(value)
+    return 0

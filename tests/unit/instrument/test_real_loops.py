@@ -8,6 +8,7 @@ the value is final.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -628,3 +629,64 @@ def test_pytorch_optimizers_sam_and_lookahead_report_one_step_per_update(mlp: ML
     assert mon.optimizers == [ahead.optimizer]
     assert [f["step"] for f in sender.steps()] == [1, 2, 3, 4]
     assert not [r for r in caplog.records if "steps the watched parameters" in r.getMessage()]
+
+
+def _trained_state(opt_cls: Any, steps: int, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint of an MLP and its optimizer after ``steps`` steps, as a script saves one."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = opt_cls(model.parameters(), **kw)
+    for i in range(steps):
+        x, y = _batch(100 + i)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model.state_dict(), opt.state_dict()
+
+
+@pytest.mark.parametrize(("opt_cls", "kw", "first"), [
+    (torch.optim.AdamW, {"lr": 1e-3}, 8),  # Adam's state counts its steps: they go on
+    (torch.optim.RMSprop, {"lr": 1e-3}, 8),
+    (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9}, 1),  # momentum buffers only: no count to go on from
+])
+def test_an_optimizer_resumed_from_a_checkpoint_goes_on_counting_its_steps(opt_cls: Any, kw: dict[str, Any],
+                                                                          first: int) -> None:
+    """A script resumed from its checkpoint (nanoGPT's ``init_from="resume"``): the model and
+    the optimizer are made afresh and load their states, before or after ``watch()``."""
+    model_state, opt_state = _trained_state(opt_cls, 7, **kw)
+    for load_after_watch in (False, True):
+        torch.manual_seed(1)
+        model = MLP()
+        opt = opt_cls(model.parameters(), **kw)
+        if not load_after_watch:  # (a copy, as from a file: Adam counts on in the loaded step tensors)
+            model.load_state_dict(model_state)
+            opt.load_state_dict(copy.deepcopy(opt_state))
+        mon, sender = make_monitor(model, opt)
+        if load_after_watch:
+            model.load_state_dict(model_state)
+            opt.load_state_dict(copy.deepcopy(opt_state))
+        try:
+            for i in range(3):
+                x, y = _batch(i)
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                mon.log(loss=loss)
+        finally:
+            mon.close()
+        assert [f["step"] for f in sender.steps()] == [first, first + 1, first + 2], load_after_watch
+
+
+def test_a_fresh_optimizer_counts_from_one(mlp: MLP) -> None:
+    opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
+    mon, sender = make_monitor(mlp, opt)
+    try:
+        for i in range(2):
+            x, y = _batch(i)
+            opt.zero_grad()
+            nn.functional.mse_loss(mlp(x), y).backward()
+            opt.step()
+    finally:
+        mon.close()
+    assert [f["step"] for f in sender.steps()] == [1, 2]
