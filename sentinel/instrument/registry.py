@@ -245,10 +245,6 @@ def _hook() -> None:
 _UNSEEN: Any = object()
 
 
-def _first_param(opt: torch.optim.Optimizer) -> torch.Tensor | None:
-    return next((p for g in opt.param_groups for p in g["params"]), None)
-
-
 def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
     ref = _by_opt.get(opt, _UNSEEN)
     mon = ref() if ref is not None and ref is not _UNSEEN else None
@@ -266,6 +262,21 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         mon.step_post(opt, args, kwargs)
 
 
+def _owner_of(opt: torch.optim.Optimizer) -> Any:
+    """The live monitor watching any of ``opt``'s parameters (not only its first: the
+    optimizer a fine-tuning script makes when it unfreezes its backbone lists the backbone
+    first, and the head the monitor watched so far after it), or None."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            ref = _owner.get(id(p))
+            mon = ref() if ref is not None else None
+            # the parameter itself, not another that took its id after it was freed
+            if mon is not None and any(q is p for o in getattr(mon, "optimizers", ()) for g in o.param_groups
+                                       for q in g["params"]):
+                return mon
+    return None
+
+
 def _unwatched(opt: torch.optim.Optimizer) -> None:
     global _failures
     if _failures >= 3:
@@ -274,9 +285,7 @@ def _unwatched(opt: torch.optim.Optimizer) -> None:
         if shared_inner(opt) is not None:  # SAM.step(closure): its base optimizer's step is the update
             _by_opt[opt] = None
             return
-        first = _first_param(opt)
-        ref = _owner.get(id(first)) if first is not None else None
-        mon = ref() if ref is not None else None
+        mon = _owner_of(opt)
         if mon is not None and not getattr(mon, "closed", True):
             mon.adopt(opt)  # claims it: the step goes to it now
         elif _fallback is not None:

@@ -66,6 +66,7 @@ PROGRAMS = [
     Program("vae_elbo", "vae_elbo.py", watch=True, opt="Adam"),
     Program("sam", "sam.py", watch=True, opt="SGD"),
     Program("logging_setup", "logging_setup.py", opt="AdamW"),
+    Program("finetune_unfreeze", "finetune_unfreeze.py", opt="Adam"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
