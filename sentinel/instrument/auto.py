@@ -118,8 +118,8 @@ class _HandWatch:
             if self.calls == 1:
                 leaves = _leaves_of(loss)
                 self.param = weakref.ref(leaves[0]) if leaves else None
-                if _early is not None and leaves:  # SAM's second pass before the first step: not a micro-batch
-                    _early.watch(leaves[0])
+                if _early is not None and leaves:  # the first step's passes: reset gradients start its loss again
+                    _early.watch(next((t for t in leaves if isinstance(t, torch.nn.Parameter)), leaves[0]))
                 self._leaves = leaves
                 return
             p = self.param() if self.param is not None else None

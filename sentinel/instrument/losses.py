@@ -47,9 +47,11 @@ class LossSum:
     """The losses passed to ``backward()`` since the last :meth:`take`, summed on the device.
 
     With :meth:`watch`, a ``backward()`` that finds the watched parameter's gradient reset
-    after an earlier ``backward()`` of this step had filled it is another evaluation of the
-    same step, not a micro-batch: SAM's second pass at the perturbed weights (its first
-    pass's loss is the one scripts report), or an LBFGS closure. Its loss is not added."""
+    after it was seen set during this step's earlier ``backward()`` calls starts the sum
+    again: their gradients were thrown away, so the step applies none of theirs. The step's loss is
+    that of the passes whose gradients it applies: an adversarial training step's pass on
+    the perturbed batch, not its attack's passes; SAM's second pass (at the perturbed
+    weights), not its first. Micro-batches accumulate their gradients and sum."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
@@ -57,24 +59,26 @@ class LossSum:
         self.frozen = False
         self._param: weakref.ref[torch.Tensor] | None = None
         self._filling = False  # this backward() found the gradient unset: it may fill it
-        self.filled = False  # a backward() of this step filled the watched gradient
+        self.filled = False  # the watched gradient was seen set during this step's backward() calls
         install()
         _sums.add(self)
 
     def watch(self, param: torch.Tensor | None) -> None:
-        """Tell apart accumulation (gradients summed over backward() calls) from another
-        evaluation of the step (gradients reset in between) by this parameter's gradient."""
+        """Tell apart accumulation (gradients summed over backward() calls) from passes whose
+        gradients are thrown away (reset before the next) by this parameter's gradient."""
         self._param = weakref.ref(param) if param is not None else None
 
     def add(self, loss: torch.Tensor) -> None:
         if self.frozen:
             return
         p = self._param() if self._param is not None else None
-        if p is not None and p.grad is None:  # an attribute read: no sync
-            if self.filled:
-                self.frozen = True  # reset since this step's first pass filled it
-                return
-            self._filling = True
+        if p is not None:
+            if p.grad is None:  # an attribute read: no sync
+                if self.filled:  # reset since it was seen set in this step: the passes before are gone
+                    self.total, self.count, self.filled = None, 0, False
+                self._filling = True
+            else:  # set: by an earlier pass of this step, or left from the last step's
+                self.filled = True
         self.total = loss if self.total is None else self.total + loss.to(self.total.device)
         self.count += 1
 

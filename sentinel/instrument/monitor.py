@@ -95,7 +95,7 @@ class Monitor:
         self._counted = False  # the first step has looked for a resumed optimizer's count
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
-        if self._losses is not None and self.optimizers:  # its gradient tells a second pass of a step
+        if self._losses is not None and self.optimizers:  # its gradient tells a pass whose gradients were thrown away
             self._losses.watch(next((p for g in self.optimizers[0].param_groups for p in g["params"]
                                      if p.requires_grad), None))
         losses.install()  # counts backward() calls: which step a log() belongs to

@@ -263,16 +263,26 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
 
 
 def _owner_of(opt: torch.optim.Optimizer) -> Any:
-    """The live monitor watching any of ``opt``'s parameters (not only its first: the
-    optimizer a fine-tuning script makes when it unfreezes its backbone lists the backbone
-    first, and the head the monitor watched so far after it), or None."""
-    for group in opt.param_groups:
-        for p in group["params"]:
-            ref = _owner.get(id(p))
-            mon = ref() if ref is not None else None
-            # the parameter itself, not another that took its id after it was freed
-            if mon is not None and any(q is p for o in getattr(mon, "optimizers", ()) for g in o.param_groups
-                                       for q in g["params"]):
+    """The live monitor whose optimizer ``opt`` takes the place of, or None: one watching
+    ``opt``'s first parameter (an optimizer made anew over the same model), or one whose
+    optimizer's parameters ``opt`` all holds, whatever it lists first (a fine-tuning
+    script's optimizer once it unfreezes its backbone: the backbone first, then the head
+    watched so far). Another optimizer that only shares some parameters with a watched one
+    (an actor-critic's two optimizers over a shared trunk) steps beside it, not in its place."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    ids = {id(p) for p in params}
+    seen: dict[int, list[tuple[dict[int, Any], bool]]] = {}  # per monitor: its optimizers' parameters
+    for i, p in enumerate(params):
+        ref = _owner.get(id(p))
+        mon = ref() if ref is not None else None
+        if mon is None:
+            continue
+        if id(mon) not in seen:
+            tables = [{id(q): q for g in o.param_groups for q in g["params"]} for o in getattr(mon, "optimizers", ())]
+            seen[id(mon)] = [(t, t.keys() <= ids) for t in tables]
+        for theirs, within in seen[id(mon)]:
+            # the parameter itself (not another that took its id after it was freed)
+            if theirs.get(id(p)) is p and (i == 0 or within):
                 return mon
     return None
 

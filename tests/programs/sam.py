@@ -4,10 +4,11 @@ base optimizer (SGD with momentum) over its own ``param_groups`` and then shares
 forward-backward passes a step (``first_step`` climbs to the worst nearby weights,
 ``second_step`` goes back and lets the base optimizer step with the gradients found
 there), the BatchNorm running statistics frozen for the second pass, and the first pass's
-loss as the one the script reports ("use this loss for any training statistics").
+loss as the one the script prints ("use this loss for any training statistics").
 
-The reference: per step, that first loss, and the norm of the gradients the base optimizer
-applies (the second pass's).
+The reference: per step, the loss and the norm of the gradients of the pass whose gradients
+the base optimizer applies: the second pass's, at the perturbed weights (Sentinel's loss is
+always the loss of the gradients a step applies; the first pass's were thrown away).
 
 argv: OUT_DIR [STEPS]
 """
@@ -97,12 +98,13 @@ for step in range(steps):
     loss.backward()
     optimizer.first_step(zero_grad=True)
     running_stats(model, False)
-    criterion(model(x), y).backward()
-    ref.step(loss, zoolib.total_norm(model.parameters()))
+    perturbed = criterion(model(x), y)
+    perturbed.backward()
+    ref.step(perturbed, zoolib.total_norm(model.parameters()))
     optimizer.second_step(zero_grad=True)
     scheduler.step()
     if monitor is not None:
-        monitor.log(loss=loss)
+        monitor.log(loss=perturbed)
     print(f"step {step} loss {loss.item()!r} lr {scheduler.get_last_lr()[0]!r}")
 os.makedirs(out_dir, exist_ok=True)
 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(out_dir, "sam.pt"))

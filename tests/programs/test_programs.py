@@ -1,7 +1,7 @@
 """The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
 PyTorch examples' DCGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
-DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, the HF
-examples' logging set-up), each run plainly, under ``sentinel run`` (zero-code) and, where
+DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
+adversarial training, the HF examples' logging set-up), each run plainly, under ``sentinel run`` (zero-code) and, where
 people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -67,6 +67,7 @@ PROGRAMS = [
     Program("sam", "sam.py", watch=True, opt="SGD"),
     Program("logging_setup", "logging_setup.py", opt="AdamW"),
     Program("finetune_unfreeze", "finetune_unfreeze.py", opt="Adam"),
+    Program("adversarial", "adversarial.py", opt="SGD"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]

@@ -524,20 +524,23 @@ class _UninitSAM(_SAM):
 
 
 def _sam_steps(mlp: MLP, sam: _SAM, steps: int, closure: bool) -> tuple[list[float], list[float]]:
-    """SAM's loop; the first pass's losses (what its users report) and the applied norms."""
+    """SAM's loop; the losses and norms of its second passes, whose gradients its steps apply."""
     losses, norms = [], []
+
+    def second(x: torch.Tensor, y: torch.Tensor) -> None:
+        perturbed = nn.functional.mse_loss(mlp(x), y)
+        perturbed.backward()
+        losses.append(perturbed.item())
+        norms.append(_norm(mlp))
+
     for i in range(steps):
         x, y = _batch(i)
-        loss = nn.functional.mse_loss(mlp(x), y)
-        loss.backward()
-        losses.append(loss.item())
+        nn.functional.mse_loss(mlp(x), y).backward()  # the first pass: the loss SAM scripts print
         if closure:
-            sam.step(lambda x=x, y=y: nn.functional.mse_loss(mlp(x), y).backward())
-            norms.append(float("nan"))
+            sam.step(lambda x=x, y=y: second(x, y))
         else:
             sam.first_step(zero_grad=True)
-            nn.functional.mse_loss(mlp(x), y).backward()
-            norms.append(_norm(mlp))
+            second(x, y)
             sam.second_step()
         sam.base_optimizer.zero_grad()
     return losses, norms
@@ -560,15 +563,38 @@ def test_sam_is_watched_through_its_base_optimizer_one_step_each(mlp: MLP, share
     assert not [r for r in caplog.records if "steps the watched parameters" in r.getMessage()]
     steps = sender.steps()
     assert [f["step"] for f in steps] == [1, 2, 3, 4]
-    # the loss of the first pass, at the weights themselves, not the sum with the second's
+    # the loss of the pass whose gradients the step applies, not the sum with the first's
     assert [f["scalars"]["loss"] for f in steps] == pytest.approx(losses, rel=1e-6)
-    if not closure:
-        assert _frame_norms(sender) == pytest.approx(norms, rel=1e-5)  # the second pass's: the applied one
+    assert _frame_norms(sender) == pytest.approx(norms, rel=1e-5)
+
+
+def test_adversarial_training_reports_the_loss_of_the_pass_it_applies(mlp: MLP) -> None:
+    """PGD-style adversarial training: attack passes whose backward() also fills the
+    model's gradients (summed over the attack), then zero_grad() and the training pass on
+    the perturbed batch, whose gradients the step applies: its loss is the step's."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt, capture_loss=True)
+    expected = []
+    try:
+        for step in range(3):
+            x, y = _batch(step)
+            delta = torch.zeros_like(x, requires_grad=True)
+            for _ in range(3):  # the attack
+                nn.functional.mse_loss(mlp(x + delta), y).backward()
+                delta.data = (delta + 0.05 * delta.grad.sign()).clamp(-0.1, 0.1)
+                delta.grad.zero_()
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(mlp(x + delta.detach()), y)
+            loss.backward()
+            opt.step()
+            expected.append(loss.item())
+    finally:
+        mon.close()
+    assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(expected, rel=1e-6)
 
 
 def test_a_reset_between_backward_calls_is_not_accumulation_but_a_reset_after_a_step_is(mlp: MLP) -> None:
-    """Accumulated micro-batches sum; a zero_grad() at each step starts the next sum; only
-    a reset inside one step marks a second evaluation."""
+    """Accumulated micro-batches sum; a zero_grad() at each step starts the next sum."""
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     mon, sender = make_monitor(mlp, opt, capture_loss=True)
     expected = []
@@ -601,11 +627,11 @@ def test_pytorch_optimizers_sam_and_lookahead_report_one_step_per_update(mlp: ML
             losses = []
             for i in range(3):
                 x, y = _batch(i)
-                loss = nn.functional.mse_loss(mlp(x), y)
-                loss.backward()
-                losses.append(loss.item())
-                sam.first_step(zero_grad=True)
                 nn.functional.mse_loss(mlp(x), y).backward()
+                sam.first_step(zero_grad=True)
+                perturbed = nn.functional.mse_loss(mlp(x), y)
+                perturbed.backward()
+                losses.append(perturbed.item())
                 sam.second_step(zero_grad=True)
     finally:
         mon.close()
@@ -690,3 +716,23 @@ def test_a_fresh_optimizer_counts_from_one(mlp: MLP) -> None:
     finally:
         mon.close()
     assert [f["step"] for f in sender.steps()] == [1, 2]
+
+
+def test_which_new_optimizer_takes_a_watched_ones_place() -> None:
+    """The monitor follows a new optimizer that replaces its own (the same parameters, or
+    all of them and more: a fine-tuning script's once it unfreezes the backbone, which it
+    lists first); one that only shares a trunk with it (an actor-critic's critic) is not
+    taken for a replacement, which would move the monitor back and forth every step."""
+    from sentinel.instrument.registry import _owner_of
+
+    trunk, actor, critic = nn.Linear(4, 8), nn.Linear(8, 2), nn.Linear(8, 1)
+    model = nn.ModuleDict({"trunk": trunk, "actor": actor, "critic": critic})
+    opt = torch.optim.Adam([*actor.parameters(), *trunk.parameters()], lr=1e-3)
+    mon, _ = make_monitor(model, opt)
+    try:
+        assert _owner_of(torch.optim.Adam([*actor.parameters(), *trunk.parameters()])) is mon  # made anew
+        assert _owner_of(torch.optim.Adam([*critic.parameters(), *actor.parameters(), *trunk.parameters()])) is mon
+        assert _owner_of(torch.optim.Adam([*critic.parameters(), *trunk.parameters()])) is None  # beside it
+        assert _owner_of(torch.optim.Adam(nn.Linear(4, 8).parameters())) is None  # another model
+    finally:
+        mon.close()
