@@ -62,3 +62,30 @@ def test_a_loop_with_an_optimizer_takes_the_look_for_one_off_the_backward_path(t
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "False True"  # decided at the second backward(), then gone
     assert "no optimizer" not in out.stderr
+
+
+_FUNCTIONAL = r"""
+import torch
+from torch.func import functional_call, grad
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+params = {k: v.detach() for k, v in model.named_parameters()}
+loss_fn = lambda p, x, y: ((functional_call(model, p, (x,)) - y) ** 2).mean()
+for _ in range(10):
+    x = torch.randn(8, 4)
+    g = grad(loss_fn)(params, x, x.sum(1, keepdim=True))
+    params = {k: params[k] - 0.1 * g[k] for k in params}
+print("trained")
+"""
+
+
+def test_a_loop_sentinel_cannot_see_gets_a_word_at_its_end(tmp_path: Path) -> None:
+    """JAX-style training with torch.func.grad: no optimizer, no backward(). Nothing can be
+    watched, and sentinel run says so once the command ends, instead of nothing at all."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", _FUNCTIONAL], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout == "trained\n", out.stderr
+    said = [ln for ln in out.stderr.splitlines() if "sent no report" in ln]
+    assert len(said) == 1 and "no torch optimizer" in said[0] and "torch.func.grad" in said[0], out.stderr
+    assert said[0].startswith("sentinel: ")
