@@ -46,6 +46,29 @@ def _labels(mon: Any, **extra: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({"job": "train", "rank": "0", "run": mon.options.run, **extra}.items()))
 
 
+def _watched(model: nn.Module, opt: Any, **options: Any) -> tuple[Any, CaptureSender]:
+    """``sentinel.watch`` (engine off), its frames captured: watch() takes no sender."""
+    mon = sentinel.watch(model, opt, engine="off", **options)
+    sender = CaptureSender()
+    mon.reporter.sender = sender
+    return mon, sender
+
+
+def _plain_steps(model: nn.Module, opt: Any, steps: int, first: int = 0, mon: Any = None) -> list[float]:
+    """The plain loop over batches ``first..first+steps-1`` (logging each loss to ``mon``); the losses."""
+    losses = []
+    for i in range(first, first + steps):
+        x, y = _batch(i)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if mon is not None:
+            mon.log(loss=loss)
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.parametrize("how", ["positional", "keyword"])
 def test_a_closure_step_reports_the_gradients_it_applies(mlp: MLP, how: str) -> None:
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01, momentum=0.9)
@@ -355,9 +378,7 @@ def test_a_param_group_added_later_is_counted(mlp: MLP) -> None:
 
 def test_a_re_created_optimizer_is_followed_and_steps_continue(mlp: MLP, caplog: pytest.LogCaptureFixture) -> None:
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
-    mon = sentinel.watch(mlp, opt, engine="off")
-    sender = CaptureSender()
-    mon.reporter.sender = sender  # watch() takes no sender: capture its frames
+    mon, sender = _watched(mlp, opt)
     with caplog.at_level(logging.WARNING, logger="sentinel"):
         for i in range(6):
             if i == 3:  # an LR finder's restart: a new optimizer over the same parameters
@@ -551,9 +572,7 @@ def _sam_steps(mlp: MLP, sam: _SAM, steps: int, closure: bool) -> tuple[list[flo
 def test_sam_is_watched_through_its_base_optimizer_one_step_each(mlp: MLP, shares: str, closure: bool,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     sam = (_UninitSAM if shares == "uninit" else _SAM)(mlp.parameters(), shares, lr=0.05, momentum=0.9)
-    mon = sentinel.watch(mlp, sam, engine="off", capture_loss=True)
-    sender = CaptureSender()
-    mon.reporter.sender = sender  # watch() takes no sender: capture its frames
+    mon, sender = _watched(mlp, sam, capture_loss=True)
     try:
         with caplog.at_level(logging.INFO, logger="sentinel"):
             losses, norms = _sam_steps(mlp, sam, 4, closure)
@@ -619,9 +638,7 @@ def test_pytorch_optimizers_sam_and_lookahead_report_one_step_per_update(mlp: ML
     from pytorch_optimizer import SAM, Lookahead
 
     sam = SAM(mlp.parameters(), torch.optim.SGD, rho=0.05, lr=0.05, momentum=0.9)
-    mon = sentinel.watch(mlp, sam, engine="off", capture_loss=True)
-    sender = CaptureSender()
-    mon.reporter.sender = sender
+    mon, sender = _watched(mlp, sam, capture_loss=True)
     try:
         with caplog.at_level(logging.INFO, logger="sentinel"):
             losses = []
@@ -640,16 +657,10 @@ def test_pytorch_optimizers_sam_and_lookahead_report_one_step_per_update(mlp: ML
     assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(losses, rel=1e-6)
 
     ahead = Lookahead(torch.optim.AdamW(mlp.parameters(), lr=1e-3), k=2)
-    mon = sentinel.watch(mlp, ahead, engine="off")
-    sender = CaptureSender()
-    mon.reporter.sender = sender
+    mon, sender = _watched(mlp, ahead)
     try:
         with caplog.at_level(logging.INFO, logger="sentinel"):
-            for i in range(4):
-                x, y = _batch(i)
-                ahead.zero_grad()
-                nn.functional.mse_loss(mlp(x), y).backward()
-                ahead.step()
+            _plain_steps(mlp, ahead, 4)
     finally:
         mon.close()
     assert mon.optimizers == [ahead.optimizer]
@@ -662,11 +673,7 @@ def _trained_state(opt_cls: Any, steps: int, **kw: Any) -> tuple[dict[str, Any],
     torch.manual_seed(0)
     model = MLP()
     opt = opt_cls(model.parameters(), **kw)
-    for i in range(steps):
-        x, y = _batch(100 + i)
-        opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+    _plain_steps(model, opt, steps, first=100)
     return model.state_dict(), opt.state_dict()
 
 
@@ -692,13 +699,7 @@ def test_an_optimizer_resumed_from_a_checkpoint_goes_on_counting_its_steps(opt_c
             model.load_state_dict(model_state)
             opt.load_state_dict(copy.deepcopy(opt_state))
         try:
-            for i in range(3):
-                x, y = _batch(i)
-                opt.zero_grad()
-                loss = nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                mon.log(loss=loss)
+            _plain_steps(model, opt, 3, mon=mon)
         finally:
             mon.close()
         assert [f["step"] for f in sender.steps()] == [first, first + 1, first + 2], load_after_watch
@@ -708,11 +709,7 @@ def test_a_fresh_optimizer_counts_from_one(mlp: MLP) -> None:
     opt = torch.optim.AdamW(mlp.parameters(), lr=1e-3)
     mon, sender = make_monitor(mlp, opt)
     try:
-        for i in range(2):
-            x, y = _batch(i)
-            opt.zero_grad()
-            nn.functional.mse_loss(mlp(x), y).backward()
-            opt.step()
+        _plain_steps(mlp, opt, 2)
     finally:
         mon.close()
     assert [f["step"] for f in sender.steps()] == [1, 2]
