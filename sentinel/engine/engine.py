@@ -205,7 +205,6 @@ class Engine:
         if kind == "bye" and opt and not frame.get("exc") and not frame.get("status") and self._stream_ends(rk, opt):
             self.pids.pop((*rk, opt), None)  # one optimizer of several stopped: the rank goes on with the others
         elif kind == "bye":
-            self.streams.pop(rk, None)
             pid = self.pids.get((*rk, opt))
             self._forget_pids(rk)
             if type(frame.get("status")) is int and frame["status"]:  # a launcher's word (run.py, attached)
@@ -216,6 +215,7 @@ class Engine:
             else:
                 self.finished.add(rk)
                 self._publish(self.rules.retire(job, run, rank))
+            self.streams.pop(rk, None)  # after the crash record, which reads its first stream's last values
         elif kind in ("step", "log"):
             if opt:
                 self.streams.setdefault(rk, set()).add(opt)

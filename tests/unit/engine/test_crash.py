@@ -232,3 +232,19 @@ def test_a_ranks_streams_in_processes_of_their_own_are_watched_each(frames: list
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_rank_with_two_optimizers_that_raises_is_reported_with_its_last_values() -> None:
+    """A GAN (two optimizers, two streams of a rank) whose script raises after training: the
+    crash names the step and the last values of the rank's first stream, not "no step"."""
+    clock = Clock()
+    engine = Engine(clock=clock, alive=processes.alive)
+    for step in range(1, 6):
+        for opt in ("0", "1"):
+            clock.t += 0.1
+            assert engine.feed(_stream_frame(opt, step, clock.t))
+    engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "hog", "rank": 0, "step": 5, "t": clock.t,
+                             "opt": "0", "exc": "RuntimeError"}))
+    alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
+    assert "rank 0 raised RuntimeError" in alert["summary"], alert["summary"]
+    assert "last values (step 5, 0 s before): loss 0.5" in alert["summary"], alert["summary"]
