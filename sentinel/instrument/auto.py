@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from sentinel.instrument.gcscan import live
+from sentinel.instrument.untraced import eager_only
 
 log = logging.getLogger("sentinel")
 
@@ -275,6 +276,7 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
     return mon
 
 
+@eager_only
 def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     global _last_clip
     _last_clip = None

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument.untraced import eager_only
+
 log = logging.getLogger("sentinel")
 
 Listener = Callable[[torch.Tensor, float], None]
@@ -72,6 +74,7 @@ def attach(fn: Listener) -> ClipHandle:
     return ClipHandle(entry)
 
 
+@eager_only
 def _notify(total_norm: Any, max_norm: Any) -> None:
     global _failures
     if not _listeners or _failures >= 3:

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument.untraced import eager_only
+
 log = logging.getLogger("sentinel")
 
 # optimizer -> the monitor hooking it, held weakly both ways (None: nobody's, don't look again):
@@ -245,6 +247,7 @@ def _hook() -> None:
 _UNSEEN: Any = object()
 
 
+@eager_only
 def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
     ref = _by_opt.get(opt, _UNSEEN)
     mon = ref() if ref is not None and ref is not _UNSEEN else None
@@ -256,6 +259,7 @@ def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
     return None
 
 
+@eager_only
 def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     mon = monitor_of(opt)
     if mon is not None:

@@ -4,8 +4,12 @@ backends; ``--backend eager`` is cheaper) and trained with AdamW; ``state_dict()
 compiled wrapper is saved (its keys carry ``_orig_mod.``), and the original module's.
 ``--late 2``: the first two steps run eagerly and the module is compiled after them, when a
 zero-code monitor is attached to it (``torch.compile`` of a watched model).
+``--compile-step``: the model runs eagerly and the optimizer's step is compiled instead, as
+PyTorch's compiling-optimizer recipes do (``opt.step()`` and an ``ExponentialLR``'s
+``sched.step()`` in one ``torch.compile(fullgraph=False)`` function, the learning rate a
+tensor so that its changes do not recompile).
 
-argv: OUT_DIR [--backend aot_eager|eager] [--steps N] [--late K]
+argv: OUT_DIR [--backend aot_eager|eager] [--steps N] [--late K] [--compile-step]
 """
 
 import argparse
@@ -20,12 +24,24 @@ parser.add_argument("out_dir")
 parser.add_argument("--backend", default="aot_eager")
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--late", type=int, default=0)
+parser.add_argument("--compile-step", action="store_true")
 args = parser.parse_args()
 torch.manual_seed(0)
 
 model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 1))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-compiled = torch.compile(model, backend=args.backend) if not args.late else model
+if args.compile_step:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2))
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, torch.tensor(0.9))
+    compiled = model
+
+    @torch.compile(fullgraph=False, backend=args.backend)
+    def step_fn() -> None:
+        optimizer.step()
+        scheduler.step()
+else:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    compiled = torch.compile(model, backend=args.backend) if not args.late else model
+    step_fn = optimizer.step
 ref = zoolib.Reference()
 mon = None
 if zoolib.watching():
@@ -43,7 +59,7 @@ for step in range(args.steps):
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     ref.step(loss, zoolib.total_norm(model.parameters()))
-    optimizer.step()
+    step_fn()
     if mon is not None:
         mon.log(loss=loss)
     print(f"step {step} loss {loss.item()!r}")

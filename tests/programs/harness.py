@@ -208,11 +208,17 @@ def samples(text: str, name: str, run: str) -> list[tuple[dict[str, str], float]
     return out
 
 
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+"""The prefix of torch's own C++-style log lines (``W1203 12:17:56.408000 1010 ...``): its
+time and pid differ from run to run."""
+
+
 def extra_stderr(plain: str, other: str) -> list[str]:
-    """The lines of ``other``'s stderr that the plain run did not print (a multiset difference)."""
-    left = plain.splitlines()
+    """The lines of ``other``'s stderr that the plain run did not print (a multiset
+    difference; torch's log lines compared without their time and pid)."""
+    left = [_GLOG.sub("", line) for line in plain.splitlines()]
     extra = []
-    for line in other.splitlines():
+    for line in (_GLOG.sub("", line) for line in other.splitlines()):
         if line in left:
             left.remove(line)
         else:

@@ -47,6 +47,8 @@ PROGRAMS = [
     Program("compiled", "compiled.py", ("--backend", "aot_eager"), watch=True, slow=True, opt="AdamW"),
     Program("compiled_late", "compiled.py", ("--backend", "aot_eager", "--late", "2"), watch=True, slow=True,
             opt="AdamW"),
+    Program("compiled_step", "compiled.py", ("--backend", "aot_eager", "--compile-step"), watch=True, slow=True,
+            opt="AdamW"),
     Program("bf16_autocast", "bf16_autocast.py", opt="SGD"),
     Program("cast_after_watch", "cast_after_watch.py", watch=True, rel=2e-3, opt="SGD"),
     Program("dataloader_workers", "dataloader_workers.py", opt="Adam"),
