@@ -12,10 +12,11 @@ frameworks divide each micro-batch loss by the number of micro-batches before
 which is what they log; a script that does not divide gets the sum of its micro-batches.
 
 Only a single-element tensor that requires grad counts as a loss (a ``backward(gradient)``
-on a non-scalar is not one). The sum stays on the loss's device: adding is one small
-kernel, never a read-back. A closure optimizer (LBFGS) calls its closure several times
-per step; :meth:`LossSum.freeze` keeps the first evaluation's loss, the one ``step()``
-returns.
+on a non-scalar is not one; a single element's gradient multiplies it), and
+``torch.autograd.backward([loss_a, loss_b])`` counts their sum. The sum stays on the
+loss's device: adding is one small kernel, never a read-back. A closure optimizer (LBFGS)
+calls its closure several times per step; :meth:`LossSum.freeze` keeps the first
+evaluation's loss, the one ``step()`` returns.
 """
 
 from __future__ import annotations
@@ -125,27 +126,55 @@ def scaler() -> Any:
     return _scaler
 
 
-def _seen(loss: torch.Tensor) -> None:
+def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
+    """A ``backward()`` begins: ``root.backward()``, or with ``tensors`` and ``grads`` given,
+    ``torch.autograd.backward(tensors, grads)`` (``root`` its first tensor, the graph the
+    listeners walk). Its loss, if it has one (:func:`_loss_of`), goes to every sum."""
     global _failures, backward_calls
     backward_calls += 1
     for listener in list(backward_listeners):
-        listener.before_backward(loss)
+        listener.before_backward(root)
     if not _sums or _failures >= 3:
         return
     try:
-        if loss.numel() != 1 or not loss.requires_grad:
+        value = _loss_of((root,) if tensors is None else tensors, grads)
+        if value is None:
             return
-        value = loss.detach().reshape(()).float()
-        if _scaled is not None and _scaled() is loss:
-            scale = getattr(_scaler, "_scale", None)
-            if isinstance(scale, torch.Tensor):
-                value = value / scale.reshape(()).to(value.device)  # on the device: no sync
         for s in list(_sums):
             s.add(value)
     except Exception:  # never into training
         _failures += 1
         if _failures == 1:
             log.warning("sentinel: reading the loss at backward() failed; training continues", exc_info=True)
+
+
+def _loss_of(tensors: Any, grads: Any) -> torch.Tensor | None:
+    """The loss whose gradients a ``backward()`` of ``tensors`` with ``grads`` (None: ones)
+    applies, on the first's device, or None if it is not a loss: every tensor a single
+    element that requires grad, each gradient None or a single element. That is their sum,
+    each times its gradient (the WGAN scripts' ``err_fake.backward(mone)``, ``mone = -1``,
+    applies ``-err_fake``) and divided by the ``GradScaler`` scale when the scaler scaled it.
+    A non-scalar output given its gradients (a stage's output and its downstream
+    gradients, a split backward) is not a loss: its dot product with them is no figure a
+    script would log, and would spoil the sum of the step's real loss."""
+    if grads is not None and (not isinstance(grads, (list, tuple)) or len(grads) != len(tensors)):
+        return None
+    total: torch.Tensor | None = None
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.requires_grad:
+            return None
+        value = t.detach().reshape(()).float()
+        g = grads[i] if grads is not None else None
+        if g is not None:
+            if not isinstance(g, torch.Tensor) or g.numel() != 1:
+                return None
+            value = value * g.detach().reshape(()).float().to(value.device)
+        if _scaled is not None and _scaled() is t:
+            scale = getattr(_scaler, "_scale", None)
+            if isinstance(scale, torch.Tensor):
+                value = value / scale.reshape(()).to(value.device)  # on the device: no sync
+        total = value if total is None else total + value.to(total.device)
+    return total
 
 
 def _after() -> None:
@@ -175,22 +204,52 @@ def _grad_loss(outputs: Any, inputs: Any, args: tuple[Any, ...], kwargs: dict[st
 
 
 def install() -> None:
-    """Wrap ``Tensor.backward``, ``torch.autograd.grad`` and ``GradScaler.scale`` once per process (cheap while no
-    :class:`LossSum` listens: one function call per ``backward()``)."""
+    """Wrap ``Tensor.backward``, ``torch.autograd.backward``, ``torch.autograd.grad`` and
+    ``GradScaler.scale`` once per process (cheap while no :class:`LossSum` listens: one
+    function call per ``backward()``)."""
     global _installed
     if _installed:
         return
     _installed = True
     original = torch.Tensor.backward
+    original_backward = torch.autograd.backward
+    inside = [0]  # in a backward() already: Tensor.backward's own call of torch.autograd.backward, or a
+    # re-entrant checkpoint's during the backward pass (on CUDA from autograd's device thread: not thread-local)
 
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        _seen(self)
-        out = original(self, *args, **kwargs)
+        gradient = args[0] if args else kwargs.get("gradient")
+        _seen(self, None, None if gradient is None else (gradient,))
+        inside[0] += 1
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
         _after()
         return out
 
     backward.__doc__ = original.__doc__
     torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+    def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if inside[0]:
+            return original_backward(tensors, *args, **kwargs)
+        if not isinstance(tensors, (torch.Tensor, list, tuple)) and hasattr(tensors, "__iter__"):
+            tensors = tuple(tensors)  # a generator: read once here, handed on whole
+        seq = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
+        grads = args[0] if args else kwargs.get("grad_tensors", kwargs.get("grad_variables"))
+        if isinstance(grads, torch.Tensor):
+            grads = (grads,)
+        _seen(seq[0] if isinstance(seq, (list, tuple)) and seq else None, seq, grads)
+        inside[0] += 1
+        try:
+            out = original_backward(tensors, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+        _after()
+        return out
+
+    autograd_backward.__doc__ = original_backward.__doc__
+    torch.autograd.backward = autograd_backward  # type: ignore[assignment]
 
     original_grad = torch.autograd.grad
 

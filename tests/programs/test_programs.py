@@ -1,5 +1,5 @@
 """The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
-PyTorch examples' DCGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
+PyTorch examples' DCGAN, the original WGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
 DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
 adversarial training, the HF examples' logging set-up), each run plainly, under ``sentinel run`` (zero-code) and, where
 people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROGRAMS = [
     Program("chargpt", "chargpt.py", watch=True, opt="AdamW"),
     Program("dcgan", "dcgan.py", optimizers=2, opt="Adam"),
+    Program("wgan", "wgan.py", optimizers=2, opt="RMSprop"),
     Program("lbfgs_seq", "lbfgs_seq.py", watch=True, opt="LBFGS"),
     Program("rnn_lm_sgd", "rnn_lm.py", optimizers=0),
     Program("rnn_lm_sgd_nan", "rnn_lm.py", ("--nan-at", "5"), optimizers=0, nan_at=5),

@@ -185,6 +185,72 @@ def test_captured_loss_is_the_sum_passed_to_backward(mlp: MLP) -> None:
     assert w is not None and list(w.values) == pytest.approx(expected, rel=1e-6)
 
 
+def _objective(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+               how: str) -> torch.Tensor:
+    out = torch.func.functional_call(model, params, (x,))
+    a, b = nn.functional.mse_loss(out, y), out.abs().mean()
+    return a if how == "one" else a - 0.5 * b if how in ("given_gradient", "wgan") else a + b
+
+
+@pytest.mark.parametrize("how", ["list", "one", "generator", "given_gradient", "wgan"])
+def test_captured_loss_of_torch_autograd_backward(mlp: MLP, how: str) -> None:
+    """A multi-task script's ``torch.autograd.backward([loss_a, loss_b])`` applies the
+    gradients of their sum: the step's loss. ``torch.autograd.backward(loss)`` is
+    ``loss.backward()``, counted once (``Tensor.backward`` calls it). A single element given
+    its gradient counts times it (WGAN's ``err_fake.backward(mone)`` applies ``-err_fake``)."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt, capture_loss=True)
+    expected = []
+    for step in range(3):
+        x, y = _batch(step)
+        out = mlp(x)
+        a, b = nn.functional.mse_loss(out, y), out.abs().mean()
+        opt.zero_grad()
+        if how == "list":
+            torch.autograd.backward([a, b])
+            expected.append(float(a) + float(b))
+        elif how == "one":
+            torch.autograd.backward(a)
+            expected.append(float(a))
+        elif how == "generator":
+            torch.autograd.backward(t for t in (a, b))
+            expected.append(float(a) + float(b))
+        elif how == "given_gradient":  # single elements: each times its gradient
+            torch.autograd.backward([a, b], grad_tensors=[torch.tensor(1.0), torch.tensor(-0.5)])
+            expected.append(float(a) - 0.5 * float(b))
+        else:  # the WGAN scripts' err_real.backward(one); err_fake.backward(mone), mone = -1 (here -0.5)
+            a.backward(torch.tensor(1.0), retain_graph=True)
+            b.backward(torch.tensor(-0.5))
+            expected.append(float(a) - 0.5 * float(b))
+        # the same gradients as plain autograd gives (a generator read once), by torch.func, which
+        # Sentinel does not see
+        want = torch.func.grad(lambda params: _objective(mlp, params, x, y, how))(
+            {k: v.detach() for k, v in mlp.named_parameters()})
+        assert all(torch.allclose(p.grad, want[k], atol=1e-6) for k, p in mlp.named_parameters())
+        opt.step()
+    mon.close()
+    assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_vector_given_its_gradient_is_no_loss_and_leaves_the_next_steps_loss_alone(mlp: MLP) -> None:
+    """``out.backward(grad)`` of a non-scalar (a split backward) is not a loss: the step
+    reports the scalar loss of its other ``backward()`` only, and a step with no loss at all
+    reports none (not the last step's)."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt, capture_loss=True)
+    x, y = _batch(0)
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(mlp(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    out = mlp(x)
+    out.backward(torch.ones_like(out))
+    opt.step()
+    mon.close()
+    assert [f.get("scalars", {}).get("loss") for f in sender.steps()] == [pytest.approx(float(loss)), None]
+
+
 def test_log_takes_any_scalars_and_drops_bad_values_not_the_frame(mlp: MLP) -> None:
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     mon, sender = make_monitor(mlp, opt)
