@@ -219,11 +219,18 @@ def install() -> None:
     def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         gradient = args[0] if args else kwargs.get("gradient")
         _seen(self, None, None if gradient is None else (gradient,))
+        # torch's Tensor.backward calls torch.autograd.backward: torch's own for this call, while
+        # ours is the one installed, so a traceback out of backward() has one frame of Sentinel's
+        swap = torch.autograd.backward is autograd_backward
+        if swap:
+            torch.autograd.backward = original_backward
         inside[0] += 1
         try:
             out = original(self, *args, **kwargs)
         finally:
             inside[0] -= 1
+            if swap:
+                torch.autograd.backward = autograd_backward  # type: ignore[assignment]
         _after()
         return out
 

@@ -142,3 +142,33 @@ def test_the_shim_does_not_import_torch_in_pythons_that_never_train() -> None:
             "import torch, sentinel.instrument.auto as a; print(a._installed)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+
+
+def test_an_error_raised_inside_backward_reaches_the_script_as_torch_raised_it(mlp: MLP) -> None:
+    """The script's own error out of ``backward()`` (a failing custom backward, a collective
+    whose peer died) reaches it unchanged, with one frame of Sentinel's in its traceback
+    (the ``Tensor.backward`` wrapper; not a second one for ``torch.autograd.backward``), and
+    the next ``backward()`` works."""
+    import traceback
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x * 1
+
+        @staticmethod
+        def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+            raise ValueError("boom in backward")
+
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+    mon, _ = make_monitor(mlp, opt, capture_loss=True)
+    x = torch.randn(4, 16)
+    for call in (lambda t: t.backward(), lambda t: torch.autograd.backward([t])):
+        with pytest.raises(ValueError, match="boom in backward") as err:
+            call(Boom.apply(mlp(x)).sum())
+        frames = [f for f in traceback.extract_tb(err.value.__traceback__) if "sentinel/instrument" in f.filename]
+        assert len(frames) == 1, frames
+    mlp(x).sum().backward()
+    assert all(p.grad is not None for p in mlp.parameters())
+    assert torch.autograd.backward.__name__ == "autograd_backward"  # Sentinel's, back in place
+    mon.close()
