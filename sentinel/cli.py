@@ -13,10 +13,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Sentinel: a runtime training-health monitor for PyTorch.")
 
 
+class _LogFormat(logging.Formatter):
+    """The commands' log lines: time, level, logger and message, the message without the
+    ``sentinel: `` it starts with for a training script's stderr (where it is the only
+    prefix), so a line does not read ``WARNING sentinel: sentinel: ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return line.replace(f" {record.name}: sentinel: ", f" {record.name}: ", 1)
+
+
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO.")) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LogFormat("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
 
 
 @app.command()

@@ -95,6 +95,19 @@ def test_sentinel_run_serves_on_127_0_0_1_9400_by_default(port_9400_free: None) 
     assert "sentinel: metrics at http://127.0.0.1:9400/metrics" in out.stderr.splitlines()
 
 
+def test_with_9400_in_use_sentinel_run_serves_on_a_free_port_and_says_so_once(port_9400_busy: None) -> None:
+    """A second run on the node: one warning line that names the busy address (no doubled
+    "sentinel: sentinel:"), and the address served instead."""
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--", sys.executable, "-c", "print('ok')"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+    warned = [line for line in out.stderr.splitlines() if "is in use" in line]
+    assert len(warned) == 1 and warned[0].endswith(
+        " WARNING sentinel: 127.0.0.1:9400 is in use (another run?); serving on a free port instead"), warned
+    served = [line for line in out.stderr.splitlines() if line.startswith("sentinel: metrics at http://127.0.0.1:")]
+    assert len(served) == 1 and ":9400/" not in served[0], out.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
