@@ -29,6 +29,18 @@ from sentinel.instrument.sender import Sender
 log = logging.getLogger("sentinel")
 
 
+def command_line() -> str:
+    """The command line as typed (``python -m pkg.train --lr 3e-4``: the history's record of
+    what ran); in a ``multiprocessing`` worker, whose own is multiprocessing's bootstrap, the
+    interpreter and the script's arguments it inherited."""
+    import multiprocessing
+
+    orig = getattr(sys, "orig_argv", None)
+    if orig and multiprocessing.parent_process() is None:
+        return " ".join(orig)
+    return " ".join([os.path.basename(sys.executable) or "python", *sys.argv])
+
+
 class Farewell:
     """The goodbye of a monitor that goes without being closed: a zero-code monitor is
     collected with the model it watched once the script drops it (a function that trained
@@ -123,7 +135,7 @@ class Reporter:
         if o.tags and (steps == 1 or steps % o.tags_every == 0):
             frame.tags = o.tags
         if steps == 1:  # the history's record of what ran (engine side)
-            frame.cmd = " ".join(sys.argv)[:1000]
+            frame.cmd = command_line()[:1000]
         return frame
 
     # -- reports --------------------------------------------------------------------------
