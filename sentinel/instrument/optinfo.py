@@ -10,7 +10,8 @@ fp16, §5.2 weight decay). One small map per optimizer, whatever the number of g
 - ``hp``: numbers reduced over its param groups the way the advice reads them: ``beta1``
   and ``momentum`` the smallest, ``beta2`` the largest, ``eps`` the smallest,
   ``weight_decay`` and ``lr`` the largest; ``decoupled`` 1 when weight decay is applied
-  apart from the gradient (AdamW, Lion, ``decoupled_weight_decay=True``).
+  apart from the gradient (AdamW, Lion, ``decoupled_weight_decay=True``). ``lr`` is the
+  one the script set, before any schedule (:func:`_configured_lr`).
 
 Host-side reads of the param groups only: a tensor-valued hyperparameter on an accelerator
 is left out (reading it would sync).
@@ -39,6 +40,18 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
+def _configured_lr(group: dict[str, Any]) -> Any:
+    """A group's learning rate as the script set it, not where its schedule is now: a warmup
+    from 0 (Hugging Face's ``get_linear_schedule_with_warmup``) reads 0 at the first step and
+    a linear decay 0 at the last, so every run of a sweep would be recorded at lr 0. That is
+    ``OneCycleLR``'s ``max_lr``, else the base every scheduler keeps as ``initial_lr``, else the
+    group's ``lr`` (no scheduler; ``ReduceLROnPlateau`` keeps no base). The lr of each step is
+    the frames' ``lr`` (``sentinel_lr``)."""
+    if "max_lr" in group:
+        return group["max_lr"]
+    return group.get("initial_lr", group.get("lr"))
+
+
 def describe(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict[str, Any]]:
     """The bounded description of each optimizer (see the module docstring)."""
     out: list[dict[str, Any]] = []
@@ -56,7 +69,7 @@ def describe(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict[str, Any]
                     if x is not None:
                         hp.setdefault(name, []).append(x)
             for name in ("lr", "eps", "weight_decay", "momentum"):
-                x = _num(g.get(name))
+                x = _num(_configured_lr(g) if name == "lr" else g.get(name))
                 if x is not None:
                     hp.setdefault(name, []).append(x)
             if g.get("decoupled_weight_decay") is True:

@@ -30,6 +30,28 @@ def test_describe_reduces_groups_the_way_the_advice_reads_them() -> None:
     assert s["dtype"] == "float16" and s["hp"]["momentum"] == 0.9 and "decoupled" not in s["hp"]
 
 
+@pytest.mark.parametrize(("schedule", "lr"), [
+    # Hugging Face's linear warmup from 0 and decay to 0: 0 at the first step and at the last
+    (lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(s / 5, max(0.0, (30 - s) / 25))), 5e-4),
+    (lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=3e-3, total_steps=30), 3e-3),  # its peak
+    (lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.1), 5e-4),
+    (None, 5e-4),
+])
+def test_the_recorded_lr_is_the_one_the_script_set_not_where_its_schedule_is(schedule: Any, lr: float) -> None:
+    """A sweep's runs are compared by the lr they were given (``sentinel compare``), so the
+    record keeps the configured lr at every point of the schedule; each step's own is
+    ``sentinel_lr``."""
+    opt = torch.optim.AdamW(_params(), lr=5e-4)
+    sched = schedule(opt) if schedule else None
+    seen = []
+    for _ in range(30):
+        seen.append(optinfo.describe([opt])[0]["hp"]["lr"])
+        opt.step()
+        if sched is not None:
+            sched.step()
+    assert seen == [pytest.approx(lr)] * 30
+
+
 def _fired(opt: torch.optim.Optimizer, total_steps: int | None = None) -> set[str]:
     frame: dict[str, Any] = {"kind": "step", "job": "j", "run": "r", "rank": 0, "step": 1, "t": 1.0,
                              "groups": ["w"], "grad_sumsq": [1.0], "optim": optinfo.describe([opt])}
