@@ -62,6 +62,10 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
 ``errors``?        instrument errors so far (monotonic)
 ``scalars_dropped``? values ``Monitor.log`` dropped so far (monotonic)
 ``dropped``?       frames dropped by the sender so far (monotonic)
+``beat``?          on a ``log`` frame: the rank works although it took no step since
+                   ``step`` (an evaluation); the forward passes and
+                   ``Monitor.heartbeat()`` calls since then. Sent at most once per
+                   ``heartbeat_seconds``
 ``guard``?         on a ``log`` frame at the step it judged: the step guard's
                    :class:`GuardNote` (a skip, the end of a run of skips, the
                    ``max_consecutive`` outcome, or the first judged step), sent
@@ -241,6 +245,7 @@ class Frame(Struct, kw_only=True):
     errors: Count | UnsetType = UNSET
     scalars_dropped: int | UnsetType = UNSET
     dropped: Count | UnsetType = UNSET
+    beat: Count | UnsetType = UNSET
     guard: GuardNote | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET
     cmd: Annotated[str, Meta(max_length=1000)] | UnsetType = UNSET

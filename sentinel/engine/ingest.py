@@ -99,6 +99,8 @@ class Ingestor:
         if kind == "step":
             r.step = step
             self._step(f, r, ctx)
+        elif "beat" in f:  # working between steps (an evaluation): TrainingStalled counts from here
+            add("sentinel_last_heartbeat_timestamp_seconds", t)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
             self._scalars(f["scalars"], r, ctx)
         if "guard" in f:  # the step guard's note (issue 21)

@@ -348,6 +348,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "amp": _amp,
     "errors": lambda v, _: _count(v),
     "dropped": lambda v, _: _count(v),
+    "beat": lambda v, _: _count(v),
     "exc": lambda v, _: type(v) is str and len(v) <= 200,
     "status": lambda v, _: type(v) is int and -1 <= v <= 255,
     "reply": lambda v, _: type(v) is str and len(v) <= 200,

@@ -14,7 +14,7 @@ from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.frames import Report, Segs
 from sentinel.instrument.layout import Layout
-from sentinel.instrument.timing import BusyClock
+from sentinel.instrument.timing import BusyClock, Heartbeat
 
 
 class HandUpdated:
@@ -38,6 +38,7 @@ class Measure:
     Attributes:
         layout: the current groups and tensors (the monitor sets it at each new layout).
         busy: the model's busy clock (data loading and forward compute per step), or None.
+        heartbeat: the rank's sign of life between steps (wound up at each step), or None.
         guard: the step guard that judges each step's gradients, or None.
         hand_read: a ``backward()``'s gradients (parameters updated by hand) were read, their
             step not ended yet.
@@ -50,6 +51,7 @@ class Measure:
         self.boundary, self.cadence, self.optimizers = boundary, cadence, optimizers
         self.capacity, self.ddp = memory_capacity_bytes, ddp
         self.busy: BusyClock | None = None
+        self.heartbeat: Heartbeat | None = None
         self.last_step_time: float | None = None
         self.guard: Any = None  # sentinel.instrument.guard.Guard or None
         self.hand_read = False
@@ -127,6 +129,8 @@ class Measure:
             frame.step_seconds = now - self.last_step_time
         self.last_step_time = now
         busy = self.busy.step_done() if self.busy is not None else None
+        if self.heartbeat is not None:
+            self.heartbeat.stepped()
         if busy is not None:
             frame.busy_seconds = busy
         if self.ddp:

@@ -33,7 +33,7 @@ from sentinel.instrument.options import WatchOptions, rank_world
 from sentinel.instrument.reporter import Reporter
 from sentinel.instrument.sender import NullSender, Sender
 from sentinel.instrument.staterecord import StateRecord
-from sentinel.instrument.timing import BusyClock, ddp_parts
+from sentinel.instrument.timing import BusyClock, Heartbeat, ddp_parts
 
 log = logging.getLogger("sentinel")
 
@@ -103,6 +103,7 @@ class Monitor:
 
         outer, inner, self.ddp = ddp_parts(model, self.world)
         self.measure = Measure(self.boundary, self.cadence, self.optimizers, o.memory_capacity_bytes, self.ddp)
+        self.measure.heartbeat = Heartbeat(o.heartbeat_seconds, self._beat)
         self.hooks = Hooks(self.boundary, self._record, self.measure, self._losses)
         self.step_pre, self.step_post = self.hooks.step_pre, self.hooks.step_post
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
@@ -126,6 +127,7 @@ class Monitor:
             # busy time: data loading plus forward compute, before the step's gradient sync
             if outer is not None:
                 self.measure.busy = BusyClock(outer, inner)
+                self.measure.busy.heartbeat = self.measure.heartbeat  # a forward between steps beats it
                 self.hooks.handles += self.measure.busy.handles
             # what keeps this monitor alive (Sentinel's tables hold it weakly): zero-code
             # mode's, the model it watches (its hooks hold the clock, the clock holds this),
@@ -189,6 +191,19 @@ class Monitor:
             scalars["loss"] = loss
         self.boundary.run("log", self.reporter.log, scalars, step, self.steps)
         self.probe_seconds += time.perf_counter() - t0
+
+    def heartbeat(self) -> None:
+        """Say that this rank is working although it takes no optimizer step, for a long
+        loop that runs none of the watched model's forward passes (an evaluation of
+        another model, generation through a wrapper, a long checkpoint upload). Cheap
+        enough to call per batch: at most one frame per ``heartbeat_seconds`` leaves.
+
+        The watched model's own forward passes beat it already, so a plain evaluation
+        loop needs no call. While beats come, ``TrainingStalled`` measures the silence
+        from the last one rather than from the last step. Never raises.
+        """
+        if self.active and not self.closed and self.measure.heartbeat is not None:
+            self.measure.heartbeat(time.perf_counter())
 
     def sync_step(self, step: int) -> None:
         """Continue counting from ``step`` (the next optimizer step reports ``step + 1``),
@@ -400,6 +415,9 @@ class Monitor:
                 run("report", finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
+
+    def _beat(self, beats: int) -> None:
+        self.boundary.run("heartbeat", self.reporter.beat, self.steps, beats)
 
     def _finalize(self) -> None:
         """Close the current report: add host-side values; the reporter holds it for ``log()``."""

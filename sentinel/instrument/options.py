@@ -66,6 +66,10 @@ class WatchOptions:
     (``sentinel_optimizer_state_saturation_ratio``)."""
     saturation_max_tensors: int = 32
     """State tensors sampled for the saturation ratio at most."""
+    heartbeat_seconds: float = 20.0
+    """While the rank runs forward passes but takes no optimizer step (an evaluation), a
+    frame says so at most this often, so that ``TrainingStalled`` and the status page
+    count its silence from the last forward pass, not from the last step."""
     max_errors: int = 3
     """A probe that raised this many times is switched off."""
     max_pending: int = 4
@@ -105,6 +109,8 @@ class WatchOptions:
         for name in ("max_groups", "update_every", "state_every", "health_every", "memory_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
+        if not float(self.heartbeat_seconds) > 0:
+            raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds!r}")
         parse_listen(self.listen)
         self.tags = check_tags(self.tags)
         if int(self.tags_every) < 1:

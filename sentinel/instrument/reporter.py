@@ -138,6 +138,16 @@ class Reporter:
             frame.cmd = command_line()[:1000]
         return frame
 
+    def beat(self, steps: int, beats: int) -> None:
+        """Say the rank works between steps (``beats``: forward passes or heartbeat calls
+        since step ``steps``): reports still held go first, so the engine has the last
+        step before its heartbeat."""
+        self.submit_open()
+        self.emit_ready(False)
+        frame = self.frame("log", steps, time.time())
+        frame.beat = beats
+        self.send(frame)
+
     # -- reports --------------------------------------------------------------------------
 
     def hold(self, report: Report, segs: Segs, steps: int) -> None:

@@ -9,6 +9,11 @@ forwards (gradient accumulation). Ranks in lockstep have equal step times, so th
 tells a straggler. Three ``perf_counter`` reads per forward (about 2.5 µs); nothing here
 can raise.
 
+A forward between two optimizer steps is also the rank's sign of life while it takes no
+step (an evaluation, generation): :class:`Heartbeat` turns those into at most one frame
+per ``heartbeat_seconds``, so that an evaluation longer than the stall limit is not paged
+as a hung job.
+
 The hooks are plain functions, not wrapped like the optimizer hooks (``no_grad`` and
 ``torch.compiler.disable`` cost 10 µs a forward, and a disabled function is still an error
 inside ``torch.compile(..., fullgraph=True)``). While torch.compile traces the model they
@@ -18,7 +23,9 @@ compiled model then reports no busy time and the engine compares step times inst
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,6 +54,37 @@ def ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool
     return model, model, False
 
 
+class Heartbeat:
+    """Says, at most once per ``every`` seconds, that the rank works while it takes no
+    optimizer step: the model's forward passes (an evaluation loop) and
+    ``Monitor.heartbeat()`` beat it; each step winds it up again, so a training loop never
+    sends a beat, and nothing beats before the first step.
+
+    Args:
+        every: seconds from the last step (or beat) before a beat is sent.
+        send: called with the beats since the last step (a forward pass or a call each);
+            the caller's boundary keeps it from raising.
+    """
+
+    def __init__(self, every: float, send: Callable[[int], None]) -> None:
+        self.every, self.send = float(every), send
+        self.due = float("inf")  # no beat before the first step: no stall can fire then
+        self.beats = 0
+        self._thread = threading.get_ident()  # a DataParallel replica's thread never sends
+
+    def stepped(self) -> None:
+        """An optimizer step ended: the next beat is due ``every`` seconds from now."""
+        self.beats = 0
+        self.due = time.perf_counter() + self.every
+
+    def __call__(self, now: float) -> None:
+        """One beat at ``now`` (``time.perf_counter()``)."""
+        self.beats += 1
+        if now >= self.due and threading.get_ident() == self._thread:
+            self.due = now + self.every
+            self.send(self.beats)
+
+
 class BusyClock:
     """Accumulates a rank's busy time between two optimizer steps.
 
@@ -60,6 +98,7 @@ class BusyClock:
         self._seen = False
         self._mark: float | None = None  # since when time counts as busy
         self._fwd_t0 = 0.0
+        self.heartbeat: Heartbeat | None = None  # beaten by each forward
         self.handles = [hidden.register(outer, "pre", self._outer_pre),
                         hidden.register(inner, "pre", self._inner_pre),
                         hidden.register(inner, "post", self._inner_post)]
@@ -89,3 +128,5 @@ class BusyClock:
         self._mark = time.perf_counter()
         self._busy += self._mark - self._fwd_t0
         self._seen = True
+        if self.heartbeat is not None:
+            self.heartbeat(self._mark)

@@ -81,6 +81,11 @@ class SentinelCallback(TrainerCallback):  # type: ignore[misc]
         if values:  # computed after the step: they belong to it, wherever its report is
             self.monitor.log(step=state.global_step, **values)
 
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           **kwargs: Any) -> None:
+        if self.monitor is not None:  # an evaluation step: no stall, whichever module it ran
+            self.monitor.heartbeat()
+
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._close(None)

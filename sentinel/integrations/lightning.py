@@ -145,6 +145,13 @@ class SentinelCallback(Callback):  # type: ignore[misc]
         except Exception:
             log.warning("sentinel: SentinelCallback could not log this step", exc_info=True)
 
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        # a validation_step that calls submodules (self.net(x)) runs no forward of the
+        # watched module: a long validation would look like a stalled fit without this
+        if self.monitor is not None:
+            self.monitor.heartbeat()
+
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close(None)
 

@@ -74,6 +74,8 @@ class Context:
             unknown: how far a schedule has taken the lr (sentinel/engine/schedule.py).
         lr_change_step: the last step at which the learning rate changed by more than
             the engine's factor, or None (for detectors that judge what followed it).
+        heartbeat: for the time-based rules, the Unix time of the rank's last heartbeat
+            (it worked between steps: an evaluation's forward passes), or None.
     """
 
     step: int
@@ -88,6 +90,7 @@ class Context:
     memo: dict[str, Any] | None = None
     lr_fraction: float | None = None
     lr_change_step: int | None = None
+    heartbeat: float | None = None
 
 
 class Params(BaseModel):

@@ -40,6 +40,7 @@ from sentinel.rules.lifecycle import Lifecycle, Transition
 from sentinel.store import Store, labels_of
 
 AMP_SKIPS = "sentinel_amp_skipped_steps_total"
+HEARTBEAT = "sentinel_last_heartbeat_timestamp_seconds"
 NODE_JOB = "node"
 """The job of alerts about the machine rather than a training run (GPU health)."""
 NO_RANK = -1
@@ -304,9 +305,10 @@ class RuleEngine:
         sel = self._judge.selection(c, job, run, rank, rs, step)
         if sel.metric is None:
             return
+        beat = self.store.last(HEARTBEAT, rs.labels)
         for _, extra, series in sel.series:
             window = series.window(c.samples)
-            cctx = Context(step=step, now=t, series=dict(extra))
+            cctx = Context(step=step, now=t, series=dict(extra), heartbeat=None if beat is None else beat[1])
             verdict = c.spec.fn(window, c.rule.params, cctx)
             self._judge.evaluations += 1
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)

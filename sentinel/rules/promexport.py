@@ -58,6 +58,10 @@ def _skips(r: Rule) -> str:
             "sum by (job, run, rank) (increase(sentinel_guard_skipped_total[5m])) > 0")
 
 
+_LAST_SIGN = ("(sentinel_last_step_timestamp_seconds >= sentinel_last_heartbeat_timestamp_seconds) "
+              "or sentinel_last_heartbeat_timestamp_seconds or sentinel_last_step_timestamp_seconds")
+"""A rank's last sign of life: its last step, or its last heartbeat when that came later."""
+
 # rule name → (expr from the rule, `for`)
 _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     # the step guard's kept-out NaN is not a page (StepSkipped says it); a NaN let through
@@ -65,7 +69,8 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     "TrainingNonFinite": (lambda r: 'increase(sentinel_nonfinite_total{source="param"}[5m]) > 0 or '
                           '(increase(sentinel_nonfinite_total{source!="param"}[5m]) > 0 unless on (job, run, rank, optimizer) '
                           'increase(sentinel_guard_skipped_total{reason="nonfinite"}[5m]) > 0)', "0m"),
-    "TrainingStalled": (lambda r: "time() - sentinel_last_step_timestamp_seconds > "
+    # silence counts from the later of the last step and the last heartbeat (an evaluation)
+    "TrainingStalled": (lambda r: f"time() - ({_LAST_SIGN}) > "
                         + _num(float(getattr(r.params, "min_seconds", 600.0))), "0m"),
     "OOMRisk": (lambda r: _memory(r, 0.8), "5m"),
     "MemoryCritical": (lambda r: _memory(r, 0.9), "2m"),
@@ -183,6 +188,20 @@ def promtool_tests(pack: RulePack, rule_file: str = "../sentinel.rules.yml") -> 
             {"eval_time": "43m", "alertname": "OOMRisk", "exp_alerts": [
                 {"exp_labels": {**exported["OOMRisk"]["labels"], "job": "train", "run": "r1", "rank": "0"},
                  "exp_annotations": ann}]}]})
+    if "TrainingStalled" in exported and "heartbeat" in exported["TrainingStalled"]["expr"]:
+        # no step after 1m, then an evaluation's heartbeats every minute until 15m: quiet
+        # during it (14m: 13 minutes without a step), firing 10 minutes after its last one
+        ann = dict(exported["TrainingStalled"]["annotations"])
+        ann["summary"] = ann["summary"].replace("{{ $labels.run }}", "r1").replace("{{ $labels.rank }}", "0")
+        tests.append({"interval": "1m", "input_series": [
+            {"series": f"sentinel_last_step_timestamp_seconds{{{_L}}}", "values": "0 60 60x40"},
+            {"series": f"sentinel_last_heartbeat_timestamp_seconds{{{_L}}}", "values": "_ _ 120+60x13 900x26"}],
+            "alert_rule_test": [
+                {"eval_time": "14m", "alertname": "TrainingStalled", "exp_alerts": []},
+                {"eval_time": "24m", "alertname": "TrainingStalled", "exp_alerts": []},
+                {"eval_time": "26m", "alertname": "TrainingStalled", "exp_alerts": [
+                    {"exp_labels": {**exported["TrainingStalled"]["labels"], "job": "train", "run": "r1",
+                                    "rank": "0"}, "exp_annotations": ann}]}]})
     if "StepsSkippedRepeatedly" in exported and " and on " in exported["StepsSkippedRepeatedly"]["expr"]:
         # the latest run of skips was long, and the guard has skipped nothing since: quiet
         # 5 minutes after the last skip, though the run's length is still there

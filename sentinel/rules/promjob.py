@@ -57,10 +57,13 @@ ALERTS: list[dict[str, Any]] = [
                                 "steps 1.5x slower than the job's median rank",
                      "first_checks": "1. That node's GPU panel (throttling, temperature); 2. Its data loader "
                                      "and host load; 3. Drain the node if it stays slow"}},
-    {"alert": "SentinelJobStalled", "expr": "job_run:sentinel_steps:rate1m == 0 and job_run:sentinel_step:min > 0",
+    # not while a rank sends heartbeats (every 20 s while it evaluates): an evaluation is no stall
+    {"alert": "SentinelJobStalled", "expr": "job_run:sentinel_steps:rate1m == 0 and job_run:sentinel_step:min > 0 "
+                                            f"unless on ({BY}) (time() - max by ({BY}) "
+                                            "(sentinel_last_heartbeat_timestamp_seconds) < 120)",
      "for": "10m", "labels": {"severity": "warning"},
      "annotations": {"summary": "Run {{ $labels.run }} (job {{ $labels.job }}) made no step for 10 minutes, "
-                                "on the slowest of its ranks"}},
+                                "on the slowest of its ranks, and none of its ranks evaluates"}},
 ]
 
 

@@ -4,6 +4,10 @@ Time-based: the rule engine evaluates it on ``tick(now)`` with ``ctx.now`` the c
 time, and on every ingested frame of the rank (which is the "it moved again" that
 resolves it). The window is any per-step series of the rank (``sentinel_step``); only its
 sample times are read.
+
+A rank that runs forward passes between steps (an evaluation longer than the limit) sends
+heartbeats (``ctx.heartbeat``); the silence then counts from the later of its last step
+and its last heartbeat, so an evaluation is not paged as a hang, and a hang after it is.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ class StallParams(Params):
     """Parameters of :func:`detect`.
 
     Attributes:
-        min_seconds: never fire before this much silence: evaluation loops, checkpoint
-            saves and data-loader restarts legitimately pause the steps for minutes.
+        min_seconds: never fire before this much silence: checkpoint saves and data-loader
+            restarts legitimately pause the steps for minutes (an evaluation's forward
+            passes are heartbeats, which the silence counts from).
         factor: the silence must also exceed this many median inter-frame times.
         window: frames whose spacing gives the median.
     """
@@ -33,7 +38,8 @@ class StallParams(Params):
 
 
 def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
-    """Fire when ``ctx.now`` is more than the limit past the latest sample's time.
+    """Fire when ``ctx.now`` is more than the limit past the latest sample's time and past
+    the rank's last heartbeat.
 
     Returns:
         None for an empty window. The verdict's value is the silence in seconds, its
@@ -47,6 +53,10 @@ def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
     limit = params.min_seconds
     if typical is not None:
         limit = max(limit, params.factor * typical)
-    silence = max(0.0, ctx.now - times[-1])
-    detail = f"no step for {silence:.0f} s (limit {limit:.0f} s)"
+    since_step = max(0.0, ctx.now - times[-1])
+    silence = since_step if ctx.heartbeat is None else min(since_step, max(0.0, ctx.now - ctx.heartbeat))
+    if silence < since_step:
+        detail = f"no step for {since_step:.0f} s, its last heartbeat {silence:.0f} s ago (limit {limit:.0f} s)"
+    else:
+        detail = f"no step for {silence:.0f} s (limit {limit:.0f} s)"
     return Verdict(silence > limit, silence, limit, baseline=typical, detail=detail)

@@ -33,7 +33,8 @@ MAX_POINTS = 512
 TOP_GROUPS = 8
 MAX_ALERTS = 50
 STALL_SECONDS = 30.0
-"""A rank with no step for max(this, 10 × its median step time) shows as stalled."""
+"""A rank with no step for max(this, 10 × its median step time) shows as stalled, or as
+evaluating while its heartbeats (forward passes between steps) are that recent."""
 
 CHARTS: dict[str, str] = {
     "loss": "sentinel_loss",
@@ -49,6 +50,7 @@ VALUES: dict[str, str] = {
     "step_time": "sentinel_step_duration_seconds",
     "memory_capacity": "sentinel_memory_capacity_bytes",
     "last_step_time": "sentinel_last_step_timestamp_seconds",
+    "last_heartbeat": "sentinel_last_heartbeat_timestamp_seconds",
 }
 
 
@@ -93,7 +95,7 @@ def _thin(steps: np.ndarray, values: np.ndarray, points: int) -> list[list[float
 
 
 def _state(engine: Any, key: Key, last_time: float | None, step_times: list[float],
-           now: float) -> str:
+           now: float, heartbeat: float | None) -> str:
     if key[:3] in getattr(engine, "exited_ranks", {}):
         return "crashed"
     if key[:3] in getattr(engine, "finished", set()):
@@ -101,7 +103,8 @@ def _state(engine: Any, key: Key, last_time: float | None, step_times: list[floa
     if last_time is not None and step_times:
         limit = max(STALL_SECONDS, 10.0 * float(np.median(step_times)))
         if now - last_time > limit:
-            return "stalled"
+            beating = heartbeat is not None and heartbeat > last_time and now - heartbeat <= limit
+            return "evaluating" if beating else "stalled"
     return "training"
 
 
@@ -143,9 +146,11 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
         values = ranks[key]
         last_time = values.pop("last_step_time", None)
         last_time = last_time if isinstance(last_time, float) else None
+        heartbeat = values.pop("last_heartbeat", None)
         window = store.window("sentinel_step_duration_seconds", series.get(key, {}).get("step_time", ()), 50)
         step_times = [] if window is None else [float(v) for v in window.values if math.isfinite(v)]
-        state = _state(engine, key, last_time, step_times, now)
+        state = _state(engine, key, last_time, step_times, now,
+                       heartbeat if isinstance(heartbeat, float) else None)
         runs.setdefault(key[:2], []).append({
             "rank": key[2], "state": state, "values": values,
             "seconds_since_step": None if last_time is None else max(0.0, now - last_time),
@@ -169,7 +174,7 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
 
 def _run_state(ranks: list[dict[str, Any]]) -> str:
     states = {r["state"] for r in ranks}
-    for s in ("crashed", "stalled", "training"):
+    for s in ("crashed", "stalled", "training", "evaluating"):
         if s in states:
             return s
     return "ended"

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,38 @@ def test_lightning_closes_on_an_exception_and_reports_the_crash(fitting: Any) ->
     assert mon.steps == steps
 
 
+def test_lightning_validation_sends_heartbeats(fitting: Any) -> None:
+    """A validation loop whose ``validation_step`` calls a submodule (no forward of the
+    watched LightningModule) still says the fit is alive: the callback beats per batch."""
+    from sentinel.integrations.lightning import SentinelCallback
+
+    class Validated(type(fitting.module(pl))):  # type: ignore[misc]
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+            time.sleep(0.1)  # 8 batches: 0.8 s of validation, no optimizer step
+
+    beats: list[float] = []
+
+    class Probe(pl.Callback):  # type: ignore[misc, name-defined]
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            from prometheus_client.parser import text_string_to_metric_families
+
+            url, deadline = cb.monitor.url, time.monotonic() + 10
+            while not beats and time.monotonic() < deadline:
+                with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+                    text = r.read().decode()
+                beats.extend(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                             if s.name == "sentinel_last_heartbeat_timestamp_seconds")
+                time.sleep(0.05)
+
+    cb = SentinelCallback(run="validated", engine="thread", listen="127.0.0.1:0", heartbeat_seconds=0.2)
+    started = time.time()
+    fitting.trainer(pl, [cb, Probe()], max_steps=2, val_check_interval=2, limit_val_batches=8).fit(
+        Validated(), fitting.data(), fitting.data())
+    assert len(beats) == 1 and started < beats[0] <= time.time()
+
+
 def test_standalone_pytorch_lightning_in_process(fitting: Any) -> None:
     """``import pytorch_lightning`` beside ``lightning``: its Trainer drives the callback."""
     standalone = pytest.importorskip("pytorch_lightning")
@@ -208,3 +241,49 @@ def test_hf_resumed_train_goes_on_counting(tmp_path: Path) -> None:
     assert [(s[0], s[1]) for s in seen] == [(4, 4.0), (5, 5.0), (6, 6.0)]
     for step, _, loss, logged in seen:  # logging_steps=1: the Trainer's loss is the step's
         assert loss == pytest.approx(logged, rel=1e-5), step
+
+
+def test_hf_evaluation_sends_heartbeats(tmp_path: Path) -> None:
+    """An HF evaluation between steps (``eval_strategy="steps"``): a heartbeat per
+    ``heartbeat_seconds`` while it runs, read where Prometheus reads it."""
+    pytest.importorskip("transformers")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from sentinel.integrations.hf import SentinelCallback
+
+    class SlowEval(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+            if not self.training:
+                time.sleep(0.1)  # 8 evaluation batches: 0.8 s without a step
+            return {"loss": torch.nn.functional.mse_loss(self.net(x), labels)}
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"x": x, "labels": x.sum().reshape(1)} for x in torch.randn(64, 8, generator=g)]
+    adapter = SentinelCallback(run="hf-eval", engine="thread", listen="127.0.0.1:0", heartbeat_seconds=0.2)
+    beats: list[float] = []
+
+    class Probe(TrainerCallback):  # type: ignore[misc]
+        def on_evaluate(self, a: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            from prometheus_client.parser import text_string_to_metric_families
+
+            deadline = time.monotonic() + 10
+            while not beats and time.monotonic() < deadline:
+                with urllib.request.urlopen(f"{adapter.monitor.url}/metrics", timeout=10) as r:
+                    text = r.read().decode()
+                beats.extend(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                             if s.name == "sentinel_last_heartbeat_timestamp_seconds")
+                time.sleep(0.05)
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                             max_steps=2, eval_strategy="steps", eval_steps=2, save_strategy="no", report_to="none",
+                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    started = time.time()
+    Trainer(model=SlowEval(), args=args, train_dataset=rows, eval_dataset=rows,
+            callbacks=[adapter, Probe()]).train()
+    assert len(beats) == 1 and started < beats[0] <= time.time()

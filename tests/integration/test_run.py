@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,38 @@ def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> 
         assert alert["ranks"] == [0] and alert["step"] == 30 and alert["severity"] == "critical"
         assert alert["threshold"] == pytest.approx(2.0) and alert["value"] > 2.0
         assert "no step for" in alert["summary"]
+    finally:
+        end_process(proc)
+
+
+def test_an_evaluation_longer_than_the_stall_limit_is_no_stall_and_a_hang_after_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a validation pass (forward passes, no step) of 5 s against a stall limit of 2 s; the
+    # model's forwards send a heartbeat every 0.5 s here (20 s by default, for 600 s)
+    monkeypatch.setenv("SENTINEL_HEARTBEAT_SECONDS", "0.5")
+    cfg = _config(tmp_path, "rules:\n  TrainingStalled:\n    params: {min_seconds: 2}\n")
+    proc, url = _start([sys.executable, str(SCRIPTS / "faulty_train.py"), "30", "evaluate"], config=cfg)
+    out: list[str] = []
+    threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True).start()  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: "trained\n" in out, timeout=60, what="30 steps")
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 60
+        while "evaluated\n" not in out and time.monotonic() < deadline:
+            seen += [a for a in _alerts(url) if a["alertname"] == "TrainingStalled"]
+            time.sleep(0.2)
+        assert "evaluated\n" in out
+        assert seen == [], seen  # the evaluation paged no one
+
+        def stalled() -> dict[str, Any] | None:
+            return next((a for a in _alerts(url) if a["alertname"] == "TrainingStalled" and a["state"] == "firing"),
+                        None)
+
+        alert = wait_for(stalled, timeout=30, what="TrainingStalled firing after the evaluation")
+        assert alert["ranks"] == [0] and alert["step"] == 30
+        m = re.search(r"no step for (\d+) s, its last heartbeat (\d+) s ago \(limit 2 s\)", alert["summary"])
+        assert m, alert["summary"]
+        assert int(m.group(1)) >= 5 > int(m.group(2))  # the silence counts from the evaluation's end
     finally:
         end_process(proc)
 

@@ -2,8 +2,9 @@
 
 argv: steps, then what happens after them: ``kill`` (SIGKILL itself, as the OOM killer
 would), ``raise`` (an exception), or ``stall`` (stop stepping for 60 s, like a hung
-collective or a stuck data loader); or ``nan``: from the middle of the steps on, the
-inputs are NaN.
+collective or a stuck data loader), or ``evaluate`` (a validation pass of 5 s, forward
+passes under ``no_grad`` and no step, then the stall); or ``nan``: from the middle of the
+steps on, the inputs are NaN.
 """
 
 import os
@@ -42,5 +43,13 @@ if fault == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 elif fault == "raise":
     raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
-elif fault == "stall":
+elif fault in ("stall", "evaluate"):
+    if fault == "evaluate":
+        model.eval()
+        end = time.monotonic() + 5
+        with torch.no_grad():
+            while time.monotonic() < end:
+                model(torch.randn(64, 8))
+                time.sleep(0.02)
+        print("evaluated", flush=True)
     time.sleep(60)

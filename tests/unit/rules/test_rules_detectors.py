@@ -527,6 +527,19 @@ def test_stall_with_one_frame_uses_min_seconds() -> None:
     assert v is not None and v.firing and v.threshold == 5
 
 
+@pytest.mark.parametrize(("heartbeat", "fires", "value", "detail"), [
+    (None, True, 100.0, "no step for 100 s (limit 60 s)"),
+    (80.0, True, 69.0, "no step for 100 s, its last heartbeat 69 s ago (limit 60 s)"),  # a hang after it
+    (100.0, False, 49.0, "no step for 100 s, its last heartbeat 49 s ago (limit 60 s)"),
+    (40.0, True, 100.0, "no step for 100 s (limit 60 s)"),  # an old heartbeat, before the last step
+])
+def test_stall_counts_from_the_later_of_the_last_step_and_the_last_heartbeat(
+        heartbeat: float | None, fires: bool, value: float, detail: str) -> None:
+    w = win(list(range(50)))  # the last step at t = 49
+    v = DETECTORS["stall"].fn(w, StallParams(min_seconds=60), ctx(now=149.0, heartbeat=heartbeat))
+    assert v is not None and (v.firing, v.value) == (fires, value) and detail in v.detail
+
+
 # -- helpers --------------------------------------------------------------------------
 
 

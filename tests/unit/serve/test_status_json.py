@@ -57,6 +57,18 @@ def test_a_rank_without_steps_for_long_is_stalled() -> None:
     assert status_json(_Engine(store), now=1002.0 + 31)["runs"][0]["ranks"][0]["state"] == "stalled"
 
 
+def test_a_rank_whose_heartbeats_go_on_without_steps_is_evaluating_until_they_stop() -> None:
+    store = Store()
+    _fill(store, 1, 1, 20)  # the last step at 1002.0
+    base = labels_of(job="j", run="r", rank=0)
+    store.add("sentinel_last_heartbeat_timestamp_seconds", base, 20, 1050.0, 1050.0)
+    doc = status_json(_Engine(store), now=1060.0)
+    [rank] = doc["runs"][0]["ranks"]
+    assert (rank["state"], doc["runs"][0]["state"]) == ("evaluating", "evaluating")
+    assert rank["seconds_since_step"] == 58.0 and "last_heartbeat" not in rank["values"]
+    assert status_json(_Engine(store), now=1050.0 + 31)["runs"][0]["ranks"][0]["state"] == "stalled"
+
+
 def test_nonfinite_groups_are_flagged_and_json_stays_valid() -> None:
     store = Store()
     _fill(store, 1, 3, 5)

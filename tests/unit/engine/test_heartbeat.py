@@ -1,0 +1,91 @@
+"""An evaluation is no stall: a rank's heartbeats (``beat`` on a log frame, sent while it runs
+forward passes and takes no step) move the point TrainingStalled counts its silence from.
+
+Real engine, real frames (wire-encoded), the engine's clock set by the test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sentinel import wire
+from sentinel.engine.engine import Engine
+from tests.unit.engine.test_crash import Clock
+
+HEARTBEAT = "sentinel_last_heartbeat_timestamp_seconds"
+
+
+def _step(rank: int, step: int, t: float, **extra: Any) -> bytes:
+    return wire.encode({"kind": "step", "job": "train", "run": "r1", "rank": rank, "world": 2, "step": step,
+                        "t": t, "groups": ["a"], "grad_sumsq": [1.0], "step_seconds": 0.5,
+                        "scalars": {"loss": 1.0}, **extra})
+
+
+def _beat(rank: int, step: int, t: float, beats: int, **extra: Any) -> bytes:
+    return wire.encode(wire.Frame(kind="log", job="train", run="r1", rank=rank, world=2, step=step, t=t,
+                                  beat=beats, **extra))
+
+
+def _trained(steps: int = 100) -> tuple[Engine, Clock]:
+    clock = Clock()
+    engine = Engine(clock=clock)
+    for step in range(1, steps + 1):
+        clock.t += 0.5
+        for rank in (0, 1):
+            assert engine.feed(_step(rank, step, clock.t))
+    return engine, clock
+
+
+def _stalled(engine: Engine) -> dict[str, Any] | None:
+    return next((a for a in engine.alerts_json() if a["alertname"] == "TrainingStalled"), None)
+
+
+def test_heartbeats_hold_off_training_stalled_and_a_hang_after_them_fires_it() -> None:
+    engine, clock = _trained()
+    last_step = clock.t
+    for _ in range(45):  # a 15-minute evaluation: a heartbeat each 20 s from both ranks
+        clock.t += 20
+        for rank in (0, 1):
+            assert engine.feed(_beat(rank, 100, clock.t, beats=500))
+        engine.tick()
+    assert clock.t - last_step == 900 > 600  # the limit: max(600 s, 20 × 0.5 s)
+    assert _stalled(engine) is None
+    assert engine.store.last(HEARTBEAT, (("job", "train"), ("rank", "0"), ("run", "r1")))[2] == clock.t
+    last_beat = clock.t
+    clock.t += 590
+    engine.tick()
+    assert _stalled(engine) is None
+    clock.t += 20  # the ranks hung after their evaluation: 610 s since the last heartbeat
+    engine.tick()
+    alert = _stalled(engine)
+    assert alert is not None and alert["state"] == "firing" and alert["ranks"] == [0, 1]
+    assert alert["value"] == clock.t - last_beat == 610
+    assert "no step for 1510 s, its last heartbeat 610 s ago (limit 600 s)" in alert["summary"], alert["summary"]
+
+
+def test_a_heartbeat_resolves_a_stall_at_once_and_without_one_the_stall_fires() -> None:
+    engine, clock = _trained()
+    clock.t += 700
+    engine.tick()
+    alert = _stalled(engine)
+    assert alert is not None and alert["state"] == "firing"
+    assert "no step for 700 s (limit 600 s)" in alert["summary"]
+    for rank in (0, 1):  # the evaluation's first heartbeat: no tick needed to end it
+        assert engine.feed(_beat(rank, 100, clock.t, beats=3))
+    alert = _stalled(engine)
+    assert alert is not None and alert["state"] == "resolved"
+
+
+def test_a_heartbeat_of_one_optimizer_stream_counts_for_that_stream() -> None:
+    clock = Clock()
+    engine = Engine(clock=clock)
+    for step in range(1, 51):
+        clock.t += 0.5
+        for opt in ("0", "1"):  # a GAN's two optimizers in one process
+            assert engine.feed(_step(0, step, clock.t, opt=opt))
+    clock.t += 300
+    assert engine.feed(_beat(0, 50, clock.t, beats=10, opt="0"))  # only the generator's model evaluates
+    clock.t += 400
+    engine.tick()
+    alert = _stalled(engine)
+    assert alert is not None and alert["optimizers"] == ["1"], alert

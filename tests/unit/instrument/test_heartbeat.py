@@ -1,0 +1,110 @@
+"""The training side of the heartbeat: forward passes between steps (an evaluation) send a
+log frame with ``beat`` at most once per ``heartbeat_seconds``; a training loop never does.
+
+Real monitor, real model; its frames go to a real engine (``CaptureSender``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from tests.helpers import MLP, CaptureSender, make_monitor
+
+EVERY = 0.25  # heartbeat_seconds here (20 s by default)
+
+
+def _beats(sender: CaptureSender) -> list[dict[str, object]]:
+    return [f for f in sender.frames if "beat" in f]
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, pause: float = 0.0) -> None:
+    for _ in range(steps):
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(pause)
+
+
+def _evaluate(model: torch.nn.Module, seconds: float) -> int:
+    n, end = 0, time.monotonic() + seconds
+    model.eval()
+    with torch.no_grad():
+        while time.monotonic() < end:
+            model(torch.randn(8, 16))
+            n += 1
+            time.sleep(0.005)
+    model.train()
+    return n
+
+
+def test_an_evaluation_sends_heartbeats_and_training_does_not() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    try:
+        _train(model, opt, 30, pause=0.01)  # a step each 10-20 ms: never a beat
+        assert _beats(sender) == []
+        forwards = _evaluate(model, 4.5 * EVERY)
+        beats = _beats(sender)
+        assert len(beats) >= 2, [b["t"] for b in beats]  # one per 0.25 s from 0.25 s after the step
+        assert all(b["kind"] == "log" and b["step"] == 30 for b in beats)
+        counts = [b["beat"] for b in beats]
+        assert counts == sorted(counts) and counts[-1] <= forwards  # forwards since the step
+        assert sender.frames.index(beats[0]) > sender.frames.index(sender.steps()[-1])  # after the step's report
+        ts = [float(b["t"]) for b in beats]  # type: ignore[arg-type]
+        assert min(b - a for a, b in zip(ts, ts[1:])) >= EVERY * 0.9
+        labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+        assert sender.engine.store.last("sentinel_last_heartbeat_timestamp_seconds", labels)[2] == ts[-1]
+        _train(model, opt, 5)  # training again: the count starts over, no beat
+        n = len(sender.frames)
+        again = _evaluate(model, 1.5 * EVERY)
+        later = [b for b in _beats(sender) if sender.frames.index(b) >= n]
+        assert later and later[0]["step"] == 35 and later[0]["beat"] <= again  # counted from step 35
+    finally:
+        mon.close()
+
+
+def test_no_heartbeat_before_the_first_step_nor_from_another_thread() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    try:
+        _evaluate(model, 3 * EVERY)  # a sanity evaluation before training: no step to be late for
+        assert _beats(sender) == []
+        _train(model, opt, 1)
+        # DataParallel's replicas run the model's hooks in worker threads: they never send
+        worker = threading.Thread(target=_evaluate, args=(model, 3 * EVERY))
+        worker.start()
+        worker.join()
+        assert _beats(sender) == []
+        _evaluate(model, 0.5 * EVERY)  # the training thread's own forwards do, the first at once
+        assert len(_beats(sender)) == 1
+    finally:
+        mon.close()
+
+
+def test_monitor_heartbeat_beats_without_a_watched_forward() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(None, opt, heartbeat_seconds=EVERY)  # no model: no forward hook
+    try:
+        _train(model, opt, 3)
+        end = time.monotonic() + 2.5 * EVERY
+        while time.monotonic() < end:  # a generation loop through another object, a long upload
+            mon.heartbeat()
+            time.sleep(0.01)
+        beats = _beats(sender)
+        assert len(beats) >= 1 and beats[0]["step"] == 3 and int(beats[0]["beat"]) >= 5  # type: ignore[call-overload]
+    finally:
+        mon.close()
+    n = len(_beats(sender))
+    time.sleep(EVERY)
+    mon.heartbeat()  # closed: nothing more leaves
+    assert len(_beats(sender)) == n
