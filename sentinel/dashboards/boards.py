@@ -194,9 +194,14 @@ def ranks_gpus(pack: RulePack) -> db.Dashboard:
                 steps=above(pack, "RankDivergence")),
             graph("Steps behind the leading rank", [(
                 f"max by (job, run) ({step_rank}) - on (job, run) group_right () {step_rank}", LEGEND)], "none"),
-            graph("Seconds since the last step", [(
-                f"time() - sentinel_last_step_timestamp_seconds{{{RANK}}}", LEGEND)], "s",
-                description="Line: TrainingStalled's minimum (its threshold also scales with the step time).",
+            graph("Seconds since the last step or heartbeat", [(
+                f"time() - ((sentinel_last_step_timestamp_seconds{{{RANK}}} >= "
+                f"sentinel_last_heartbeat_timestamp_seconds{{{RANK}}}) or "
+                f"sentinel_last_heartbeat_timestamp_seconds{{{RANK}}} or "
+                f"sentinel_last_step_timestamp_seconds{{{RANK}}})", LEGEND)], "s",
+                description="What TrainingStalled measures: the silence since the last step, or since the "
+                            "last heartbeat when the rank evaluates (forward passes without a step). "
+                            "Line: TrainingStalled's minimum (its threshold also scales with the step time).",
                 steps=[(None, "green"), (limit(pack, "TrainingStalled", "min_seconds"), "red")]),
         ]),
         ("GPUs (NVML)", [
