@@ -69,7 +69,7 @@ CATALOG: dict[str, Spec] = {
     "sentinel_step_duration_seconds": Spec(G, "Wall time of the last training step."),
     "sentinel_last_step_timestamp_seconds": Spec(G, "Unix time of the last completed step."),
     "sentinel_last_heartbeat_timestamp_seconds": Spec(
-        G, "Unix time of the rank's last heartbeat: forward passes (an evaluation) or Monitor.heartbeat() "
+        G, "Unix time of the rank's last heartbeat: evaluation forwards (eval() mode or no_grad) or Monitor.heartbeat() "
            "calls while it took no step, sent at most every heartbeat_seconds (20 s by default). "
            "TrainingStalled counts silence from the later of this and the last step."),
     "sentinel_step_busy_seconds": Spec(

@@ -9,10 +9,12 @@ forwards (gradient accumulation). Ranks in lockstep have equal step times, so th
 tells a straggler. Three ``perf_counter`` reads per forward (about 2.5 µs); nothing here
 can raise.
 
-A forward between two optimizer steps is also the rank's sign of life while it takes no
-step (an evaluation, generation): :class:`Heartbeat` turns those into at most one frame
-per ``heartbeat_seconds``, so that an evaluation longer than the stall limit is not paged
-as a hung job.
+An evaluation's forward (the model in ``eval()`` mode, or gradients off: ``no_grad``,
+``inference_mode``, ``generate``) is also the rank's sign of life while it takes no step:
+:class:`Heartbeat` turns those into at most one frame per ``heartbeat_seconds``, so that
+an evaluation longer than the stall limit is not paged as a hung job. A training forward
+is not one: a loop that computes losses but never steps (every batch skipped on a NaN)
+makes no progress, and its stall must still page.
 
 The hooks are plain functions, not wrapped like the optimizer hooks (``no_grad`` and
 ``torch.compiler.disable`` cost 10 µs a forward, and a disabled function is still an error
@@ -128,5 +130,5 @@ class BusyClock:
         self._mark = time.perf_counter()
         self._busy += self._mark - self._fwd_t0
         self._seen = True
-        if self.heartbeat is not None:
-            self.heartbeat(self._mark)
+        if self.heartbeat is not None and not (module.training and torch.is_grad_enabled()):
+            self.heartbeat(self._mark)  # an evaluation's forward (a training forward is no sign of progress)

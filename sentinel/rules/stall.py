@@ -5,7 +5,7 @@ time, and on every ingested frame of the rank (which is the "it moved again" tha
 resolves it). The window is any per-step series of the rank (``sentinel_step``); only its
 sample times are read.
 
-A rank that runs forward passes between steps (an evaluation longer than the limit) sends
+A rank that runs evaluation forwards between steps (an evaluation longer than the limit) sends
 heartbeats (``ctx.heartbeat``); the silence then counts from the later of its last step
 and its last heartbeat, so an evaluation is not paged as a hang, and a hang after it is.
 """

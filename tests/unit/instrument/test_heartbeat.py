@@ -69,6 +69,33 @@ def test_an_evaluation_sends_heartbeats_and_training_does_not() -> None:
         mon.close()
 
 
+def test_a_training_loop_that_stops_stepping_sends_no_heartbeat() -> None:
+    """Forward passes in training mode with gradients on are no evaluation: a loop that
+    skips every step (a NaN loss, ``continue``) makes no progress, and its stall must page.
+    The same forwards under ``no_grad`` or in ``eval()`` mode do beat."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    try:
+        _train(model, opt, 3)
+        end = time.monotonic() + 3 * EVERY
+        while time.monotonic() < end:  # every batch's loss "bad": backward, but never a step
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.zero_grad()
+            time.sleep(0.005)
+        assert _beats(sender) == []
+        with torch.no_grad():
+            model(torch.randn(8, 16))  # training mode, gradients off: an evaluation's forward
+        assert len(_beats(sender)) == 1
+        time.sleep(EVERY)
+        model.eval()
+        model(torch.randn(8, 16))  # eval mode, gradients on (a script that forgot no_grad)
+        assert len(_beats(sender)) == 2
+    finally:
+        mon.close()
+
+
 def test_no_heartbeat_before_the_first_step_nor_from_another_thread() -> None:
     torch.manual_seed(0)
     model = MLP()
