@@ -28,6 +28,7 @@ from sentinel.instrument.layout import Layout
 from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
 from sentinel.instrument.measure import HandUpdated, Measure
+from sentinel.instrument.naming import parameter_names
 from sentinel.instrument.optinfo import resumed_step
 from sentinel.instrument.options import WatchOptions, rank_world
 from sentinel.instrument.reporter import Reporter
@@ -107,7 +108,8 @@ class Monitor:
         self.hooks = Hooks(self.boundary, self._record, self.measure, self._losses)
         self.step_pre, self.step_post = self.hooks.step_pre, self.hooks.step_post
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
-        self._names_by_id = {id(p): n for n, p in inner.named_parameters()} if inner is not None else {}
+        # (and from the other modules the optimizers step parameters of: a seq2seq's decoder)
+        self._names_by_id = parameter_names(inner, self.optimizers)
         self.capture = InputCapture(outer, lambda: self.steps, self.rank, self.boundary)  # hooks once armed
         self._new_layout()
         if sender is None:

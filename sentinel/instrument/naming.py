@@ -1,0 +1,79 @@
+"""The names of the parameters an optimizer steps, for their groups.
+
+A model names its own parameters (``layers.7.attn.q.weight``). An optimizer may also step
+parameters of other models: the encoder and the decoder of a seq2seq script, each its own
+module, under one ``Adam(list(enc.parameters()) + list(dec.parameters()))``. Without a
+name those parameters would merge into one group per optimizer param group
+(``optimizer0.group0``), and a vanishing gradient in the decoder could not say where.
+:func:`parameter_names` finds the modules that hold them (one gc scan, only when some
+parameter has no name) and names every parameter after its root module's class:
+``Encoder.emb``, ``Decoder.rnn``. A parameter that no module holds (a bare learned
+temperature) keeps its place name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from sentinel.instrument.gcscan import live
+
+log = logging.getLogger("sentinel")
+
+
+def parameter_names(model: torch.nn.Module | None, optimizers: Sequence[Any]) -> dict[int, str]:
+    """Parameter name by ``id(param)``: the model's own names, or, when the optimizers also
+    step parameters of other modules, every name prefixed with its root module's class
+    name (the same class twice: ``Tower``, ``Tower_2``)."""
+    names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+    try:
+        missing = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]
+                   if isinstance(p, torch.Tensor) and p.requires_grad and id(p) not in names}
+        roots = _roots(model, missing) if missing else []
+    except Exception:  # a name is a label: never worth an error in the user's watch()
+        log.debug("sentinel: could not name the parameters outside the model", exc_info=True)
+        return names
+    if not roots:
+        return names
+    labels = _labels([model] + [r for r, _ in roots] if model is not None else [r for r, _ in roots])
+    out = {i: f"{labels[0]}.{n}" for i, n in names.items()} if model is not None else {}
+    for (_, own), label in zip(roots, labels[1:] if model is not None else labels):
+        out.update((id(p), f"{label}.{n}") for n, p in own)
+    return out
+
+
+def _roots(model: torch.nn.Module | None, missing: set[int]) -> list[tuple[torch.nn.Module, list[tuple[str, Any]]]]:
+    """The modules holding the ``missing`` parameters, largest first, each with the names
+    of those it holds that no larger one named already."""
+    holders = []
+    for obj in live(torch.nn.Module):
+        if obj is model:
+            continue
+        named = list(obj.named_parameters())
+        if any(id(p) in missing for _, p in named):
+            holders.append((len(named), obj, named))
+    holders.sort(key=lambda h: -h[0])
+    roots = []
+    for _, obj, named in holders:
+        own = [(n, p) for n, p in named if id(p) in missing]
+        if own:
+            roots.append((obj, own))
+            missing = missing - {id(p) for _, p in own}
+        if not missing:
+            break
+    return roots
+
+
+def _labels(modules: list[torch.nn.Module]) -> list[str]:
+    """Each module's class name, a repeated one with ``_2``, ``_3``, ... (never a bare number:
+    a numeric component would make the group the whole module, :func:`group_name`)."""
+    seen: dict[str, int] = {}
+    out = []
+    for m in modules:
+        name = type(m).__name__
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return out

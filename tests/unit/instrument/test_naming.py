@@ -1,0 +1,77 @@
+"""Groups of parameters that live outside the watched model: a seq2seq script's decoder under
+the encoder's optimizer (PyTorch's translation tutorial, many of its copies), a metric
+learning head, two towers of one class. Real monitors, real models, frames to a real engine.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sentinel.instrument.naming import parameter_names
+from tests.helpers import MLP, make_monitor
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.rnn = nn.GRU(8, 16, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(self.emb(x))[1]
+
+
+class Decoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.rnn = nn.GRU(8, 16, batch_first=True)
+        self.out = nn.Linear(16, 20)
+
+    def forward(self, y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return self.out(self.rnn(self.emb(y), h)[0])
+
+
+def test_a_decoder_outside_the_watched_model_gets_its_own_groups() -> None:
+    torch.manual_seed(0)
+    enc, dec = Encoder(), Decoder()
+    opt = torch.optim.Adam(list(enc.parameters()) + list(dec.parameters()), lr=1e-3)
+    mon, sender = make_monitor(enc, opt)
+    try:
+        for _ in range(3):
+            y = torch.randint(0, 20, (4, 5))
+            loss = nn.functional.cross_entropy(dec(y, enc(torch.randint(0, 20, (4, 6)))).reshape(-1, 20),
+                                               y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        frame = sender.steps()[-1]
+        assert frame["groups"] == ["Encoder.emb", "Encoder.rnn", "Decoder.emb", "Decoder.rnn", "Decoder.out"]
+        # each group's sum of squares is its own parameters' (nothing merged, nothing lost)
+        by_group = dict(zip(frame["groups"], frame["grad_sumsq"]))
+        want = float(sum(p.grad.pow(2).sum() for p in dec.out.parameters()))  # type: ignore[union-attr]
+        assert abs(by_group["Decoder.out"] - want) <= 1e-6 * want
+    finally:
+        mon.close()
+
+
+def test_names_stay_the_models_own_when_it_holds_every_parameter_and_bare_ones_keep_their_place() -> None:
+    model = MLP()
+    scale = nn.Parameter(torch.ones(()))  # a learned temperature no module holds
+    opt = torch.optim.SGD([{"params": model.parameters()}, {"params": [scale]}], lr=0.1)
+    names = parameter_names(model, [opt])
+    assert names == {id(p): n for n, p in model.named_parameters()}  # no prefix, no scan's names
+    assert id(scale) not in names  # the layout names it optimizer0.group1.0
+
+
+def test_two_towers_of_one_class_and_no_model() -> None:
+    left, right = MLP(), MLP()
+    opt = torch.optim.SGD(list(left.parameters()) + list(right.parameters()), lr=0.1)
+    names = parameter_names(left, [opt])
+    assert names[id(left.head.weight)] == "MLP.head.weight"
+    assert names[id(right.head.weight)] == "MLP_2.head.weight"
+    assert names[id(right.layers[0][0].bias)] == "MLP_2.layers.0.0.bias"
+    # a monitor without a model (watch(None, opt)): the modules holding them name them
+    both = parameter_names(None, [opt])
+    assert {both[id(left.head.weight)], both[id(right.head.weight)]} == {"MLP.head.weight", "MLP_2.head.weight"}
