@@ -41,9 +41,9 @@ def _no_monitor_left_open(request: pytest.FixtureRequest) -> Iterator[None]:
     """
     from sentinel.instrument import registry
 
-    before = {id(m) for m in registry._live_streams()}
+    before = {id(m) for m in registry.live_streams()}
     yield
-    left = [m for m in registry._live_streams() if id(m) not in before]
+    left = [m for m in registry.live_streams() if id(m) not in before]
     for m in left:
         m.close()
     if left and not getattr(request.node, "_sentinel_failed", False):

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import losses, preclip, registry
+from sentinel.instrument import loaders, losses, preclip, registry
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
@@ -100,6 +100,7 @@ class Monitor:
             self._losses.watch(next((p for g in self.optimizers[0].param_groups for p in g["params"]
                                      if p.requires_grad), None))
         losses.install()  # counts backward() calls: which step a log() belongs to
+        loaders.install()  # an evaluation's batches are heartbeats (an EMA copy's too)
         close_at_exit(self)
 
         outer, inner, self.ddp = ddp_parts(model, self.world)

@@ -149,7 +149,8 @@ def release(monitor: Any, opt: torch.optim.Optimizer | None = None) -> None:
             del _owner[pid]
 
 
-def _live_streams() -> list[Any]:
+def live_streams() -> list[Any]:
+    """The monitors of optimizers that are open, in the order they were made."""
     return [m for m in (r() for r in _streams) if m is not None and not getattr(m, "closed", False)]
 
 
@@ -157,14 +158,14 @@ def add_stream(monitor: Any) -> None:
     """Record a new monitor of optimizers (its place names its stream), and which live
     monitors had reported already: those belong to an earlier run of the process (a
     notebook cell run again, a script's second experiment), not beside this one."""
-    _streams[:] = [weakref.ref(m) for m in _live_streams()]
+    _streams[:] = [weakref.ref(m) for m in live_streams()]
     _before[id(monitor)] = frozenset(id(m) for m in _streams_reported())
     _streams.append(weakref.ref(monitor))
     weakref.finalize(monitor, _before.pop, id(monitor), None)
 
 
 def _streams_reported() -> list[Any]:
-    return [m for m in _live_streams() if getattr(m, "stream", None) is not None]
+    return [m for m in live_streams() if getattr(m, "stream", None) is not None]
 
 
 def expect_streams(n: int) -> None:
@@ -211,7 +212,7 @@ def _process_label(monitor: Any) -> str:
     reported (a GAN's two ``watch()`` calls), or when zero-code mode found several
     optimizers alive at its first attach. Such a monitor's label is its index in creation
     order among them (``"0"``, ``"1"``, ...); a monitor alone is ``""`` (no label)."""
-    live = _live_streams()
+    live = live_streams()
     if not any(m is monitor for m in live):
         return ""
     if getattr(monitor, "auto", False) and _expected > 1:

@@ -135,3 +135,61 @@ def test_monitor_heartbeat_beats_without_a_watched_forward() -> None:
     time.sleep(EVERY)
     mon.heartbeat()  # closed: nothing more leaves
     assert len(_beats(sender)) == n
+
+
+class _Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, n: int, fail_at: int | None = None) -> None:
+        self.n, self.fail_at = n, fail_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.fail_at:
+            raise ValueError(f"bad row {i}")
+        time.sleep(0.01)
+        return torch.randn(16)
+
+
+def test_an_evaluation_of_an_ema_copy_beats_through_its_loader_and_a_training_loader_does_not() -> None:
+    """timm's and YOLO's shape: the EMA model, a deepcopy (no hook of Sentinel's in it), is
+    validated each epoch under ``no_grad``; its loader's batches are the heartbeats."""
+    import copy
+
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    try:
+        _train(model, opt, 2)
+        ema = copy.deepcopy(model).eval()
+        time.sleep(EVERY)
+        for x in torch.utils.data.DataLoader(_Rows(8), batch_size=4):  # gradients on: a training loader
+            ema(x)
+        assert _beats(sender) == []
+        with torch.no_grad():
+            for x in torch.utils.data.DataLoader(_Rows(8), batch_size=4):
+                ema(x)
+        assert len(_beats(sender)) == 1
+    finally:
+        mon.close()
+
+
+def test_a_dataset_error_reaches_the_script_without_a_frame_of_sentinel() -> None:
+    import traceback
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, _ = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    try:
+        _train(model, opt, 1)
+        time.sleep(EVERY)
+        try:
+            with torch.no_grad():
+                for x in torch.utils.data.DataLoader(_Rows(8, fail_at=5), batch_size=4):
+                    model(x)
+        except ValueError as e:
+            text = "".join(traceback.format_exception(e))
+        assert "bad row 5" in text and "sentinel/instrument" not in text and "dataloader.py" in text, text
+    finally:
+        mon.close()
