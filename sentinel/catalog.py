@@ -71,7 +71,8 @@ CATALOG: dict[str, Spec] = {
     "sentinel_last_heartbeat_timestamp_seconds": Spec(
         G, "Unix time of the rank's last heartbeat: evaluation forwards (eval() mode or no_grad) or Monitor.heartbeat() "
            "calls while it took no step, sent at most every heartbeat_seconds (20 s by default). "
-           "TrainingStalled counts silence from the later of this and the last step."),
+           "TrainingStalled counts a rank's silence from the later of its last step and the latest heartbeat of any "
+           "rank of its run."),
     "sentinel_step_busy_seconds": Spec(
         G, "Time of the last step spent before the gradient sync: data loading plus forward."),
     "sentinel_rank_grad_norm_deviation": Spec(

@@ -194,14 +194,13 @@ def ranks_gpus(pack: RulePack) -> db.Dashboard:
                 steps=above(pack, "RankDivergence")),
             graph("Steps behind the leading rank", [(
                 f"max by (job, run) ({step_rank}) - on (job, run) group_right () {step_rank}", LEGEND)], "none"),
-            graph("Seconds since the last step or heartbeat", [(
-                f"time() - ((sentinel_last_step_timestamp_seconds{{{RANK}}} >= "
-                f"sentinel_last_heartbeat_timestamp_seconds{{{RANK}}}) or "
-                f"sentinel_last_heartbeat_timestamp_seconds{{{RANK}}} or "
-                f"sentinel_last_step_timestamp_seconds{{{RANK}}})", LEGEND)], "s",
-                description="What TrainingStalled measures: the silence since the last step, or since the "
-                            "last heartbeat when the rank evaluates (forward passes without a step). "
-                            "Line: TrainingStalled's minimum (its threshold also scales with the step time).",
+            graph("Seconds since the last step, and the run's last heartbeat", [
+                (f"time() - sentinel_last_step_timestamp_seconds{{{RANK}}}", LEGEND),
+                (f"time() - max by (job, run) (sentinel_last_heartbeat_timestamp_seconds{{{RUN}}})",
+                 "{{run}} heartbeat")], "s",
+                description="TrainingStalled fires for a rank when both its line and its run's heartbeat "
+                            "line (an evaluation, any rank's) are past its limit. Line: TrainingStalled's "
+                            "minimum (its threshold also scales with the step time).",
                 steps=[(None, "green"), (limit(pack, "TrainingStalled", "min_seconds"), "red")]),
         ]),
         ("GPUs (NVML)", [

@@ -74,8 +74,8 @@ class Context:
             unknown: how far a schedule has taken the lr (sentinel/engine/schedule.py).
         lr_change_step: the last step at which the learning rate changed by more than
             the engine's factor, or None (for detectors that judge what followed it).
-        heartbeat: for the time-based rules, the Unix time of the rank's last heartbeat
-            (it worked between steps: an evaluation's forward passes), or None.
+        heartbeat: for the time-based rules, the Unix time of the last heartbeat of any
+            rank of the run (it evaluated between steps), or None.
     """
 
     step: int

@@ -159,9 +159,12 @@ class RuleEngine:
         """A new frame ends any stall of this rank: judge the time-based rules whose
         alert holds it now, not at the next tick."""
         life, opened = self._life, ev.opened
+        beat: float | None | bool = False  # looked up once, for the first rule that needs it
         for c in self._time_rules:
             if c.name in opened and life.tracks(c.name, ev.job, ev.run, ev.rank):
-                self._time_eval(c, ev.job, ev.run, ev.rank, ev.rs, ev.t, ev.now)
+                if beat is False:
+                    beat = self._heartbeat(ev.job, ev.run)
+                self._time_eval(c, ev.job, ev.run, ev.rank, ev.rs, ev.t, ev.now, beat)
                 touched.append(c.rule.name)
 
     def _settle(self, ev: Evaluation, touched: list[str]) -> list[Transition]:
@@ -187,12 +190,13 @@ class RuleEngine:
             out: list[Transition] = []
             for (job, run), ranks in list(self._runs.items()):
                 streams = sorted((k[2], k[3]) for k in self._ranks if k[0] == job and k[1] == run)
+                beat = self._heartbeat(job, run) if self._time_rules else None
                 for c in self._time_rules:
                     for rank, opt in streams:
                         rs = self._rank(job, run, rank, opt)
                         if rs.last_step < c.gate_until:
                             continue
-                        self._time_eval(c, job, run, rank, rs, now, now)
+                        self._time_eval(c, job, run, rank, rs, now, now, beat)
                     if self._life.is_open(c.rule.name, job, run):
                         out += self._life.settle(c.rule.name, job, run, now, ranks)
             out += self._life.flush(now)
@@ -298,17 +302,26 @@ class RuleEngine:
             rs = self._ranks[rk] = RankState(labels, self._n_rules, opt)
         return rs
 
+    def _heartbeat(self, job: str, run: str) -> float | None:
+        """The latest heartbeat of any rank of the run (None: none yet). Run-wide: while
+        rank 0 evaluates alone, the other ranks wait for it in a collective, and are no
+        more stalled than it is."""
+        store = self.store
+        times = [last[1] for k, rs in self._ranks.items() if k[0] == job and k[1] == run
+                 for last in (store.last(HEARTBEAT, rs.labels),) if last is not None]
+        return max(times) if times else None
+
     def _time_eval(
-        self, c: Compiled, job: str, run: str, rank: int, rs: RankState, t: float, now: float
+        self, c: Compiled, job: str, run: str, rank: int, rs: RankState, t: float, now: float,
+        beat: float | None = None,
     ) -> None:
         step = rs.last_step
         sel = self._judge.selection(c, job, run, rank, rs, step)
         if sel.metric is None:
             return
-        beat = self.store.last(HEARTBEAT, rs.labels)
         for _, extra, series in sel.series:
             window = series.window(c.samples)
-            cctx = Context(step=step, now=t, series=dict(extra), heartbeat=None if beat is None else beat[1])
+            cctx = Context(step=step, now=t, series=dict(extra), heartbeat=beat)
             verdict = c.spec.fn(window, c.rule.params, cctx)
             self._judge.evaluations += 1
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)

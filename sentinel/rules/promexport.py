@@ -58,10 +58,6 @@ def _skips(r: Rule) -> str:
             "sum by (job, run, rank) (increase(sentinel_guard_skipped_total[5m])) > 0")
 
 
-_LAST_SIGN = ("(sentinel_last_step_timestamp_seconds >= sentinel_last_heartbeat_timestamp_seconds) "
-              "or sentinel_last_heartbeat_timestamp_seconds or sentinel_last_step_timestamp_seconds")
-"""A rank's last sign of life: its last step, or its last heartbeat when that came later."""
-
 # rule name → (expr from the rule, `for`)
 _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     # the step guard's kept-out NaN is not a page (StepSkipped says it); a NaN let through
@@ -69,9 +65,11 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     "TrainingNonFinite": (lambda r: 'increase(sentinel_nonfinite_total{source="param"}[5m]) > 0 or '
                           '(increase(sentinel_nonfinite_total{source!="param"}[5m]) > 0 unless on (job, run, rank, optimizer) '
                           'increase(sentinel_guard_skipped_total{reason="nonfinite"}[5m]) > 0)', "0m"),
-    # silence counts from the later of the last step and the last heartbeat (an evaluation)
-    "TrainingStalled": (lambda r: f"time() - ({_LAST_SIGN}) > "
-                        + _num(float(getattr(r.params, "min_seconds", 600.0))), "0m"),
+    # no step for the limit, and no rank of the run evaluated within it (heartbeats): while
+    # rank 0 evaluates alone, the others wait for it in a collective
+    "TrainingStalled": (lambda r: "time() - sentinel_last_step_timestamp_seconds > {0} unless on (job, run) "
+                        "(time() - max by (job, run) (sentinel_last_heartbeat_timestamp_seconds) <= {0})".format(
+                            _num(float(getattr(r.params, "min_seconds", 600.0)))), "0m"),
     "OOMRisk": (lambda r: _memory(r, 0.8), "5m"),
     "MemoryCritical": (lambda r: _memory(r, 0.9), "2m"),
     # the seeds state these thresholds for UAR (mean|dw|/mean|w|); the L2 ratio where a run has none
@@ -189,19 +187,24 @@ def promtool_tests(pack: RulePack, rule_file: str = "../sentinel.rules.yml") -> 
                 {"exp_labels": {**exported["OOMRisk"]["labels"], "job": "train", "run": "r1", "rank": "0"},
                  "exp_annotations": ann}]}]})
     if "TrainingStalled" in exported and "heartbeat" in exported["TrainingStalled"]["expr"]:
-        # no step after 1m, then an evaluation's heartbeats every minute until 15m: quiet
-        # during it (14m: 13 minutes without a step), firing 10 minutes after its last one
+        # no step after 1m; rank 0 evaluates alone (a heartbeat a minute) until 15m while
+        # rank 1 waits for it: both quiet during it (14m: 13 minutes without a step), both
+        # firing 10 minutes after its last heartbeat
         ann = dict(exported["TrainingStalled"]["annotations"])
-        ann["summary"] = ann["summary"].replace("{{ $labels.run }}", "r1").replace("{{ $labels.rank }}", "0")
+        ann["summary"] = ann["summary"].replace("{{ $labels.run }}", "r1")
+        one = 'job="train",run="r1",rank="1"'
         tests.append({"interval": "1m", "input_series": [
             {"series": f"sentinel_last_step_timestamp_seconds{{{_L}}}", "values": "0 60 60x40"},
+            {"series": f"sentinel_last_step_timestamp_seconds{{{one}}}", "values": "0 60 60x40"},
             {"series": f"sentinel_last_heartbeat_timestamp_seconds{{{_L}}}", "values": "_ _ 120+60x13 900x26"}],
             "alert_rule_test": [
                 {"eval_time": "14m", "alertname": "TrainingStalled", "exp_alerts": []},
                 {"eval_time": "24m", "alertname": "TrainingStalled", "exp_alerts": []},
                 {"eval_time": "26m", "alertname": "TrainingStalled", "exp_alerts": [
                     {"exp_labels": {**exported["TrainingStalled"]["labels"], "job": "train", "run": "r1",
-                                    "rank": "0"}, "exp_annotations": ann}]}]})
+                                    "rank": rank},
+                     "exp_annotations": {**ann, "summary": ann["summary"].replace("{{ $labels.rank }}", rank)}}
+                    for rank in ("0", "1")]}]})
     if "StepsSkippedRepeatedly" in exported and " and on " in exported["StepsSkippedRepeatedly"]["expr"]:
         # the latest run of skips was long, and the guard has skipped nothing since: quiet
         # 5 minutes after the last skip, though the run's length is still there

@@ -5,9 +5,11 @@ time, and on every ingested frame of the rank (which is the "it moved again" tha
 resolves it). The window is any per-step series of the rank (``sentinel_step``); only its
 sample times are read.
 
-A rank that runs evaluation forwards between steps (an evaluation longer than the limit) sends
-heartbeats (``ctx.heartbeat``); the silence then counts from the later of its last step
-and its last heartbeat, so an evaluation is not paged as a hang, and a hang after it is.
+A rank that evaluates between steps (an evaluation longer than the limit) sends heartbeats;
+the silence then counts from the later of the rank's last step and the run's last
+heartbeat (``ctx.heartbeat``, any rank's: the ranks that wait in a collective while rank 0
+evaluates alone are not stalled either), so an evaluation is not paged as a hang, and a
+hang after it is.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
     since_step = max(0.0, ctx.now - times[-1])
     silence = since_step if ctx.heartbeat is None else min(since_step, max(0.0, ctx.now - ctx.heartbeat))
     if silence < since_step:
-        detail = f"no step for {since_step:.0f} s, its last heartbeat {silence:.0f} s ago (limit {limit:.0f} s)"
+        detail = f"no step for {since_step:.0f} s, the run's last heartbeat {silence:.0f} s ago (limit {limit:.0f} s)"
     else:
         detail = f"no step for {silence:.0f} s (limit {limit:.0f} s)"
     return Verdict(silence > limit, silence, limit, baseline=typical, detail=detail)

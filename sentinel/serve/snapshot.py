@@ -34,7 +34,8 @@ TOP_GROUPS = 8
 MAX_ALERTS = 50
 STALL_SECONDS = 30.0
 """A rank with no step for max(this, 10 × its median step time) shows as stalled, or as
-evaluating while its heartbeats (forward passes between steps) are that recent."""
+evaluating while the run's heartbeats (any rank's evaluation between steps: the others
+wait for it) are that recent."""
 
 CHARTS: dict[str, str] = {
     "loss": "sentinel_loss",
@@ -142,15 +143,18 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
                 ranks.setdefault((alert["job"], alert["run"], int(r), ""), {})
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     recency: dict[tuple[str, str], float] = {}
+    beats: dict[tuple[str, str], float] = {}  # each run's latest heartbeat, any rank's
+    for key, values in ranks.items():
+        beat = values.pop("last_heartbeat", None)
+        if isinstance(beat, float):
+            beats[key[:2]] = max(beat, beats.get(key[:2], beat))
     for key in sorted(ranks):
         values = ranks[key]
         last_time = values.pop("last_step_time", None)
         last_time = last_time if isinstance(last_time, float) else None
-        heartbeat = values.pop("last_heartbeat", None)
         window = store.window("sentinel_step_duration_seconds", series.get(key, {}).get("step_time", ()), 50)
         step_times = [] if window is None else [float(v) for v in window.values if math.isfinite(v)]
-        state = _state(engine, key, last_time, step_times, now,
-                       heartbeat if isinstance(heartbeat, float) else None)
+        state = _state(engine, key, last_time, step_times, now, beats.get(key[:2]))
         runs.setdefault(key[:2], []).append({
             "rank": key[2], "state": state, "values": values,
             "seconds_since_step": None if last_time is None else max(0.0, now - last_time),

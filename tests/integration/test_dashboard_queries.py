@@ -42,8 +42,9 @@ NEEDS_RANKS = {  # filled only by a several-rank job: covered by the torchrun jo
     "Straggler: busy time / other ranks'", "Divergence: grad norm off the median",
     "Busy time per rank (data + forward)",
 }
-NEEDS_AMP_OR_CLIP = {  # filled only where the script clips or scales: covered by the torchrun job
+NEEDS_AMP_OR_CLIP = {  # filled only where the script clips or scales (or evaluates): covered by the torchrun job
     "AMP loss scale", "Skipped steps (AMP overflow)", "Clipping",
+    "Seconds since the last step, and the run's last heartbeat",  # its heartbeat: rank 0's evaluation
 }
 
 

@@ -187,7 +187,7 @@ def test_an_evaluation_longer_than_the_stall_limit_is_no_stall_and_a_hang_after_
 
         alert = wait_for(stalled, timeout=30, what="TrainingStalled firing after the evaluation")
         assert alert["ranks"] == [0] and alert["step"] == 30
-        m = re.search(r"no step for (\d+) s, its last heartbeat (\d+) s ago \(limit 2 s\)", alert["summary"])
+        m = re.search(r"no step for (\d+) s, the run's last heartbeat (\d+) s ago \(limit 2 s\)", alert["summary"])
         assert m, alert["summary"]
         assert int(m.group(1)) >= 5 > int(m.group(2))  # the silence counts from the evaluation's end
     finally:

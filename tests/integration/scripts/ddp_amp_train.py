@@ -1,7 +1,9 @@
 """DDP with gloo on CPU for the dashboards' several-rank panels, run under `sentinel run`:
 argv: steps, a file to wait for before exiting. It clips (max_norm 0.05, so most steps
 clip), scales the loss with a CPU GradScaler passed to `sentinel.watch` (one overflow at
-step 5 is skipped and halves the scale), and rank 1 loads its batches slower (a straggler)."""
+step 5 is skipped and halves the scale), and rank 1 loads its batches slower (a straggler).
+After training, rank 0 evaluates alone (0.6 s of ``model.module`` forwards under
+``no_grad``, heartbeats every 0.2 s) while rank 1 waits for it in a barrier."""
 
 import os
 import sys
@@ -21,7 +23,7 @@ torch.manual_seed(0)
 model = DDP(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 scaler = torch.amp.GradScaler("cpu")
-mon = sentinel.watch(model, opt, scaler=scaler)
+mon = sentinel.watch(model, opt, scaler=scaler, heartbeat_seconds=0.2)
 gen = torch.Generator().manual_seed(rank)
 for i in range(steps):
     x = torch.randn(16, 8, generator=gen)
@@ -36,6 +38,14 @@ for i in range(steps):
     scaler.step(opt)
     scaler.update()
     mon.log(loss=loss)
+if rank == 0:
+    model.module.eval()
+    end = time.monotonic() + 0.6
+    with torch.no_grad():
+        while time.monotonic() < end:
+            model.module(torch.randn(64, 8, generator=gen))
+            time.sleep(0.01)
+dist.barrier()
 print(f"rank {rank} trained", flush=True)
 deadline = time.monotonic() + 300
 while not os.path.exists(wait_file) and time.monotonic() < deadline:

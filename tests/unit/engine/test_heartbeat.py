@@ -60,7 +60,7 @@ def test_heartbeats_hold_off_training_stalled_and_a_hang_after_them_fires_it() -
     alert = _stalled(engine)
     assert alert is not None and alert["state"] == "firing" and alert["ranks"] == [0, 1]
     assert alert["value"] == clock.t - last_beat == 610
-    assert "no step for 1510 s, its last heartbeat 610 s ago (limit 600 s)" in alert["summary"], alert["summary"]
+    assert "no step for 1510 s, the run's last heartbeat 610 s ago (limit 600 s)" in alert["summary"], alert["summary"]
 
 
 def test_a_heartbeat_resolves_a_stall_at_once_and_without_one_the_stall_fires() -> None:
@@ -76,7 +76,20 @@ def test_a_heartbeat_resolves_a_stall_at_once_and_without_one_the_stall_fires() 
     assert alert is not None and alert["state"] == "resolved"
 
 
-def test_a_heartbeat_of_one_optimizer_stream_counts_for_that_stream() -> None:
+def test_while_rank_0_evaluates_alone_the_ranks_waiting_for_it_are_not_stalled() -> None:
+    engine, clock = _trained()
+    for _ in range(40):  # 800 s: rank 0 evaluates, rank 1 waits for it in a barrier
+        clock.t += 20
+        assert engine.feed(_beat(0, 100, clock.t, beats=100))
+        engine.tick()
+    assert _stalled(engine) is None
+    clock.t += 601  # rank 0 hung after its evaluation: the whole run is stalled now
+    engine.tick()
+    alert = _stalled(engine)
+    assert alert is not None and alert["state"] == "firing" and alert["ranks"] == [0, 1]
+
+
+def test_a_heartbeat_of_one_optimizer_stream_counts_for_its_process() -> None:
     clock = Clock()
     engine = Engine(clock=clock)
     for step in range(1, 51):
@@ -84,8 +97,11 @@ def test_a_heartbeat_of_one_optimizer_stream_counts_for_that_stream() -> None:
         for opt in ("0", "1"):  # a GAN's two optimizers in one process
             assert engine.feed(_step(0, step, clock.t, opt=opt))
     clock.t += 300
-    assert engine.feed(_beat(0, 50, clock.t, beats=10, opt="0"))  # only the generator's model evaluates
+    assert engine.feed(_beat(0, 50, clock.t, beats=10, opt="0"))  # the generator's model evaluates
     clock.t += 400
     engine.tick()
+    assert _stalled(engine) is None  # 700 s without a step, 400 s since the process's heartbeat
+    clock.t += 201
+    engine.tick()
     alert = _stalled(engine)
-    assert alert is not None and alert["optimizers"] == ["1"], alert
+    assert alert is not None and alert["optimizers"] == ["0", "1"], alert

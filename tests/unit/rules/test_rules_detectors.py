@@ -529,8 +529,8 @@ def test_stall_with_one_frame_uses_min_seconds() -> None:
 
 @pytest.mark.parametrize(("heartbeat", "fires", "value", "detail"), [
     (None, True, 100.0, "no step for 100 s (limit 60 s)"),
-    (80.0, True, 69.0, "no step for 100 s, its last heartbeat 69 s ago (limit 60 s)"),  # a hang after it
-    (100.0, False, 49.0, "no step for 100 s, its last heartbeat 49 s ago (limit 60 s)"),
+    (80.0, True, 69.0, "no step for 100 s, the run's last heartbeat 69 s ago (limit 60 s)"),  # a hang after it
+    (100.0, False, 49.0, "no step for 100 s, the run's last heartbeat 49 s ago (limit 60 s)"),
     (40.0, True, 100.0, "no step for 100 s (limit 60 s)"),  # an old heartbeat, before the last step
 ])
 def test_stall_counts_from_the_later_of_the_last_step_and_the_last_heartbeat(

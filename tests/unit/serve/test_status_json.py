@@ -69,6 +69,14 @@ def test_a_rank_whose_heartbeats_go_on_without_steps_is_evaluating_until_they_st
     assert status_json(_Engine(store), now=1050.0 + 31)["runs"][0]["ranks"][0]["state"] == "stalled"
 
 
+def test_the_ranks_that_wait_while_rank_0_evaluates_alone_are_evaluating_too() -> None:
+    store = Store()
+    _fill(store, 3, 1, 20)
+    store.add("sentinel_last_heartbeat_timestamp_seconds", labels_of(job="j", run="r", rank=0), 20, 1050.0, 1050.0)
+    [run] = status_json(_Engine(store), now=1060.0)["runs"]
+    assert [r["state"] for r in run["ranks"]] == ["evaluating"] * 3 and run["state"] == "evaluating"
+
+
 def test_nonfinite_groups_are_flagged_and_json_stays_valid() -> None:
     store = Store()
     _fill(store, 1, 3, 5)
