@@ -25,8 +25,8 @@ class StallParams(Params):
 
     Attributes:
         min_seconds: never fire before this much silence: checkpoint saves and data-loader
-            restarts legitimately pause the steps for minutes (an evaluation's forward
-            passes are heartbeats, which the silence counts from).
+            restarts legitimately pause the steps for minutes (an evaluation sends
+            heartbeats, which the silence counts from).
         factor: the silence must also exceed this many median inter-frame times.
         window: frames whose spacing gives the median.
     """
@@ -41,7 +41,7 @@ class StallParams(Params):
 
 def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
     """Fire when ``ctx.now`` is more than the limit past the latest sample's time and past
-    the rank's last heartbeat.
+    the run's last heartbeat.
 
     Returns:
         None for an empty window. The verdict's value is the silence in seconds, its
