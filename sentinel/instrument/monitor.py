@@ -201,9 +201,10 @@ class Monitor:
         another model, generation through a wrapper, a long checkpoint upload). Cheap
         enough to call per batch: at most one frame per ``heartbeat_seconds`` leaves.
 
-        The watched model's own evaluation forwards (``eval()`` mode or gradients off)
-        beat it already, so a plain evaluation loop needs no call. While beats come, ``TrainingStalled`` measures the silence
-        from the last one rather than from the last step. Never raises.
+        The watched model's own evaluation forwards (``eval()`` mode or gradients off) and
+        the ``DataLoader`` batches drawn with gradients off beat it already, so a plain
+        evaluation loop needs no call. While beats come, ``TrainingStalled`` measures the
+        silence from the run's last one rather than from the last step. Never raises.
         """
         if self.active and not self.closed and self.measure.heartbeat is not None:
             self.measure.heartbeat(time.perf_counter())
