@@ -436,4 +436,6 @@ class Monitor:
             mem = self.boundary.run("memory", measure.memory)
             if mem:
                 report.frame.mem = mem
-        self.reporter.hold(report, measure.take(), steps)
+        maximizing = bool(self.optimizers) and all(g.get("maximize") is True for opt in self.optimizers
+                                                   for g in opt.param_groups)
+        self.reporter.hold(report, measure.take(), steps, maximizing)

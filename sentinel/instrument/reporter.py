@@ -150,9 +150,12 @@ class Reporter:
 
     # -- reports --------------------------------------------------------------------------
 
-    def hold(self, report: Report, segs: Segs, steps: int) -> None:
+    def hold(self, report: Report, segs: Segs, steps: int, maximizing: bool = False) -> None:
         """Take a step's finalized report (``steps``: its number): it waits for ``log()``'s
-        values unless nothing more is coming for it."""
+        values unless nothing more is coming for it. ``maximizing``: every optimizer of
+        the step ascends (``maximize=True``), so what ``backward()`` got is an objective
+        that rises as training goes well, recorded as the scalar ``objective``: the loss
+        rules, which take a rise for trouble, never judge it."""
         if self.waiting is not None:
             self.submit_open()
         scalars, self.pending = self.pending, Scalars()  # logged before this step's end: its own
@@ -161,8 +164,9 @@ class Reporter:
             if self.scaler is None:
                 self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
             captured = self.losses.claim()
-            if captured is not None and "loss" not in scalars:
-                scalars.add("loss", captured)
+            name = "objective" if maximizing else "loss"
+            if captured is not None and "loss" not in scalars and name not in scalars:
+                scalars.add(name, captured)
                 loss_in = True
         logged_last = bool(scalars) and self.backwards_at_log == losses.backward_calls
         self.waiting = (report, segs, scalars)
