@@ -159,6 +159,13 @@ def _value_spec(template: str) -> str:
     return ".4g"
 
 
+def _shows_value(template: str) -> bool:
+    try:
+        return any(name == "value" for _, name, _, _ in string.Formatter().parse(template))
+    except ValueError:
+        return False
+
+
 def _num(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else x
 
@@ -242,8 +249,11 @@ class Alert:
 
     def history(self) -> str:
         """``; worst W at step S, latest L at step T`` once the alert fired and later
-        verdicts moved on from the first one (empty otherwise)."""
-        if self.started_step is None or self.step == self.started_step:
+        verdicts moved on from the first one (empty otherwise). Only for a summary that
+        shows ``{value}``: where it shows the verdict's ``{detail}`` instead (a count of
+        samples, a fall since the start), that detail is the latest verdict's already, and
+        a bare number after it would name nothing (``latest 10 at step 10``)."""
+        if self.started_step is None or self.step == self.started_step or not _shows_value(self.rule.summary):
             return ""
         start = self.started_value
         if self.value == start and self.worst_value in (start, self.value):

@@ -112,6 +112,25 @@ def test_history_stays_while_the_latest_values_move() -> None:
     assert "at step 200" in j["summary"]
 
 
+def test_a_summary_that_shows_its_detail_gets_no_bare_latest_value() -> None:
+    """An early rule counts samples above its threshold: its detail says the latest count,
+    and a suffix ``latest 10 at step 10`` would name nothing. A summary with ``{value}``
+    keeps its ``latest`` (and ``worst``)."""
+    shown, counted = rule(), rule(summary="Updates too large on {ranks}: {detail}")
+    for r in (shown, counted):
+        life = Lifecycle()
+        for i in range(1, 11):
+            life.observe(r, "job", "run", 0, (), Verdict(True, float(i + 2), 3.0, detail=f"{i + 2} samples above"),
+                         i, float(i))
+            life.settle(r.name, "job", "run", float(i), [0])
+        [a] = life.active()
+        summary = a.to_json()["summary"]
+        if r is shown:
+            assert summary.endswith("; latest 12 at step 10"), summary
+        else:
+            assert summary == "Updates too large on rank 0: 12 samples above", summary
+
+
 def test_immediate_fire_reports_from_inactive() -> None:
     life, r = Lifecycle(), rule()
     life.observe(r, "job", "run", 0, (), FAIL, 1, 1.0)
