@@ -10,8 +10,9 @@ gradients on and never beats, so a loop that stops stepping still pages.
 
 The hook is the loader iterator's ``_next_index`` (the sampler's next index, in the main
 process, once per batch, before the batch is fetched): an error of the script's dataset or
-workers is raised after it returned, so its traceback holds no frame of Sentinel's. About
-0.3 µs a batch. A torch without that method gets no hook, and evaluations of copies no
+workers is raised after it returned, so its traceback holds no frame of Sentinel's. It
+costs 0.5–2 µs a batch (a 2-core VM, interleaved medians over a loader of 1-element
+batches, each of which takes 27 µs; a real batch takes milliseconds). A torch without that method gets no hook, and evaluations of copies no
 heartbeat.
 """
 
@@ -21,6 +22,8 @@ import logging
 from typing import Any
 
 import torch
+
+from sentinel.instrument import registry
 
 log = logging.getLogger("sentinel")
 _installed = False
@@ -51,8 +54,6 @@ def install() -> None:
 
 
 def _beat() -> None:
-    from sentinel.instrument import registry
-
     try:
         for monitor in registry.live_streams():
             monitor.heartbeat()
