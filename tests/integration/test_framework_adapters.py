@@ -138,15 +138,7 @@ def test_lightning_validation_sends_heartbeats(fitting: Any) -> None:
 
     class Probe(pl.Callback):  # type: ignore[misc, name-defined]
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-            from prometheus_client.parser import text_string_to_metric_families
-
-            url, deadline = cb.monitor.url, time.monotonic() + 10
-            while not beats and time.monotonic() < deadline:
-                with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-                    text = r.read().decode()
-                beats.extend(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                             if s.name == "sentinel_last_heartbeat_timestamp_seconds")
-                time.sleep(0.05)
+            beats.extend(_exported_heartbeats(cb.monitor.url))
 
     cb = SentinelCallback(run="validated", engine="thread", listen="127.0.0.1:0", heartbeat_seconds=0.2)
     started = time.time()
@@ -270,15 +262,7 @@ def test_hf_evaluation_sends_heartbeats(tmp_path: Path) -> None:
 
     class Probe(TrainerCallback):  # type: ignore[misc]
         def on_evaluate(self, a: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            from prometheus_client.parser import text_string_to_metric_families
-
-            deadline = time.monotonic() + 10
-            while not beats and time.monotonic() < deadline:
-                with urllib.request.urlopen(f"{adapter.monitor.url}/metrics", timeout=10) as r:
-                    text = r.read().decode()
-                beats.extend(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                             if s.name == "sentinel_last_heartbeat_timestamp_seconds")
-                time.sleep(0.05)
+            beats.extend(_exported_heartbeats(adapter.monitor.url))
 
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=8,
                              max_steps=2, eval_strategy="steps", eval_steps=2, save_strategy="no", report_to="none",
@@ -287,3 +271,19 @@ def test_hf_evaluation_sends_heartbeats(tmp_path: Path) -> None:
     Trainer(model=SlowEval(), args=args, train_dataset=rows, eval_dataset=rows,
             callbacks=[adapter, Probe()]).train()
     assert len(beats) == 1 and started < beats[0] <= time.time()
+
+
+def _exported_heartbeats(url: str) -> list[float]:
+    """``sentinel_last_heartbeat_timestamp_seconds`` as the monitor's /metrics serves it, once
+    the evaluation's heartbeat has reached the engine (empty after 10 s without one)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        beats = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                 if s.name == "sentinel_last_heartbeat_timestamp_seconds"]
+        if beats or time.monotonic() > deadline:
+            return beats
+        time.sleep(0.05)

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import torch
 
 from tests.helpers import MLP, CaptureSender, make_monitor
 
 EVERY = 0.25  # heartbeat_seconds here (20 s by default)
+
+
+def _watched(with_model: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, CaptureSender]:
+    """An MLP, its SGD, and a monitor of them (of the optimizer alone without ``with_model``)
+    that beats every :data:`EVERY` seconds."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model if with_model else None, opt, heartbeat_seconds=EVERY)
+    return model, opt, mon, sender
 
 
 def _beats(sender: CaptureSender) -> list[dict[str, object]]:
@@ -73,10 +84,7 @@ def test_a_training_loop_that_stops_stepping_sends_no_heartbeat() -> None:
     """Forward passes in training mode with gradients on are no evaluation: a loop that
     skips every step (a NaN loss, ``continue``) makes no progress, and its stall must page.
     The same forwards under ``no_grad`` or in ``eval()`` mode do beat."""
-    torch.manual_seed(0)
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    mon, sender = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    model, opt, mon, sender = _watched()
     try:
         _train(model, opt, 3)
         end = time.monotonic() + 3 * EVERY
@@ -97,10 +105,7 @@ def test_a_training_loop_that_stops_stepping_sends_no_heartbeat() -> None:
 
 
 def test_no_heartbeat_before_the_first_step_nor_from_another_thread() -> None:
-    torch.manual_seed(0)
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    mon, sender = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    model, opt, mon, sender = _watched()
     try:
         _evaluate(model, 3 * EVERY)  # a sanity evaluation before training: no step to be late for
         assert _beats(sender) == []
@@ -117,10 +122,7 @@ def test_no_heartbeat_before_the_first_step_nor_from_another_thread() -> None:
 
 
 def test_monitor_heartbeat_beats_without_a_watched_forward() -> None:
-    torch.manual_seed(0)
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    mon, sender = make_monitor(None, opt, heartbeat_seconds=EVERY)  # no model: no forward hook
+    model, opt, mon, sender = _watched(with_model=False)  # no model: no forward hook
     try:
         _train(model, opt, 3)
         end = time.monotonic() + 2.5 * EVERY
@@ -156,10 +158,7 @@ def test_an_evaluation_of_an_ema_copy_beats_through_its_loader_and_a_training_lo
     validated each epoch under ``no_grad``; its loader's batches are the heartbeats."""
     import copy
 
-    torch.manual_seed(0)
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    mon, sender = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    model, opt, mon, sender = _watched()
     try:
         _train(model, opt, 2)
         ema = copy.deepcopy(model).eval()
@@ -178,9 +177,7 @@ def test_an_evaluation_of_an_ema_copy_beats_through_its_loader_and_a_training_lo
 def test_a_dataset_error_reaches_the_script_without_a_frame_of_sentinel() -> None:
     import traceback
 
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    mon, _ = make_monitor(model, opt, heartbeat_seconds=EVERY)
+    model, opt, mon, _ = _watched()
     try:
         _train(model, opt, 1)
         time.sleep(EVERY)
