@@ -421,6 +421,8 @@ class Monitor:
         return post
 
     def _beat(self, beats: int) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return  # a forward captured into a CUDA graph: no event query may run there
         self.boundary.run("heartbeat", self.reporter.beat, self.steps, beats)
 
     def _finalize(self) -> None:

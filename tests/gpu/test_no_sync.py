@@ -6,6 +6,7 @@ Runs only where a GPU is present (``@pytest.mark.gpu``); skipped cleanly otherwi
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,44 @@ def test_holding_the_batch_for_a_capture_never_syncs(tmp_path: Path) -> None:
     assert torch.equal(saved["args.0"], sixth.cpu())
     described = json.loads((tmp_path / "inputs.rank0.json").read_text())
     assert described["tensors"]["args.0"]["device"] == "cuda:0" and described["exact"] is True
+
+
+def test_an_evaluations_heartbeats_neither_sync_nor_break_a_cuda_graph_capture() -> None:
+    """A beat (a report's events polled, a frame sent) from evaluation forwards under the
+    sync debug mode; then a forward captured into a CUDA graph while a beat is due: the
+    beat stays out of the capture, and the graph replays what the model computes."""
+    torch.manual_seed(0)
+    model = TinyGPT(dim=64, depth=2, seq=64).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    _train(None, model, opt, 2, sync_check=False)
+    mon, sender = make_monitor(model, opt, heartbeat_seconds=0.05)
+    _train(mon, model, opt, 3, sync_check=False)
+    x, _ = synthetic_batch(torch.Generator().manual_seed(1), 8, 64, 256, "cuda")
+    model.eval()
+    time.sleep(0.1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                model(x)
+                time.sleep(0.06)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [f for f in sender.frames if "beat" in f]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):  # warm-up on a side stream, as torch's CUDA graph docs do
+        for _ in range(2):
+            model(x)
+    torch.cuda.current_stream().wait_stream(side)
+    time.sleep(0.1)  # a beat is due during the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = model(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        assert torch.allclose(out, model(x))
+    assert mon.errors == 0, mon.boundary.failures
+    mon.close()

@@ -190,3 +190,22 @@ def test_a_dataset_error_reaches_the_script_without_a_frame_of_sentinel() -> Non
         assert "bad row 5" in text and "sentinel/instrument" not in text and "dataloader.py" in text, text
     finally:
         mon.close()
+
+
+def test_no_heartbeat_leaves_while_a_cuda_graph_is_being_captured(monkeypatch: Any) -> None:
+    """A beat polls the reports' CUDA events, which a stream capture forbids (it would ruin
+    the script's graph). No GPU here: the capture is faked, the only fake in this file."""
+    model, opt, mon, sender = _watched()
+    try:
+        _train(model, opt, 1)
+        time.sleep(EVERY)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        _evaluate(model, 0.5 * EVERY)
+        assert _beats(sender) == [] and mon.errors == 0
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        time.sleep(EVERY)
+        _evaluate(model, 0.5 * EVERY)
+        assert len(_beats(sender)) == 1
+    finally:
+        mon.close()
