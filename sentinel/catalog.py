@@ -69,8 +69,8 @@ CATALOG: dict[str, Spec] = {
     "sentinel_step_duration_seconds": Spec(G, "Wall time of the last training step."),
     "sentinel_last_step_timestamp_seconds": Spec(G, "Unix time of the last completed step."),
     "sentinel_last_heartbeat_timestamp_seconds": Spec(
-        G, "Unix time of the rank's last heartbeat: evaluation forwards (eval() mode or no_grad) or Monitor.heartbeat() "
-           "calls while it took no step, sent at most every heartbeat_seconds (20 s by default). "
+        G, "Unix time of the rank's last heartbeat: evaluation forwards (eval() mode or no_grad), DataLoader "
+           "batches drawn with gradients off or Monitor.heartbeat() calls while it took no step, sent at most every heartbeat_seconds (20 s by default). "
            "TrainingStalled counts a rank's silence from the later of its last step and the latest heartbeat of any "
            "rank of its run."),
     "sentinel_step_busy_seconds": Spec(

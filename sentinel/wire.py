@@ -63,7 +63,8 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
 ``scalars_dropped``? values ``Monitor.log`` dropped so far (monotonic)
 ``dropped``?       frames dropped by the sender so far (monotonic)
 ``beat``?          on a ``log`` frame: the rank works although it took no step since
-                   ``step`` (an evaluation); the evaluation forwards and
+                   ``step`` (an evaluation); the evaluation forwards, the
+                   ``DataLoader`` batches drawn with gradients off and the
                    ``Monitor.heartbeat()`` calls since then. Sent at most once per
                    ``heartbeat_seconds``
 ``guard``?         on a ``log`` frame at the step it judged: the step guard's

@@ -67,9 +67,10 @@ class WatchOptions:
     saturation_max_tensors: int = 32
     """State tensors sampled for the saturation ratio at most."""
     heartbeat_seconds: float = 20.0
-    """While the rank runs evaluation forwards (``eval()`` mode or gradients off) but takes
-    no optimizer step, a frame says so at most this often, so that ``TrainingStalled`` and
-    the status page count its silence from the last heartbeat, not from the last step."""
+    """While the rank evaluates (forwards in ``eval()`` mode or with gradients off, loader
+    batches drawn with gradients off) but takes no optimizer step, a frame says so at most
+    this often, so that ``TrainingStalled`` and the status page count its silence from the
+    last heartbeat, not from the last step."""
     max_errors: int = 3
     """A probe that raised this many times is switched off."""
     max_pending: int = 4

@@ -139,8 +139,8 @@ class Reporter:
         return frame
 
     def beat(self, steps: int, beats: int) -> None:
-        """Say the rank works between steps (``beats``: forward passes or heartbeat calls
-        since step ``steps``): reports still held go first, so the engine has the last
+        """Say the rank works between steps (``beats``: evaluation forwards, batches and
+        heartbeat calls since step ``steps``): reports still held go first, so the engine has the last
         step before its heartbeat."""
         self.submit_open()
         self.emit_ready(False)

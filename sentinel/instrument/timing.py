@@ -58,14 +58,15 @@ def ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool
 
 class Heartbeat:
     """Says, at most once per ``every`` seconds, that the rank works while it takes no
-    optimizer step: the model's forward passes (an evaluation loop) and
-    ``Monitor.heartbeat()`` beat it; each step winds it up again, so a training loop never
-    sends a beat, and nothing beats before the first step.
+    optimizer step: the model's evaluation forwards, the ``DataLoader`` batches drawn with
+    gradients off (``instrument/loaders.py``) and ``Monitor.heartbeat()`` beat it; each
+    step winds it up again, so a training loop never sends a beat, and nothing beats
+    before the first step.
 
     Args:
         every: seconds from the last step (or beat) before a beat is sent.
-        send: called with the beats since the last step (a forward pass or a call each);
-            the caller's boundary keeps it from raising.
+        send: called with the beats since the last step (an evaluation forward, a batch or
+            a call each); the caller's boundary keeps it from raising.
     """
 
     def __init__(self, every: float, send: Callable[[int], None]) -> None:
