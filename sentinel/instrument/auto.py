@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from sentinel.instrument.gcscan import live
+from sentinel.instrument.naming import holders
 from sentinel.instrument.untraced import eager_only
 
 log = logging.getLogger("sentinel")
@@ -227,15 +228,8 @@ def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:
 
 def _find_model(first: torch.Tensor | None) -> torch.nn.Module | None:
     """The largest module holding the parameter (one gc scan, at attach)."""
-    if first is None:
-        return None
-    best: torch.nn.Module | None = None
-    best_n = -1
-    for obj in live(torch.nn.Module):
-        params = list(obj.parameters())
-        if len(params) > best_n and any(p is first for p in params):
-            best, best_n = obj, len(params)
-    return best
+    roots = holders({id(first)}) if first is not None else []
+    return roots[0][0] if roots else None
 
 
 def _optimizers_alive() -> int:

@@ -32,7 +32,7 @@ def parameter_names(model: torch.nn.Module | None, optimizers: Sequence[Any]) ->
     try:
         missing = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]
                    if isinstance(p, torch.Tensor) and p.requires_grad and id(p) not in names}
-        roots = _roots(model, missing) if missing else []
+        roots = holders(missing, model) if missing else []
     except Exception:  # a name is a label: never worth an error in the user's watch()
         log.debug("sentinel: could not name the parameters outside the model", exc_info=True)
         return names
@@ -45,19 +45,20 @@ def parameter_names(model: torch.nn.Module | None, optimizers: Sequence[Any]) ->
     return out
 
 
-def _roots(model: torch.nn.Module | None, missing: set[int]) -> list[tuple[torch.nn.Module, list[tuple[str, Any]]]]:
-    """The modules holding the ``missing`` parameters, largest first, each with the names
-    of those it holds that no larger one named already."""
-    holders = []
+def holders(missing: set[int], skip: torch.nn.Module | None = None) -> list[tuple[torch.nn.Module, list[tuple[str, Any]]]]:
+    """The live modules (one gc scan) holding the parameters whose ids are ``missing``, but
+    ``skip``: the largest first (the first of equal ones as the scan met them), each with
+    the names of those it holds that no larger one took already."""
+    found = []
     for obj in live(torch.nn.Module):
-        if obj is model:
+        if obj is skip:
             continue
         named = list(obj.named_parameters())
         if any(id(p) in missing for _, p in named):
-            holders.append((len(named), obj, named))
-    holders.sort(key=lambda h: -h[0])
+            found.append((len(named), obj, named))
+    found.sort(key=lambda h: -h[0])
     roots = []
-    for _, obj, named in holders:
+    for _, obj, named in found:
         own = [(n, p) for n, p in named if id(p) in missing]
         if own:
             roots.append((obj, own))

@@ -58,6 +58,9 @@ def _skips(r: Rule) -> str:
             "sum by (job, run, rank) (increase(sentinel_guard_skipped_total[5m])) > 0")
 
 
+RUN_HEARTBEAT_AGE = "time() - max by (job, run) (sentinel_last_heartbeat_timestamp_seconds)"
+"""Seconds since any rank of a run last sent a heartbeat (it evaluated between steps)."""
+
 # rule name → (expr from the rule, `for`)
 _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     # the step guard's kept-out NaN is not a page (StepSkipped says it); a NaN let through
@@ -68,8 +71,8 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     # no step for the limit, and no rank of the run evaluated within it (heartbeats): while
     # rank 0 evaluates alone, the others wait for it in a collective
     "TrainingStalled": (lambda r: "time() - sentinel_last_step_timestamp_seconds > {0} unless on (job, run) "
-                        "(time() - max by (job, run) (sentinel_last_heartbeat_timestamp_seconds) <= {0})".format(
-                            _num(float(getattr(r.params, "min_seconds", 600.0)))), "0m"),
+                        "({1} <= {0})".format(_num(float(getattr(r.params, "min_seconds", 600.0))),
+                                              RUN_HEARTBEAT_AGE), "0m"),
     "OOMRisk": (lambda r: _memory(r, 0.8), "5m"),
     "MemoryCritical": (lambda r: _memory(r, 0.9), "2m"),
     # the seeds state these thresholds for UAR (mean|dw|/mean|w|); the L2 ratio where a run has none

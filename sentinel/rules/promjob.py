@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from sentinel.rules.promexport import HEADER
+from sentinel.rules.promexport import HEADER, RUN_HEARTBEAT_AGE
 
 BY = "job, run, optimizer"  # a process with several optimizers: each stream is its own
 
@@ -59,8 +59,7 @@ ALERTS: list[dict[str, Any]] = [
                                      "and host load; 3. Drain the node if it stays slow"}},
     # not while a rank sends heartbeats (every 20 s while it evaluates): an evaluation is no stall
     {"alert": "SentinelJobStalled", "expr": "job_run:sentinel_steps:rate1m == 0 and job_run:sentinel_step:min > 0 "
-                                            "unless on (job, run) (time() - max by (job, run) "
-                                            "(sentinel_last_heartbeat_timestamp_seconds) < 120)",
+                                            f"unless on (job, run) ({RUN_HEARTBEAT_AGE} < 120)",
      "for": "10m", "labels": {"severity": "warning"},
      "annotations": {"summary": "Run {{ $labels.run }} (job {{ $labels.job }}) made no step for 10 minutes, "
                                 "on the slowest of its ranks, and none of its ranks evaluates"}},

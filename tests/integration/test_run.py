@@ -194,6 +194,43 @@ def test_an_evaluation_longer_than_the_stall_limit_is_no_stall_and_a_hang_after_
         end_process(proc)
 
 
+def test_a_seq2seq_scripts_decoder_gets_groups_of_its_own(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    proc, url = _start([sys.executable, str(SCRIPTS / "shapes_train.py"), "seq2seq", str(release)])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "trained"
+        text = wait_for(lambda: _at_step(url, 10), what="10 steps on /metrics")
+        groups = re.findall(r'^sentinel_group_grad_norm\{group="([^"]+)"', text, re.M)
+        assert groups == ["Encoder.emb", "Encoder.rnn", "Decoder.emb", "Decoder.rnn", "Decoder.out"], groups
+        release.touch()
+        assert proc.wait(60) == 0
+    finally:
+        end_process(proc)
+
+
+def test_a_maximized_objective_is_exported_as_the_objective_not_the_loss(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    proc, url = _start([sys.executable, str(SCRIPTS / "shapes_train.py"), "maximize", str(release)])
+    try:
+        assert proc.stdout is not None
+        printed = [float(proc.stdout.readline()) for _ in range(10)]
+        assert proc.stdout.readline().strip() == "trained" and printed[-1] > printed[0]
+        text = wait_for(lambda: _at_step(url, 10), what="10 steps on /metrics")
+        [value] = re.findall(r'^sentinel_scalar\{[^}]*name="objective"[^}]*\} (\S+)$', text, re.M)
+        assert float(value) == pytest.approx(printed[-1], rel=1e-6)  # the script's own number and sign
+        assert not re.search(r"^sentinel_loss\{", text, re.M)
+        release.touch()
+        assert proc.wait(60) == 0
+    finally:
+        end_process(proc)
+
+
+def _at_step(url: str, step: int) -> str | None:
+    """The /metrics text once it holds ``step`` (None before)."""
+    text = _metrics(url)
+    return text if re.search(rf"^sentinel_step{{[^}}]*}} {step}\.0$", text, re.M) else None
+
+
 def _alerts(url: str) -> list[dict[str, Any]]:
     with urllib.request.urlopen(url + "/api/v1/alerts", timeout=5) as r:
         return list(json.loads(r.read())["data"]["alerts"])

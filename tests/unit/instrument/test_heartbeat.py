@@ -27,6 +27,12 @@ def _watched(with_model: bool = True) -> tuple[torch.nn.Module, torch.optim.Opti
     return model, opt, mon, sender
 
 
+def _due(mon: Any) -> None:
+    """Make the next beat due at once, as if ``heartbeat_seconds`` had passed since the last
+    step or beat (the tests that do not test the interval itself need not wait it out)."""
+    mon.measure.heartbeat.due = 0.0
+
+
 def _beats(sender: CaptureSender) -> list[dict[str, object]]:
     return [f for f in sender.frames if "beat" in f]
 
@@ -96,7 +102,7 @@ def test_a_training_loop_that_stops_stepping_sends_no_heartbeat() -> None:
         with torch.no_grad():
             model(torch.randn(8, 16))  # training mode, gradients off: an evaluation's forward
         assert len(_beats(sender)) == 1
-        time.sleep(EVERY)
+        _due(mon)  # a beat is due now, as heartbeat_seconds after the last step
         model.eval()
         model(torch.randn(8, 16))  # eval mode, gradients on (a script that forgot no_grad)
         assert len(_beats(sender)) == 2
@@ -134,7 +140,7 @@ def test_monitor_heartbeat_beats_without_a_watched_forward() -> None:
     finally:
         mon.close()
     n = len(_beats(sender))
-    time.sleep(EVERY)
+    _due(mon)
     mon.heartbeat()  # closed: nothing more leaves
     assert len(_beats(sender)) == n
 
@@ -162,7 +168,7 @@ def test_an_evaluation_of_an_ema_copy_beats_through_its_loader_and_a_training_lo
     try:
         _train(model, opt, 2)
         ema = copy.deepcopy(model).eval()
-        time.sleep(EVERY)
+        _due(mon)  # a beat is due now, as heartbeat_seconds after the last step
         for x in torch.utils.data.DataLoader(_Rows(8), batch_size=4):  # gradients on: a training loader
             ema(x)
         assert _beats(sender) == []
@@ -180,7 +186,7 @@ def test_a_dataset_error_reaches_the_script_without_a_frame_of_sentinel() -> Non
     model, opt, mon, _ = _watched()
     try:
         _train(model, opt, 1)
-        time.sleep(EVERY)
+        _due(mon)  # a beat is due now, as heartbeat_seconds after the last step
         try:
             with torch.no_grad():
                 for x in torch.utils.data.DataLoader(_Rows(8, fail_at=5), batch_size=4):
@@ -198,13 +204,13 @@ def test_no_heartbeat_leaves_while_a_cuda_graph_is_being_captured(monkeypatch: A
     model, opt, mon, sender = _watched()
     try:
         _train(model, opt, 1)
-        time.sleep(EVERY)
+        _due(mon)  # a beat is due now, as heartbeat_seconds after the last step
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
         _evaluate(model, 0.5 * EVERY)
         assert _beats(sender) == [] and mon.errors == 0
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-        time.sleep(EVERY)
+        _due(mon)  # a beat is due now, as heartbeat_seconds after the last step
         _evaluate(model, 0.5 * EVERY)
         assert len(_beats(sender)) == 1
     finally:
