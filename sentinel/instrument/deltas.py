@@ -105,11 +105,14 @@ class UpdateSnapshot:
     Args:
         tensors: the grouped parameters.
         budget: the most bytes the snapshot buffers may hold.
+        enabled: False for an optimizer whose step is not one update (LBFGS:
+            :func:`~sentinel.instrument.optinfo.one_update_a_step`): nothing is ever taken.
     """
 
-    def __init__(self, tensors: GroupedTensors, budget: int) -> None:
+    def __init__(self, tensors: GroupedTensors, budget: int, enabled: bool = True) -> None:
         self.tensors = tensors
         self.budget = budget
+        self.enabled = enabled
         gb = [0] * tensors.n_groups
         for b in tensors.buckets.values():
             for p, g in zip(b.params, b.groups):
@@ -129,6 +132,8 @@ class UpdateSnapshot:
     def _choose(self) -> set[int]:
         n = self.tensors.n_groups
         chosen: set[int] = set()
+        if not self.enabled:
+            return chosen
         used = 0
         for k in range(n):
             g = (self._cursor + k) % n

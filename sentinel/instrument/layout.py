@@ -16,6 +16,7 @@ import torch
 
 from sentinel.instrument.deltas import UpdateSnapshot
 from sentinel.instrument.groups import assign_groups
+from sentinel.instrument.optinfo import one_update_a_step
 from sentinel.instrument.stats import GroupedTensors, _local, shard_plan
 
 
@@ -59,7 +60,9 @@ class Layout:
         per_opt = [[(n, p) for n, p in pl if next(kept)] for pl in per_opt]
         self.tensors = [GroupedTensors([p for _, p in pl], [gmap[n] for n, _ in pl], len(self.groups),
                                        self.sharded) for pl in per_opt]
-        self.snapshots = [UpdateSnapshot(t, snapshot_bytes) for t in self.tensors]
+        # no update size for LBFGS: its step is many updates (optinfo.one_update_a_step)
+        self.snapshots = [UpdateSnapshot(t, snapshot_bytes, one_update_a_step(opt))
+                          for t, opt in zip(self.tensors, optimizers)]
         # this rank's bytes (its shards under FSDP2), beside the state bytes it holds
         self.param_bytes = sum(_local(p).numel() * p.element_size() for p in self.trainable)
         self.devices = sorted({d for t in self.tensors for d in t.devices}, key=str)

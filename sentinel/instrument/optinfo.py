@@ -83,6 +83,17 @@ def describe(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict[str, Any]
     return out
 
 
+def one_update_a_step(opt: Any) -> bool:
+    """Whether one ``step()`` is one update of the parameters: not LBFGS's, which runs up to
+    ``max_iter`` iterations (20 by default), each with its own search along a direction, so
+    that a step's change of the weights is many updates' and the update-size rules of thumb
+    (a tenth of the weights is too much, a ten-thousandth too little) do not apply to it."""
+    try:
+        return int(getattr(opt, "defaults", {}).get("max_iter", 1)) <= 1
+    except (TypeError, ValueError, AttributeError):
+        return True
+
+
 def resumed_step(opt: torch.optim.Optimizer) -> int:
     """The steps ``opt`` took before this process watched it, by its own count: a state
     loaded from a checkpoint (``optimizer.load_state_dict``) holds them as ``step`` (Adam,

@@ -1,7 +1,7 @@
 """The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
 PyTorch examples' DCGAN, the original WGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
 DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
-adversarial training, the HF examples' logging set-up), each run plainly, under ``sentinel run`` (zero-code) and, where
+adversarial training, the HF examples' logging set-up, the neural style transfer tutorial), each run plainly, under ``sentinel run`` (zero-code) and, where
 people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -71,6 +71,7 @@ PROGRAMS = [
     Program("logging_setup", "logging_setup.py", opt="AdamW"),
     Program("finetune_unfreeze", "finetune_unfreeze.py", opt="Adam"),
     Program("adversarial", "adversarial.py", opt="SGD"),
+    Program("neural_style", "neural_style.py", watch=True, opt="LBFGS"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]

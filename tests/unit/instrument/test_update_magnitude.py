@@ -73,3 +73,33 @@ def test_the_first_steps_sample_every_step(mlp: MLP) -> None:
     mon.close()
     sampled = [f["step"] for f in sender.steps() if "delta_sumsq" in f]
     assert sampled == [1, 2, 3, 4, 5, 10]
+
+
+@pytest.mark.parametrize(("max_iter", "sampled"), [(20, False), (1, True)])
+def test_an_lbfgs_step_of_several_iterations_has_no_update_size(mlp: MLP, max_iter: int, sampled: bool) -> None:
+    """LBFGS's step runs up to ``max_iter`` iterations: its change of the weights is many
+    updates', which the update-size rules (a tenth of the weights per update is too much)
+    would misjudge (neural style transfer's first step moves the image by a fifth:
+    tests/programs/neural_style.py). Its steps carry no update figures; an LBFGS of one
+    iteration a step keeps them. The gradients and parameter norms are read either way."""
+    opt = torch.optim.LBFGS(mlp.parameters(), lr=0.5, max_iter=max_iter)
+    mon, sender = make_monitor(mlp, opt, update_every=1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x = torch.randn(8, 16, generator=gen)
+
+        def closure(x: torch.Tensor = x) -> torch.Tensor:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(mlp(x), x.sum(dim=1, keepdim=True))
+            loss.backward()
+            return loss
+
+        mon.log(loss=opt.step(closure))
+    mon.close()
+    frames = sender.steps()
+    assert [f["step"] for f in frames] == [1, 2, 3]
+    assert all(any(v is not None for v in f["delta_sumsq"]) for f in frames) if sampled else \
+        not any("delta_sumsq" in f for f in frames)
+    assert all(f["grad_sumsq"] and f["param_sumsq"] for f in frames)
+    base = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    assert (sender.engine.store.window("sentinel_update_mean_abs_ratio", base) is not None) == sampled
