@@ -107,17 +107,23 @@ class UpdateSnapshot:
         budget: the most bytes the snapshot buffers may hold.
         enabled: False for an optimizer whose step is not one update (LBFGS:
             :func:`~sentinel.instrument.optinfo.one_update_a_step`): nothing is ever taken.
+        skip: ids of parameters never taken (loose tensors, no module's weights: their
+            groups' figures are of the others; a group of them only is never sampled).
     """
 
-    def __init__(self, tensors: GroupedTensors, budget: int, enabled: bool = True) -> None:
+    def __init__(self, tensors: GroupedTensors, budget: int, enabled: bool = True,
+                 skip: set[int] | frozenset[int] = frozenset()) -> None:
         self.tensors = tensors
         self.budget = budget
-        self.enabled = enabled
+        self.skip = skip
         gb = [0] * tensors.n_groups
         for b in tensors.buckets.values():
             for p, g in zip(b.params, b.groups):
-                gb[g] += p.numel() * p.element_size()
+                if id(p) not in skip:
+                    gb[g] += p.numel() * p.element_size()
         self.group_bytes = gb
+        held = {g for b in tensors.buckets.values() for p, g in zip(b.params, b.groups) if id(p) not in skip}
+        self.eligible = sorted(held) if enabled else []  # the groups a snapshot rotates over
         self._cursor = 0
         self._buffers: dict[_Key, Tensor] = {}
         self._samples: list[_Sample] = []
@@ -130,13 +136,14 @@ class UpdateSnapshot:
         return sum(t.numel() * t.element_size() for t in self._buffers.values())
 
     def _choose(self) -> set[int]:
-        n = self.tensors.n_groups
+        eligible = self.eligible
+        n = len(eligible)
         chosen: set[int] = set()
-        if not self.enabled:
+        if not n:
             return chosen
         used = 0
         for k in range(n):
-            g = (self._cursor + k) % n
+            g = eligible[(self._cursor + k) % n]
             if chosen and used + self.group_bytes[g] > self.budget:
                 break
             chosen.add(g)
@@ -150,7 +157,7 @@ class UpdateSnapshot:
         self._samples = []
         for key, b in self.tensors.buckets.items():
             b.fresh = {}
-            pos = [i for i, g in enumerate(b.groups) if g in chosen]
+            pos = [i for i, g in enumerate(b.groups) if g in chosen and id(b.params[i]) not in self.skip]
             if not pos:
                 continue
             params = [b.params[i] for i in pos]

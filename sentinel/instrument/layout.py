@@ -33,10 +33,13 @@ class Layout:
         rank: this process's global rank (sharded runs count replicated tensors once).
         group_depth, max_groups: see :func:`~sentinel.instrument.groups.assign_groups`.
         snapshot_bytes: the update-ratio snapshot budget per optimizer.
+        loose: ids of the parameters no module holds (:func:`~sentinel.instrument.naming.parameter_names`):
+            no update size is taken of the single-element ones (:attr:`coefficients`).
     """
 
     def __init__(self, names: dict[int, str], optimizers: Sequence[torch.optim.Optimizer], rank: int,
-                 group_depth: int | str, max_groups: int, snapshot_bytes: int) -> None:
+                 group_depth: int | str, max_groups: int, snapshot_bytes: int,
+                 loose: set[int] | frozenset[int] = frozenset()) -> None:
         per_opt: list[list[tuple[str, torch.Tensor]]] = []
         self.frozen: list[torch.Tensor] = []
         self.trainable: list[torch.Tensor] = []
@@ -60,9 +63,15 @@ class Layout:
         per_opt = [[(n, p) for n, p in pl if next(kept)] for pl in per_opt]
         self.tensors = [GroupedTensors([p for _, p in pl], [gmap[n] for n, _ in pl], len(self.groups),
                                        self.sharded) for pl in per_opt]
-        # no update size for LBFGS: its step is many updates (optinfo.one_update_a_step)
-        self.snapshots = [UpdateSnapshot(t, snapshot_bytes, one_update_a_step(opt))
+        # no update size for LBFGS, whose step is many updates (optinfo.one_update_a_step),
+        # nor of a loose scalar: a coefficient, with no weight's scale to be measured against
+        # (SAC's log_alpha starts at 0: each of its first updates is about all of it)
+        scalars = {id(p) for p in self.trainable if id(p) in loose and p.numel() == 1}
+        self.snapshots = [UpdateSnapshot(t, snapshot_bytes, one_update_a_step(opt), scalars)
                           for t, opt in zip(self.tensors, optimizers)]
+        self.coefficients = bool(self.trainable) and len(scalars) == len(self.trainable)
+        """The optimizers step only loose scalars: coefficients (SAC's entropy temperature, a
+        Lagrange multiplier), whose loss is no training loss (the scalar ``objective``)."""
         # this rank's bytes (its shards under FSDP2), beside the state bytes it holds
         self.param_bytes = sum(_local(p).numel() * p.element_size() for p in self.trainable)
         self.devices = sorted({d for t in self.tensors for d in t.devices}, key=str)

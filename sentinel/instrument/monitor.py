@@ -110,7 +110,8 @@ class Monitor:
         self.step_pre, self.step_post = self.hooks.step_pre, self.hooks.step_post
         # a DDP wrapper's names start with "module."; the groups come from the wrapped model's
         # (and from the other modules the optimizers step parameters of: a seq2seq's decoder)
-        self._names_by_id = parameter_names(inner, self.optimizers)
+        # (and the loose tensors no module holds: an optimized image, SAC's log_alpha)
+        self._names_by_id, self._loose = parameter_names(inner, self.optimizers)
         self.capture = InputCapture(outer, lambda: self.steps, self.rank, self.boundary)  # hooks once armed
         self._new_layout()
         if sender is None:
@@ -355,7 +356,7 @@ class Monitor:
         o = self.options
         stepped: list[Any] = list(self.optimizers) or ([self._hand] if self._hand is not None else [])
         self.layout = Layout(self._names_by_id, stepped, self.rank, o.group_depth, o.max_groups,
-                             o.update_snapshot_bytes)
+                             o.update_snapshot_bytes, self._loose)
         self.groups, self.sharded, self.devices = self.layout.groups, self.layout.sharded, self.layout.devices
         self.param_bytes = self.layout.param_bytes
         self.measure.layout = self.layout
@@ -438,6 +439,7 @@ class Monitor:
             mem = self.boundary.run("memory", measure.memory)
             if mem:
                 report.frame.mem = mem
-        maximizing = bool(self.optimizers) and all(g.get("maximize") is True for opt in self.optimizers
-                                                   for g in opt.param_groups)
-        self.reporter.hold(report, measure.take(), steps, maximizing)
+        # what backward() got is no loss to judge: an objective ascended, or a coefficient's
+        objective = bool(self.optimizers) and (self.layout.coefficients or all(
+            g.get("maximize") is True for opt in self.optimizers for g in opt.param_groups))
+        self.reporter.hold(report, measure.take(), steps, objective)

@@ -7,8 +7,13 @@ name those parameters would merge into one group per optimizer param group
 (``optimizer0.group0``), and a vanishing gradient in the decoder could not say where.
 :func:`parameter_names` finds the modules that hold them (one gc scan, only when some
 parameter has no name) and names every parameter after its root module's class:
-``Encoder.emb``, ``Decoder.rnn``. A parameter that no module holds (a bare learned
-temperature) keeps its place name.
+``Encoder.emb``, ``Decoder.rnn``. A parameter that no module holds keeps its place name,
+and is *loose*: weights a functional training keeps in a dict (``torch.func.functional_call``),
+an input being optimized (neural style transfer's image), or a coefficient (SAC's entropy
+temperature ``log_alpha``, a Lagrange multiplier, a bare learned temperature). A loose
+scalar is taken for a coefficient: the update-size figures leave it out, and an optimizer
+stepping only such scalars tunes coefficients, whose loss is no training loss
+(:attr:`~sentinel.instrument.layout.Layout.coefficients`).
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from sentinel.instrument.gcscan import live
 log = logging.getLogger("sentinel")
 
 
-def parameter_names(model: torch.nn.Module | None, optimizers: Sequence[Any]) -> dict[int, str]:
+def parameter_names(model: torch.nn.Module | None, optimizers: Sequence[Any]) -> tuple[dict[int, str], set[int]]:
     """Parameter name by ``id(param)``: the model's own names, or, when the optimizers also
     step parameters of other modules, every name prefixed with its root module's class
-    name (the same class twice: ``Tower``, ``Tower_2``)."""
+    name (the same class twice: ``Tower``, ``Tower_2``); and the ids of the loose ones,
+    which no live module holds (none known when the scan failed)."""
     names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
     try:
         missing = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]
@@ -35,14 +41,15 @@ def parameter_names(model: torch.nn.Module | None, optimizers: Sequence[Any]) ->
         roots = holders(missing, model) if missing else []
     except Exception:  # a name is a label: never worth an error in the user's watch()
         log.debug("sentinel: could not name the parameters outside the model", exc_info=True)
-        return names
+        return names, set()
+    loose = missing - {id(p) for _, own in roots for _, p in own}
     if not roots:
-        return names
+        return names, loose
     labels = _labels([model] + [r for r, _ in roots] if model is not None else [r for r, _ in roots])
     out = {i: f"{labels[0]}.{n}" for i, n in names.items()} if model is not None else {}
     for (_, own), label in zip(roots, labels[1:] if model is not None else labels):
         out.update((id(p), f"{label}.{n}") for n, p in own)
-    return out
+    return out, loose
 
 
 def holders(missing: set[int], skip: torch.nn.Module | None = None) -> list[tuple[torch.nn.Module, list[tuple[str, Any]]]]:

@@ -150,12 +150,13 @@ class Reporter:
 
     # -- reports --------------------------------------------------------------------------
 
-    def hold(self, report: Report, segs: Segs, steps: int, maximizing: bool = False) -> None:
+    def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False) -> None:
         """Take a step's finalized report (``steps``: its number): it waits for ``log()``'s
-        values unless nothing more is coming for it. ``maximizing``: every optimizer of
-        the step ascends (``maximize=True``), so what ``backward()`` got is an objective
-        that rises as training goes well, recorded as the scalar ``objective``: the loss
-        rules, which take a rise for trouble, never judge it."""
+        values unless nothing more is coming for it. ``objective``: what ``backward()`` got
+        is no loss to judge, and is recorded as the scalar ``objective``, which the loss
+        rules never judge: every optimizer of the step ascends (``maximize=True``: it rises
+        as training goes well), or steps only coefficients (SAC's entropy temperature: its
+        loss settles around 0 as the policy's entropy meets its target, with either sign)."""
         if self.waiting is not None:
             self.submit_open()
         scalars, self.pending = self.pending, Scalars()  # logged before this step's end: its own
@@ -164,7 +165,7 @@ class Reporter:
             if self.scaler is None:
                 self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
             captured = self.losses.claim()
-            name = "objective" if maximizing else "loss"
+            name = "objective" if objective else "loss"
             if captured is not None and "loss" not in scalars and name not in scalars:
                 scalars.add(name, captured)
                 loss_in = True

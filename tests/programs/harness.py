@@ -40,6 +40,8 @@ class Program:
         nan_at: the step at which the program puts a NaN in its loss (0: a clean run).
         ranks: run it with ``torchrun --standalone --nproc-per-node RANKS`` (0: plain python).
         opt: the class of its optimizer(s), as the history should name it.
+        objective: the optimizers (by index) whose ``backward()`` value is recorded as the
+            scalar ``objective``, not as a loss (they step only coefficients).
     """
 
     id: str
@@ -52,6 +54,7 @@ class Program:
     nan_at: int = 0
     ranks: int = 0
     opt: str = ""
+    objective: tuple[int, ...] = ()
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
 PyTorch examples' DCGAN, the original WGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
 DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
-adversarial training, the HF examples' logging set-up, the neural style transfer tutorial), each run plainly, under ``sentinel run`` (zero-code) and, where
+adversarial training, the HF examples' logging set-up, the neural style transfer tutorial, CleanRL's SAC), each run plainly, under ``sentinel run`` (zero-code) and, where
 people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -72,6 +72,7 @@ PROGRAMS = [
     Program("finetune_unfreeze", "finetune_unfreeze.py", opt="Adam"),
     Program("adversarial", "adversarial.py", opt="SGD"),
     Program("neural_style", "neural_style.py", watch=True, opt="LBFGS"),
+    Program("sac", "sac.py", watch=True, optimizers=3, opt="Adam", objective=(2,)),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
@@ -87,9 +88,9 @@ def _params() -> list[Any]:
     return out
 
 
-def _programs(only_with: int | None = None) -> list[Any]:
+def _programs(several: bool = False) -> list[Any]:
     return [pytest.param(p.id, id=p.id, marks=[pytest.mark.zoo_slow] if p.slow else [])
-            for p in PROGRAMS if only_with is None or p.optimizers == only_with]
+            for p in PROGRAMS if not several or p.optimizers > 1]
 
 
 @pytest.fixture
@@ -278,7 +279,14 @@ def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> 
 
         if one("sentinel_step") != len(ref):
             bad.append(f"optimizer {k}: sentinel_step {one('sentinel_step')}, the program made {len(ref)} steps")
-        if not _close(one("sentinel_loss"), ref[-1]["loss"], 1e-5):
+        if k in prog.objective:  # a coefficient's loss: the scalar objective, and no sentinel_loss
+            objective = [v for lab, v in samples(text, "sentinel_scalar", name)
+                         if lab.get("name") == "objective" and all(lab.get(a) == b for a, b in want.items())]
+            if len(objective) != 1 or not _close(objective[0], ref[-1]["loss"], 1e-5):
+                bad.append(f"optimizer {k}: objective {objective}, last value {ref[-1]['loss']!r}")
+            if one("sentinel_loss") is not None:
+                bad.append(f"optimizer {k}: sentinel_loss {one('sentinel_loss')}, want none (a coefficient's)")
+        elif not _close(one("sentinel_loss"), ref[-1]["loss"], 1e-5):
             bad.append(f"optimizer {k}: sentinel_loss {one('sentinel_loss')}, last loss {ref[-1]['loss']!r}")
         if not _close(one("sentinel_grad_norm"), ref[-1]["grad_norm"], prog.rel):
             bad.append(f"optimizer {k}: sentinel_grad_norm {one('sentinel_grad_norm')}, "
@@ -290,9 +298,9 @@ def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> 
     assert not bad, "; ".join(bad)
 
 
-@pytest.mark.parametrize("pid", _programs(only_with=2))
-def test_two_optimizers_are_two_streams_in_one_history_run(outcome: Any, pid: str) -> None:
-    """Issue 18, point 2: the history holds one run (not one left ``running``) for both."""
+@pytest.mark.parametrize("pid", _programs(several=True))
+def test_several_optimizers_are_as_many_streams_in_one_history_run(outcome: Any, pid: str) -> None:
+    """Issue 18, point 2: the history holds one run (not one left ``running``) for all."""
     run = outcome(pid)["run"]
     assert run.history is not None, _summary(run)
     rows = run.history["runs"]
@@ -302,7 +310,7 @@ def test_two_optimizers_are_two_streams_in_one_history_run(outcome: Any, pid: st
     text = run.snapshot["metrics"]
     labels = sorted(lab.get("optimizer", "") for lab, _ in samples(text, "sentinel_step", f"zoo-{pid}")
                     if lab.get("rank") == "0")
-    assert labels == ["0", "1"], f"sentinel_step's optimizer labels: {labels}"
+    assert labels == [str(k) for k in range(BY_ID[pid].optimizers)], f"sentinel_step's optimizer labels: {labels}"
 
 
 @pytest.mark.parametrize("pid", [p.id for p in PROGRAMS if p.nan_at])

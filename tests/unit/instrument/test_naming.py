@@ -60,18 +60,20 @@ def test_names_stay_the_models_own_when_it_holds_every_parameter_and_bare_ones_k
     model = MLP()
     scale = nn.Parameter(torch.ones(()))  # a learned temperature no module holds
     opt = torch.optim.SGD([{"params": model.parameters()}, {"params": [scale]}], lr=0.1)
-    names = parameter_names(model, [opt])
+    names, loose = parameter_names(model, [opt])
     assert names == {id(p): n for n, p in model.named_parameters()}  # no prefix, no scan's names
     assert id(scale) not in names  # the layout names it optimizer0.group1.0
+    assert loose == {id(scale)}
 
 
 def test_two_towers_of_one_class_and_no_model() -> None:
     left, right = MLP(), MLP()
     opt = torch.optim.SGD(list(left.parameters()) + list(right.parameters()), lr=0.1)
-    names = parameter_names(left, [opt])
+    names, loose = parameter_names(left, [opt])
+    assert not loose
     assert names[id(left.head.weight)] == "MLP.head.weight"
     assert names[id(right.head.weight)] == "MLP_2.head.weight"
     assert names[id(right.layers[0][0].bias)] == "MLP_2.layers.0.0.bias"
     # a monitor without a model (watch(None, opt)): the modules holding them name them
-    both = parameter_names(None, [opt])
+    both, _ = parameter_names(None, [opt])
     assert {both[id(left.head.weight)], both[id(right.head.weight)]} == {"MLP.head.weight", "MLP_2.head.weight"}
