@@ -71,6 +71,13 @@ class WatchOptions:
     batches drawn with gradients off) but takes no optimizer step, a frame says so at most
     this often, so that ``TrainingStalled`` and the status page count its silence from the
     last heartbeat, not from the last step."""
+    rl: bool | None = None
+    """Reinforcement learning: the loss (a temporal-difference loss against the target
+    network's own estimates, a critic's, a policy-gradient surrogate) measures no progress,
+    and rises as the agent gets better (its value targets grow), so it is recorded as the
+    scalar ``objective``, which no loss rule judges. None (the default): a run is taken for
+    one when the script imported an environment library (``gymnasium``, ``gym``,
+    ``envpool``, ``dm_env``, ``pettingzoo``); ``SENTINEL_RL=1`` or ``0`` says it."""
     max_errors: int = 3
     """A probe that raised this many times is switched off."""
     max_pending: int = 4
@@ -112,6 +119,13 @@ class WatchOptions:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
         if not float(self.heartbeat_seconds) > 0:
             raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds!r}")
+        if isinstance(self.rl, str):  # SENTINEL_RL
+            said = self.rl.strip().lower()
+            if said not in ("1", "true", "yes", "0", "false", "no", "", "auto"):
+                raise ValueError(f"rl: must be 1, 0 or auto, got {self.rl!r}")
+            self.rl = None if said in ("", "auto") else said in ("1", "true", "yes")
+        elif self.rl is not None and not isinstance(self.rl, bool):
+            raise ValueError(f"rl: must be True, False or None, got {self.rl!r}")
         parse_listen(self.listen)
         self.tags = check_tags(self.tags)
         if int(self.tags_every) < 1:

@@ -76,6 +76,10 @@ class Farewell:
             pass  # a daemon gone, a full queue: the process's end still reaches it
 
 
+RL_MODULES = ("gymnasium", "gym", "envpool", "dm_env", "pettingzoo")
+"""Environment libraries: a script that imported one trains an agent (WatchOptions.rl)."""
+
+
 class Reporter:
     """A monitor's way out: the report waiting for ``log()``, the values logged before their
     step ends, the readback, the frames and the sender, and the engine's replies.
@@ -232,6 +236,8 @@ class Reporter:
         self.submit(report, segs, scalars)
 
     def submit(self, report: Report, segs: Segs, scalars: Scalars) -> None:
+        if "loss" in scalars and self.reinforcement():  # captured or logged: no loss to judge
+            scalars.rename("loss", "objective")
         if scalars:
             report.scalars = scalars.meta()
             for dev, named in scalars.segments().items():
@@ -241,6 +247,15 @@ class Reporter:
         self._add_amp_scale(segs)
         self.readback.submit(report, segs)
         self.emit_ready(False)
+
+    def reinforcement(self) -> bool:
+        """Whether this is a reinforcement-learning run (:attr:`WatchOptions.rl`): said, or
+        an environment library imported (a script imports it before it trains; once seen,
+        for good)."""
+        said = self.options.rl
+        if said is None and any(name in sys.modules for name in RL_MODULES):
+            said = self.options.rl = True
+        return bool(said)
 
     def _add_amp_scale(self, segs: Segs) -> None:
         """The GradScaler's scale tensor, read back with the report (``get_scale()`` would sync)."""

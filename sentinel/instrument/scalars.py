@@ -77,6 +77,15 @@ class Scalars:
                 self.dev[name] = t if prev is None else prev + t.to(prev.device)
             self.count[name] = self.count.get(name, 0) + n
 
+    def rename(self, old: str, new: str) -> None:
+        """Record ``old``'s values as ``new``'s (when ``new`` holds none yet)."""
+        if old in self.count and new not in self.count:
+            self.count[new] = self.count.pop(old)
+            if old in self.host:
+                self.host[new] = self.host.pop(old)
+            if old in self.dev:
+                self.dev[new] = self.dev.pop(old)
+
     def segments(self) -> dict[torch.device, dict[str, torch.Tensor]]:
         """The device sums to read back, as readback segments ``s:<name>``."""
         out: dict[torch.device, dict[str, torch.Tensor]] = {}

@@ -1,0 +1,77 @@
+"""Reinforcement learning: the loss measures no progress (a DQN's temporal-difference loss
+climbs as the agent survives longer: its targets are the target network's own growing
+estimates), so it is recorded as the scalar ``objective``, which no loss rule judges. A run
+is taken for one when the script imported an environment library, or when
+``WatchOptions.rl`` says so (tests/programs/dqn.py: the PyTorch DQN tutorial paged
+LossDivergence, critical, on a healthy run). Real monitors, the real Gymnasium, frames to a
+real engine."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from sentinel.instrument.options import from_kwargs
+from tests.helpers import MLP, make_monitor
+
+
+def _train(rl: bool | None, log: bool) -> tuple[list[dict], list[float], Any]:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt, capture_loss=not log, rl=rl)
+    losses, gen = [], torch.Generator().manual_seed(0)
+    try:
+        for _ in range(4):
+            x = torch.randn(8, 16, generator=gen)
+            loss = torch.nn.functional.smooth_l1_loss(model(x), x.sum(dim=1, keepdim=True))
+            losses.append(float(loss.detach()))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if log:
+                mon.log(loss=loss)
+    finally:
+        mon.close()
+    return sender.steps(), losses, sender.engine.store
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["captured", "logged"])
+def test_a_script_that_imported_gymnasium_records_its_loss_as_the_objective(
+        monkeypatch: pytest.MonkeyPatch, log: bool) -> None:
+    monkeypatch.setitem(sys.modules, "gymnasium", importlib.import_module("gymnasium"))
+    frames, losses, store = _train(None, log)
+    assert [f["scalars"]["objective"] for f in frames] == pytest.approx(losses)
+    assert all("loss" not in f["scalars"] for f in frames)
+    assert not store.labelsets("sentinel_loss")
+    # said otherwise: a supervised model trained beside an environment library keeps its loss
+    frames, losses, store = _train(False, log)
+    assert [f["scalars"]["loss"] for f in frames] == pytest.approx(losses)
+    assert store.labelsets("sentinel_loss")
+
+
+def test_without_an_environment_library_a_loss_is_a_loss_unless_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("gymnasium", "gym", "envpool", "dm_env", "pettingzoo"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    frames, losses, _ = _train(None, False)
+    assert [f["scalars"]["loss"] for f in frames] == pytest.approx(losses)
+    frames, losses, _ = _train(True, False)  # an environment written by hand (CleanRL-style scripts' own)
+    assert [f["scalars"]["objective"] for f in frames] == pytest.approx(losses)
+
+
+@pytest.mark.parametrize(("env", "want"), [("1", True), ("yes", True), ("0", False), ("false", False),
+                                           ("auto", None)])
+def test_sentinel_rl_says_it(monkeypatch: pytest.MonkeyPatch, env: str, want: bool | None) -> None:
+    monkeypatch.setenv("SENTINEL_RL", env)
+    assert from_kwargs({}).rl is want
+    assert from_kwargs({"rl": False}).rl is False  # an explicit argument over the environment
+
+
+def test_a_bad_sentinel_rl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SENTINEL_RL", "maybe")
+    with pytest.raises(ValueError, match="rl: must be 1, 0 or auto"):
+        from_kwargs({})
