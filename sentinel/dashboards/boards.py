@@ -68,7 +68,10 @@ def overview(pack: RulePack) -> db.Dashboard:
                 steps=[(None, "red"), (round(1 - oom, 6), "green")]),
         ]),
         ("Training", [
-            graph("Loss", [(f"sentinel_loss{{{RANK}}}", LEGEND)], "none"),
+            graph("Loss", [(f'sentinel_loss{{{RANK}}} or sentinel_scalar{{{RANK}, name="objective"}}',
+                            LEGEND + " {{name}}")], "none",
+                  description="The loss, or the objective where what backward() got is no loss to judge "
+                              "(maximize=True, a coefficient's optimizer, reinforcement learning)."),
             graph("Gradient norm (pre- and post-clip)", [
                 (f"sentinel_grad_norm{{{RANK}}}", LEGEND + " post-clip"),
                 (f"sentinel_grad_norm_preclip{{{RANK}}}", LEGEND + " pre-clip")], "none", log=True,
