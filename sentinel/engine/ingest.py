@@ -46,6 +46,23 @@ class _Rank:
         self.rows.append(((metric, *extra.items()) if extra else metric, value))
 
 
+RESTART = 2.0
+"""A torch scheduler's raise of a group's lr by more than this factor in one report, to at
+least half the lr it scales from, is a warm restart (a warmup climbs in small steps)."""
+
+
+def warm_restart(prev: list[Any], lrs: list[Any], peaks: Any) -> bool:
+    """Whether a report's learning rates (``lrs``, after ``prev``) restart a schedule: in
+    some group with a scheduler (``peaks``: the frame's ``lr_peak``, NaN without one), the
+    lr jumped up more than :data:`RESTART` times to at least half its peak. SGDR's
+    ``CosineAnnealingWarmRestarts`` and the cosine with hard restarts do this at each cycle;
+    a rate raised by hand (no scheduler) is no restart: it is judged as any change."""
+    if not isinstance(peaks, list) or len(peaks) != len(lrs):
+        return False
+    return any(isinstance(p, (int, float)) and p > 0 and b >= 0.5 * p and b > RESTART * a
+               for a, b, p in zip(prev, lrs, peaks))
+
+
 class Ingestor:
     """Writes one frame's values into the store and reports what the rules need.
 
@@ -60,6 +77,7 @@ class Ingestor:
         self._gvr = GvrTracker()
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
+        self.lr_restart_step: dict[Labels, int] = {}
         self._scale_last: dict[Labels, float] = {}
         self._ranks: dict[tuple[str, str, int, str], _Rank] = {}
         self._group_labels = GroupLabels()
@@ -77,7 +95,8 @@ class Ingestor:
         r = self._rank(f["job"], f["run"], f["rank"], f.get("opt", ""))
         base = r.base
         step, t = f["step"], float(f["t"])
-        ctx = Ingested(lr_change_step=self.lr_change_step.get(base), lr_fraction=self.schedule.fraction(base))
+        ctx = Ingested(lr_change_step=self.lr_change_step.get(base), lr_restart_step=self.lr_restart_step.get(base),
+                       lr_fraction=self.schedule.fraction(base))
         r.rows = []  # a fresh queue: a frame that failed halfway leaves nothing behind
         add = r.add
         if "errors" in f:
@@ -116,7 +135,7 @@ class Ingestor:
         """Drop what is kept per rank of a run that ended (the label caches are bounded
         on their own)."""
         pairs = (("job", job), ("run", run))
-        for table in (self._lr_last, self.lr_change_step, self._scale_last):
+        for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self._scale_last):
             for base in [b for b in table if all(p in b for p in pairs)]:
                 del table[base]
         gone = [b for b in self.schedule.keys() if isinstance(b, tuple) and all(p in b for p in pairs)]
@@ -136,7 +155,8 @@ class Ingestor:
         """Drop what is kept of every stream of one rank (its training started over)."""
         for key in [k for k in self._ranks if k[:3] == (job, run, rank)]:
             base = self._ranks.pop(key).base
-            for table in (self._lr_last, self.lr_change_step, self._scale_last, self._sched_last, self._sched_in,
+            for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self._scale_last, self._sched_last,
+                          self._sched_in,
                           self._env):
                 table.pop(base, None)
             self.schedule.forget([base])
@@ -259,8 +279,9 @@ class Ingestor:
         sat = f.get("sat")
         if isinstance(sat, list) and len(sat) == 2 and sat[1]:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
-        self._lr(f.get("lr"), add, base, step)
+        self._lr(f.get("lr"), f.get("lr_peak"), add, base, step)
         ctx.lr_change_step = self.lr_change_step.get(base)
+        ctx.lr_restart_step = self.lr_restart_step.get(base)
         ctx.lr_fraction = self._schedule(f, add, base)
         st = f.get("state_bytes")
         if isinstance(st, dict):
@@ -298,7 +319,7 @@ class Ingestor:
             r.amp_counted = True
         self._scale_last[base] = scale
 
-    def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:
+    def _lr(self, lrs: Any, peaks: Any, add: Callable[..., None], base: Labels, step: int) -> None:
         if not isinstance(lrs, list):
             return
         prev = self._lr_last.get(base)
@@ -310,6 +331,8 @@ class Ingestor:
             # a change of more than 10% in any group (schedulers' small steps are not changes)
             if any(abs(a - b) > 0.1 * max(abs(a), abs(b)) for a, b in zip(prev, lrs)):
                 self.lr_change_step[base] = step
+                if warm_restart(prev, lrs, peaks):
+                    self.lr_restart_step[base] = step
         self._lr_last[base] = list(lrs)
 
     def _environment(self, env: Any, base: Labels, step: int, t: float) -> None:

@@ -20,6 +20,8 @@ class Ingested:
             ``guard``), the first non-finite groups first.
         lr_change_step: the last step at which the rank's learning rate changed by more
             than 10% in some group, or None.
+        lr_restart_step: the last step at which a torch scheduler took the rank's learning
+            rate back up to its peak in one step (a warm restart), or None.
         lr_fraction: the rank's learning rate over its peak (:mod:`sentinel.engine.schedule`),
             or None when unknown.
         written: the gauges this frame wrote (rules reading none of them are skipped);
@@ -37,6 +39,7 @@ class Ingested:
 
     nonfinite_groups: dict[str, list[str]] = field(default_factory=dict)
     lr_change_step: int | None = None
+    lr_restart_step: int | None = None
     lr_fraction: float | None = None
     written: frozenset[str] | None = None
     note: str = ""

@@ -44,6 +44,12 @@ class Evaluation:
     written: frozenset[str] | None
     opened: Mapping[str, Alert]  # the run's open alerts by rule (a live view)
     guard_skipped: bool = False  # the step guard kept this step out of the weights
+    lr_restart: int | None = None  # the last warm restart of the rank's schedule
+
+
+def _after_restart(c: Compiled, ev: Evaluation) -> int:
+    """Where rule ``c``'s baselines begin after the rank's last warm restart (0: none)."""
+    return ev.lr_restart + c.restart if c.restart and ev.lr_restart is not None else 0
 
 
 class Judge:
@@ -111,6 +117,8 @@ class Judge:
                     continue
             if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                 continue
+            if c.restart and ev.lr_restart is not None and ev.lr_restart <= step < ev.lr_restart + c.restart:
+                continue  # climbing out of the minimum a warm restart kicked it from: by design
             if c.floor and lr_fraction is not None and lr_fraction < c.floor:
                 continue  # the schedule has taken the lr far below its peak: expected
             out.append(c)
@@ -139,7 +147,7 @@ class Judge:
         if held is None:
             idle, quiet = spec.idle, spec.quiet
         lr_change = ev.lr_change
-        since = max(c.warmup, (lr_change or 0) if c.lr_resets else 0)
+        since = max(c.warmup, (lr_change or 0) if c.lr_resets else 0, _after_restart(c, ev))
         memos = self._memos
         sampled = False
         for series_labels, extra, series in sel.series:
@@ -189,6 +197,7 @@ class Judge:
         lr_change = ev.lr_change
         cctx = self.context(c.rule, ev.rs.labels, ev.step, ev.t, lr_change, extra, ev.nonfinite, ev.amp_skipped,
                              ev.note)
+        cctx.since_step = max(cctx.since_step, _after_restart(c, ev))
         cctx.lr_fraction = ev.lr_fraction
         cctx.lr_change_step = lr_change
         cctx.guard_skipped = ev.guard_skipped  # the step guard kept this step out

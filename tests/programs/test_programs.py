@@ -1,8 +1,9 @@
 """The zoo: training programs shaped like widely used public ones (nanoGPT's trainer, the
 PyTorch examples' DCGAN, the original WGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
 DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
-adversarial training, the HF examples' logging set-up, the neural style transfer tutorial, CleanRL's SAC, the DQN tutorial), each run plainly, under ``sentinel run`` (zero-code) and, where
-people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
+adversarial training, the HF examples' logging set-up, the neural style transfer tutorial,
+CleanRL's SAC, the DQN tutorial), each run plainly, under ``sentinel run`` (zero-code) and,
+where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
   their losses with ``repr`` and their final weights' checksum, so equal stdout is
