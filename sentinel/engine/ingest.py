@@ -46,23 +46,6 @@ class _Rank:
         self.rows.append(((metric, *extra.items()) if extra else metric, value))
 
 
-RESTART = 2.0
-"""A torch scheduler's raise of a group's lr by more than this factor in one report, to at
-least half the lr it scales from, is a warm restart (a warmup climbs in small steps)."""
-
-
-def warm_restart(prev: list[Any], lrs: list[Any], peaks: Any) -> bool:
-    """Whether a report's learning rates (``lrs``, after ``prev``) restart a schedule: in
-    some group with a scheduler (``peaks``: the frame's ``lr_peak``, NaN without one), the
-    lr jumped up more than :data:`RESTART` times to at least half its peak. SGDR's
-    ``CosineAnnealingWarmRestarts`` and the cosine with hard restarts do this at each cycle;
-    a rate raised by hand (no scheduler) is no restart: it is judged as any change."""
-    if not isinstance(peaks, list) or len(peaks) != len(lrs):
-        return False
-    return any(isinstance(p, (int, float)) and p > 0 and b >= 0.5 * p and b > RESTART * a
-               for a, b, p in zip(prev, lrs, peaks))
-
-
 class Ingestor:
     """Writes one frame's values into the store and reports what the rules need.
 
@@ -279,10 +262,10 @@ class Ingestor:
         sat = f.get("sat")
         if isinstance(sat, list) and len(sat) == 2 and sat[1]:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
-        self._lr(f.get("lr"), f.get("lr_peak"), add, base, step)
+        self._lr(f.get("lr"), add, base, step)
         ctx.lr_change_step = self.lr_change_step.get(base)
+        ctx.lr_fraction = self._schedule(f, add, base, step)
         ctx.lr_restart_step = self.lr_restart_step.get(base)
-        ctx.lr_fraction = self._schedule(f, add, base)
         st = f.get("state_bytes")
         if isinstance(st, dict):
             for key, nbytes in st.items():
@@ -319,7 +302,7 @@ class Ingestor:
             r.amp_counted = True
         self._scale_last[base] = scale
 
-    def _lr(self, lrs: Any, peaks: Any, add: Callable[..., None], base: Labels, step: int) -> None:
+    def _lr(self, lrs: Any, add: Callable[..., None], base: Labels, step: int) -> None:
         if not isinstance(lrs, list):
             return
         prev = self._lr_last.get(base)
@@ -331,8 +314,6 @@ class Ingestor:
             # a change of more than 10% in any group (schedulers' small steps are not changes)
             if any(abs(a - b) > 0.1 * max(abs(a), abs(b)) for a, b in zip(prev, lrs)):
                 self.lr_change_step[base] = step
-                if warm_restart(prev, lrs, peaks):
-                    self.lr_restart_step[base] = step
         self._lr_last[base] = list(lrs)
 
     def _environment(self, env: Any, base: Labels, step: int, t: float) -> None:
@@ -349,8 +330,9 @@ class Ingestor:
         self._env[base] = labels
         self.store.add(ENV_INFO, labels, step, t, 1.0)
 
-    def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels) -> float | None:
-        """The lr over its peak (schedule.py); its gauge is written when it moves."""
+    def _schedule(self, f: dict[str, Any], add: Callable[..., None], base: Labels, step: int) -> float | None:
+        """The lr over its peak (schedule.py); its gauge is written when it moves, and a
+        warm restart of the schedule is noted at ``step``."""
         lrs: Any = f.get("lr")
         hints: Any = f.get("lr_peak")
         prev = self._sched_in.get(base)
@@ -363,6 +345,8 @@ class Ingestor:
         if not isinstance(hints, list) or not all(isinstance(x, (int, float)) for x in hints):
             hints = None
         frac = self.schedule.update(base, [float(x) for x in lrs], hints)
+        if self.schedule.restarted:
+            self.lr_restart_step[base] = step
         if frac is not None and self._sched_last.get(base) != frac:
             self._sched_last[base] = frac
             add("sentinel_learning_rate_schedule_ratio", frac)

@@ -110,10 +110,12 @@ class Rule(BaseModel):
             ``for_steps``/``resolve_after`` count evaluations, not steps.
         lr_grace_steps: no evaluation for this many steps from a learning-rate change.
         restart_grace_steps: after a warm restart of the schedule (a torch scheduler took the
-            lr back up to its peak in one step: SGDR's ``CosineAnnealingWarmRestarts``, a
-            cosine with hard restarts), no evaluation for this many steps, and baselines
-            (``ctx.since_step``) begin after them: the loss's climb out of the minimum the
-            restart kicks it from is the schedule's design, not a divergence (0: off).
+            lr back up to half its peak or more after it had fallen below a quarter of it:
+            SGDR's ``CosineAnnealingWarmRestarts``, a cosine with hard restarts, each cycle of
+            ``CyclicLR``; :mod:`sentinel.engine.schedule`), no evaluation for this many steps,
+            and baselines (``ctx.since_step``) begin after them: the loss's climb out of the
+            minimum the restart kicks it from is the schedule's design, not a divergence
+            (0: off).
         lr_for_steps: for this many steps from a learning-rate change, one failing
             verdict is enough (``for_steps`` 1): the instrument samples every step right
             after a jump, and a rate raised far too high shows at once (0: off).

@@ -9,6 +9,7 @@ LossDivergence at its first restart: the loss went from 0.066 to 0.45 and back).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 
 from sentinel import wire
 from sentinel.engine.engine import Engine
-from sentinel.engine.ingest import warm_restart
+from sentinel.engine.schedule import SchedulePeaks
 from sentinel.instrument import probes
 
 STARTS = [1, 201, 601, 1401]  # CosineAnnealingWarmRestarts(T_0=200, T_mult=2): cycles of 200, 400, 800
@@ -75,13 +76,44 @@ def test_a_warm_restarts_climb_is_no_divergence(scheduled: bool, diverges: bool,
         assert not fired & {"LossRising", "LossSpike", "EarlyLossRising"}, fired
 
 
-@pytest.mark.parametrize(("prev", "lrs", "peaks", "restart"), [
-    ([1e-4], [0.1], [0.1], True),  # SGDR: from the end of a cycle back to the peak
-    ([1e-4], [0.1], [math.nan], False),  # no scheduler: raised by hand
-    ([0.01], [0.015], [0.1], False),  # a warmup's step
-    ([0.04], [0.1], [0.1], True),  # a restart of a cosine that ends at 40 % of its peak
-    ([1e-4], [0.04], [0.1], False),  # up, but not to the peak (CyclicLR's climb is gradual anyway)
-    ([1e-4, 0.1], [0.1, 0.1], [0.1, 0.1], True),  # any group
-])
-def test_what_is_a_warm_restart(prev: list[float], lrs: list[float], peaks: list[float], restart: bool) -> None:
-    assert warm_restart(prev, lrs, peaks) is restart
+def _restarts(make: Callable[[torch.optim.Optimizer], Any] | None, steps: int,
+              by_hand: Callable[[int], float] | None = None) -> list[int]:
+    """The steps at which the engine's schedule tracker sees a warm restart, fed what the
+    instrument reports of a real torch scheduler (or of an lr set by hand)."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    sched = make(opt) if make is not None else None
+    sp, out = SchedulePeaks(), []
+    for step in range(1, steps + 1):
+        if by_hand is not None:
+            opt.param_groups[0]["lr"] = by_hand(step)
+        sp.update("r", probes.learning_rates([opt]), probes.schedule_peaks([opt]))
+        if sp.restarted:
+            out.append(step)
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return out
+
+
+def _warmup_cosine(opt: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.SequentialLR(opt, [
+        torch.optim.lr_scheduler.LinearLR(opt, start_factor=1e-3, total_iters=20),
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=80)], milestones=[20])
+
+
+@pytest.mark.parametrize(("make", "want"), [
+    (lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=30), [31, 61, 91]),  # SGDR
+    (lambda o: torch.optim.lr_scheduler.CyclicLR(o, base_lr=0.001, max_lr=0.1, step_size_up=10), [26, 46, 66, 86]),
+    (lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=40), [61]),  # past its T_max it climbs again
+    (_warmup_cosine, []),  # a warmup's climb, then a decay: no restart
+    (lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=100), []),
+    (lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=10, gamma=0.5), []),
+], ids=["sgdr", "cyclic", "cosine-past-t_max", "warmup-cosine", "onecycle", "step"])
+def test_which_schedules_restart(make: Callable[[torch.optim.Optimizer], Any], want: list[int]) -> None:
+    assert _restarts(make, 100) == want
+
+
+def test_an_lr_raised_by_hand_is_no_restart() -> None:
+    """No scheduler: an lr cut to 1e-4 and raised back by hand is judged as any change."""
+    assert _restarts(None, 60, by_hand=lambda step: 1e-5 if 20 <= step < 40 else 0.1) == []
