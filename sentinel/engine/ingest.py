@@ -138,9 +138,8 @@ class Ingestor:
         """Drop what is kept of every stream of one rank (its training started over)."""
         for key in [k for k in self._ranks if k[:3] == (job, run, rank)]:
             base = self._ranks.pop(key).base
-            for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self._scale_last, self._sched_last,
-                          self._sched_in,
-                          self._env):
+            for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self._scale_last,
+                          self._sched_last, self._sched_in, self._env):
                 table.pop(base, None)
             self.schedule.forget([base])
             self._gvr.forget(base)

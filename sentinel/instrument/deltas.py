@@ -107,8 +107,9 @@ class UpdateSnapshot:
         budget: the most bytes the snapshot buffers may hold.
         enabled: False for an optimizer whose step is not one update (LBFGS:
             :func:`~sentinel.instrument.optinfo.one_update_a_step`): nothing is ever taken.
-        skip: ids of parameters never taken (loose tensors, no module's weights: their
-            groups' figures are of the others; a group of them only is never sampled).
+        skip: ids of parameters never taken (coefficients: single-element tensors no module
+            holds, :attr:`~sentinel.instrument.layout.Layout.coefficients`): their groups'
+            figures are of the others, and a group of them only is never sampled.
     """
 
     def __init__(self, tensors: GroupedTensors, budget: int, enabled: bool = True,
