@@ -148,8 +148,8 @@ def render_metrics() -> str:
 # -- rules -------------------------------------------------------------------------------
 
 _LIFECYCLE = ("for_steps", "resolve_after", "cooldown_seconds", "warmup_steps", "until_steps", "every_steps",
-              "lr_grace_steps", "lr_for_steps", "restart_grace_steps", "schedule_floor", "lr_resets_baseline",
-              "group_wait_seconds")
+              "lr_grace_steps", "lr_for_steps", "restart_grace_steps", "skip_short_batch", "schedule_floor",
+              "lr_resets_baseline", "group_wait_seconds")
 
 
 def _kind_line(kind: str) -> str:

@@ -67,6 +67,9 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    ``DataLoader`` batches drawn with gradients off and the
                    ``Monitor.heartbeat()`` calls since then. Sent at most once per
                    ``heartbeat_seconds``
+``short_batch``?   ``[size, batch size]``: the step's batch was its ``DataLoader``'s
+                   short last one (``drop_last=False``), less than half a batch: its
+                   gradient norm and loss are a few samples', not a batch's
 ``guard``?         on a ``log`` frame at the step it judged: the step guard's
                    :class:`GuardNote` (a skip, the end of a run of skips, the
                    ``max_consecutive`` outcome, or the first judged step), sent
@@ -247,6 +250,7 @@ class Frame(Struct, kw_only=True):
     scalars_dropped: int | UnsetType = UNSET
     dropped: Count | UnsetType = UNSET
     beat: Count | UnsetType = UNSET
+    short_batch: Annotated[list[Count], Meta(min_length=2, max_length=2)] | UnsetType = UNSET
     guard: GuardNote | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET
     cmd: Annotated[str, Meta(max_length=1000)] | UnsetType = UNSET

@@ -227,9 +227,12 @@ class Ingestor:
             self._nonfinite("grad", bool(bad) or not math.isfinite(total), r)
             if bad:
                 ctx.nonfinite_groups["grad"] = bad
-            gvr = self._gvr.push(base, norm)
-            if gvr is not None:
-                add("sentinel_gradient_variance_ratio", gvr)
+            if "short_batch" in f:  # a few samples' norm would stay in GVR's window for 50 steps
+                ctx.short_batch = True
+            else:
+                gvr = self._gvr.push(base, norm)
+                if gvr is not None:
+                    add("sentinel_gradient_variance_ratio", gvr)
             if isinstance(f.get("grad_l1"), (int, float)) and f.get("grad_count"):
                 n = float(f["grad_count"])
                 mean_abs, mean_sq = f["grad_l1"] / n, total / n

@@ -349,6 +349,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "errors": lambda v, _: _count(v),
     "dropped": lambda v, _: _count(v),
     "beat": lambda v, _: _count(v),
+    "short_batch": lambda v, _: type(v) is list and len(v) == 2 and _count(v[0]) and _count(v[1]) and v[0] < v[1],
     "exc": lambda v, _: type(v) is str and len(v) <= 200,
     "status": lambda v, _: type(v) is int and -1 <= v <= 255,
     "reply": lambda v, _: type(v) is str and len(v) <= 200,

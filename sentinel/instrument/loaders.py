@@ -1,4 +1,4 @@
-"""An evaluation loop's batches as heartbeats.
+"""An evaluation loop's batches as heartbeats, and a training loop's short last batch.
 
 The watched model's evaluation forwards beat its monitor (``instrument/timing.py``), but
 many scripts evaluate a copy of it: the EMA model that timm's and the YOLO trainers
@@ -14,11 +14,19 @@ workers is raised after it returned, so its traceback holds no frame of Sentinel
 costs 0.5–2 µs a batch (a 2-core VM, interleaved medians over a loader of 1-element
 batches, each of which takes 27 µs; a real batch takes milliseconds). A torch without that method gets no hook, and evaluations of copies no
 heartbeat.
+
+The same hook remembers the iterator a training loop draws from (gradients on), so that a
+step can tell it took the loader's short last batch (:func:`short_batch`): with
+``drop_last=False``, the default, an epoch of 1,025 samples in batches of 64 ends with a
+batch of one, whose gradient is about eight times the others' norm (one sample's noise,
+not averaged) and whose loss is one sample's. The engine's spike rules skip such a step
+instead of paging a spike every epoch.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -27,6 +35,7 @@ from sentinel.instrument import registry
 
 log = logging.getLogger("sentinel")
 _installed = False
+_training: weakref.ref[Any] | None = None  # the loader iterator a training loop last drew from
 
 
 def install() -> None:
@@ -44,8 +53,11 @@ def install() -> None:
         return
 
     def _next_index(self: Any) -> Any:
+        global _training
         if not torch.is_grad_enabled():
             _beat()
+        elif _training is None or _training() is not self:
+            _training = weakref.ref(self)
         return original(self)
 
     _next_index._sentinel = True  # type: ignore[attr-defined]
@@ -59,3 +71,22 @@ def _beat() -> None:
             monitor.heartbeat()
     except Exception:  # a heartbeat is never worth an error in the script's loop
         log.debug("sentinel: a loader heartbeat failed", exc_info=True)
+
+
+def short_batch() -> list[int] | None:
+    """``[size, batch size]`` when the batch a training loop drew last is its loader's last
+    and holds less than half a batch (``drop_last=False`` and a remainder); else None
+    (another batch, a sampler without a length, a custom batch sampler)."""
+    it = _training() if _training is not None else None
+    if it is None:
+        return None
+    try:
+        sampler = it._index_sampler
+        full = sampler.batch_size
+        if sampler.drop_last or not full or it._num_yielded != len(it):
+            return None
+        size = len(sampler.sampler) % full
+    except Exception:  # not a BatchSampler over a sized sampler: nothing to say
+        return None
+    return [size, full] if 0 < 2 * size < full else None
+

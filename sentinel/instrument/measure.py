@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import probes
+from sentinel.instrument import loaders, probes
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.frames import Report, Segs
@@ -137,6 +137,9 @@ class Measure:
             frame.ddp = True
         if self.grad_count:
             frame.grad_count, self.grad_count = self.grad_count, 0
+        short = loaders.short_batch()
+        if short is not None:  # the epoch's short last batch: no spike to judge in its values
+            frame.short_batch = short
         if self.clip_max is not None:
             frame.clip_max, self.clip_max = self.clip_max, None
         if self.meta_groups:

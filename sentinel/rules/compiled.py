@@ -34,8 +34,9 @@ class Compiled:
     warmup: int = 0  # rule.warmup_steps
     lr_resets: bool = False  # rule.lr_resets_baseline
     lr_for: int = 0  # rule.lr_for_steps
-    plain: bool = False  # no phase, early end, lr grace or schedule floor: due whenever past its gate
+    plain: bool = False  # no phase, early end, grace, schedule floor or batch check: due whenever past its gate
     restart: int = 0  # rule.restart_grace_steps
+    short: bool = False  # rule.skip_short_batch
 
 
 @dataclass
@@ -74,7 +75,8 @@ def compile_rule(idx: int, rule: Rule) -> Compiled:
         rule.name, gate, rule.every_steps, rule.lr_grace_steps, p, rule.until_steps,
         rule.schedule_floor, rule.warmup_steps, rule.lr_resets_baseline, rule.lr_for_steps,
         rule.every_steps <= 1 and not rule.until_steps and not rule.lr_grace_steps and not rule.schedule_floor
-        and not rule.restart_grace_steps, rule.restart_grace_steps,
+        and not rule.restart_grace_steps and not rule.skip_short_batch, rule.restart_grace_steps,
+        rule.skip_short_batch,
     )  # fmt: skip
 
 

@@ -116,6 +116,9 @@ class Rule(BaseModel):
             and baselines (``ctx.since_step``) begin after them: the loss's climb out of the
             minimum the restart kicks it from is the schedule's design, not a divergence
             (0: off).
+        skip_short_batch: no evaluation at a step whose batch was its ``DataLoader``'s short
+            last one (``drop_last=False``, less than half a batch): its gradient and loss are
+            a few samples', whose noise is no spike of the run's.
         lr_for_steps: for this many steps from a learning-rate change, one failing
             verdict is enough (``for_steps`` 1): the instrument samples every step right
             after a jump, and a rate raised far too high shows at once (0: off).
@@ -154,6 +157,7 @@ class Rule(BaseModel):
     lr_grace_steps: NonNegativeInt = 0
     lr_for_steps: NonNegativeInt = 0
     restart_grace_steps: NonNegativeInt = 0
+    skip_short_batch: bool = False
     schedule_floor: NonNegativeFloat = 0.0
     lr_resets_baseline: bool = True
     group_wait_seconds: NonNegativeFloat = 2.0

@@ -33,6 +33,8 @@ class Ingested:
         assembled: the whole model's sums of each step this frame completed, for a
             sharded run (:meth:`sentinel.engine.shards.ShardAssembler.route`).
         guard: the frame's step-guard note, if it had one.
+        short_batch: the step's batch was its loader's short last one (the frame's
+            ``short_batch``): rules with ``skip_short_batch`` do not judge it.
         guard_skipped: the frame held non-finite values of a step the step guard kept out
             of the weights (its note said so): they never reached the weights.
     """
@@ -47,3 +49,4 @@ class Ingested:
     assembled: list[dict[str, Any]] = field(default_factory=list)
     guard: GuardNote | None = None
     guard_skipped: bool = False
+    short_batch: bool = False

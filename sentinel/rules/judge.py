@@ -45,6 +45,7 @@ class Evaluation:
     opened: Mapping[str, Alert]  # the run's open alerts by rule (a live view)
     guard_skipped: bool = False  # the step guard kept this step out of the weights
     lr_restart: int | None = None  # the last warm restart of the rank's schedule
+    short_batch: bool = False  # the step's batch was its loader's short last one
 
 
 def _after_restart(c: Compiled, ev: Evaluation) -> int:
@@ -119,6 +120,8 @@ class Judge:
                 continue
             if c.restart and ev.lr_restart is not None and ev.lr_restart <= step < ev.lr_restart + c.restart:
                 continue  # climbing out of the minimum a warm restart kicked it from: by design
+            if c.short and ev.short_batch:
+                continue  # a few samples' gradient and loss: no spike of the run's
             if c.floor and lr_fraction is not None and lr_fraction < c.floor:
                 continue  # the schedule has taken the lr far below its peak: expected
             out.append(c)
