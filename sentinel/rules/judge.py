@@ -48,10 +48,6 @@ class Evaluation:
     short_batch: bool = False  # the step's batch was its loader's short last one
 
 
-def _after_restart(c: Compiled, ev: Evaluation) -> int:
-    """Where rule ``c``'s baselines begin after the rank's last warm restart (0: none)."""
-    return ev.lr_restart + c.restart if c.restart and ev.lr_restart is not None else 0
-
 
 class Judge:
     """Judges due rules for one rank at a time, and remembers per rule and series what was
@@ -99,8 +95,10 @@ class Judge:
 
     def due(self, ev: Evaluation, candidates: list[Compiled]) -> list[Compiled]:
         """The candidates judged at this frame: not warming up, past their early phase, off
-        their every_steps phase, in their lr grace or under their schedule floor."""
+        their every_steps phase, in their lr or warm-restart grace, at a short batch's step
+        or under their schedule floor."""
         step, lr_change, lr_fraction, opened = ev.step, ev.lr_change, ev.lr_fraction, ev.opened
+        restart, short = ev.lr_restart, ev.short_batch
         judged, frames = ev.rs.judged, ev.rs.frames
         out = []
         for c in candidates:
@@ -118,9 +116,9 @@ class Judge:
                     continue
             if c.grace and lr_change is not None and lr_change <= step < lr_change + c.grace:
                 continue
-            if c.restart and ev.lr_restart is not None and ev.lr_restart <= step < ev.lr_restart + c.restart:
+            if c.restart and restart is not None and restart <= step < restart + c.restart:
                 continue  # climbing out of the minimum a warm restart kicked it from: by design
-            if c.short and ev.short_batch:
+            if c.short and short:
                 continue  # a few samples' gradient and loss: no spike of the run's
             if c.floor and lr_fraction is not None and lr_fraction < c.floor:
                 continue  # the schedule has taken the lr far below its peak: expected
@@ -150,7 +148,9 @@ class Judge:
         if held is None:
             idle, quiet = spec.idle, spec.quiet
         lr_change = ev.lr_change
-        since = max(c.warmup, (lr_change or 0) if c.lr_resets else 0, _after_restart(c, ev))
+        since = max(c.warmup, (lr_change or 0) if c.lr_resets else 0)
+        if c.restart and ev.lr_restart is not None:  # baselines begin after a warm restart's grace
+            since = max(since, ev.lr_restart + c.restart)
         memos = self._memos
         sampled = False
         for series_labels, extra, series in sel.series:
@@ -200,7 +200,8 @@ class Judge:
         lr_change = ev.lr_change
         cctx = self.context(c.rule, ev.rs.labels, ev.step, ev.t, lr_change, extra, ev.nonfinite, ev.amp_skipped,
                              ev.note)
-        cctx.since_step = max(cctx.since_step, _after_restart(c, ev))
+        if c.restart and ev.lr_restart is not None:
+            cctx.since_step = max(cctx.since_step, ev.lr_restart + c.restart)
         cctx.lr_fraction = ev.lr_fraction
         cctx.lr_change_step = lr_change
         cctx.guard_skipped = ev.guard_skipped  # the step guard kept this step out
