@@ -90,4 +90,3 @@ def short_batch() -> list[int] | None:
     except Exception:  # not a BatchSampler over a sized sampler: nothing to say
         return None
     return [size, full] if 0 < 2 * size < full else None
-

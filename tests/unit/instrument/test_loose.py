@@ -110,4 +110,3 @@ def test_a_functional_trainings_loose_weights_keep_their_update_size() -> None:
         mon.close()
     frames = sender.steps()
     assert all("loss" in f["scalars"] and any(v is not None for v in f["delta_sumsq"]) for f in frames)
-
