@@ -12,32 +12,11 @@ import sys
 import time
 
 import torch
+from seq2seq_models import Decoder, Encoder
 from torch import nn
 
 shape, wait_file = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
-
-
-class Encoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(20, 8)
-        self.rnn = nn.GRU(8, 16, batch_first=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.rnn(self.emb(x))[1]
-
-
-class Decoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(20, 8)
-        self.rnn = nn.GRU(8, 16, batch_first=True)
-        self.out = nn.Linear(16, 20)
-
-    def forward(self, y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return self.out(self.rnn(self.emb(y), h)[0])
-
 
 if shape == "seq2seq":
     enc, dec = Encoder(), Decoder()

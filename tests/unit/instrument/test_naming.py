@@ -10,27 +10,7 @@ from torch import nn
 
 from sentinel.instrument.naming import parameter_names
 from tests.helpers import MLP, make_monitor
-
-
-class Encoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(20, 8)
-        self.rnn = nn.GRU(8, 16, batch_first=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.rnn(self.emb(x))[1]
-
-
-class Decoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(20, 8)
-        self.rnn = nn.GRU(8, 16, batch_first=True)
-        self.out = nn.Linear(16, 20)
-
-    def forward(self, y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return self.out(self.rnn(self.emb(y), h)[0])
+from tests.integration.scripts.seq2seq_models import Decoder, Encoder
 
 
 def test_a_decoder_outside_the_watched_model_gets_its_own_groups() -> None:

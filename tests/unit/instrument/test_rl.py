@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 from typing import Any
 
 import pytest
 import torch
 
 from sentinel.instrument.options import from_kwargs
+from sentinel.instrument.reporter import RL_MODULES
 from tests.helpers import MLP, make_monitor
 
 
@@ -23,7 +25,8 @@ def _train(rl: bool | None, log: bool) -> tuple[list[dict], list[float], Any]:
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    mon, sender = make_monitor(model, opt, capture_loss=not log, rl=rl)
+    said = {} if rl is None else {"rl": rl}  # None: not passed, as a script that says nothing
+    mon, sender = make_monitor(model, opt, capture_loss=not log, **said)
     losses, gen = [], torch.Generator().manual_seed(0)
     try:
         for _ in range(4):
@@ -54,8 +57,28 @@ def test_a_script_that_imported_gymnasium_records_its_loss_as_the_objective(
     assert store.labelsets("sentinel_loss")
 
 
+@pytest.mark.parametrize("name", [n for n in RL_MODULES if n != "gymnasium"])
+def test_each_environment_library_named_makes_a_run_an_agents(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The other libraries are not installed here (old gym needs an old numpy): a module
+    object of that name in ``sys.modules`` is what the check reads, so one stands in."""
+    monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    frames, losses, _ = _train(None, False)
+    assert [f["scalars"]["objective"] for f in frames] == pytest.approx(losses)
+
+
+def test_sentinel_rl_1_as_the_readme_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment written by hand, and ``SENTINEL_RL=1`` in the environment (as under
+    ``sentinel run``): the monitor's options come from it."""
+    for name in RL_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setenv("SENTINEL_RL", "1")
+    frames, losses, store = _train(None, True)
+    assert [f["scalars"]["objective"] for f in frames] == pytest.approx(losses)
+    assert not store.labelsets("sentinel_loss")
+
+
 def test_without_an_environment_library_a_loss_is_a_loss_unless_said(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("gymnasium", "gym", "envpool", "dm_env", "pettingzoo"):
+    for name in RL_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     frames, losses, _ = _train(None, False)
     assert [f["scalars"]["loss"] for f in frames] == pytest.approx(losses)
