@@ -89,7 +89,6 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         return Verdict(False, last, max(threshold, params.min_value), baseline=baseline)
     if last < threshold:  # the common case: no need for the spread (nor the detail)
         return Verdict(False, last, threshold, baseline=baseline)
-    detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}" if baseline > 0 else ""
     if params.log and last > 0.0 and base[0] > 0.0:
         med = math.log(baseline)
         dev = sorted(abs(math.log(x) - med) for x in base)
@@ -99,6 +98,10 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         dev = sorted(abs(x - baseline) for x in base)
         spread = max(quantile(dev, 0.5) * 1.4826, params.min_spread * abs(baseline), 1e-12)
         z = (last - baseline) / spread
+    if baseline > 0:
+        detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}"
+    else:  # a loss without a floor at 0 (a negative ELBO, a learned-variance weighting): no ratio
+        detail = f"{last - baseline:.3g} above the baseline {baseline:.3g}, {z:.1f}× its usual spread"
     return Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail)
 
 

@@ -183,6 +183,18 @@ def test_spike_reports_value_baseline_threshold() -> None:
     assert (v.value, v.baseline, v.threshold) == pytest.approx((50.0, 1.0, 10.0))
 
 
+def test_a_spike_of_a_loss_below_zero_says_how_far_above_its_baseline() -> None:
+    """A loss without a floor at 0 (uncertainty-weighted multi-task losses with learned
+    log-variances sit around -2.3): the message said "()" where a ratio has no meaning."""
+    values = [-2.3 + 0.1 * math.sin(i) for i in range(60)] + [0.33]
+    v = DETECTORS["spike"].fn(win(values), SpikeParams(window=100, min_samples=20, factor=1.5, z=5.0), ctx())
+    assert v is not None and v.firing
+    assert v.detail == "2.62 above the baseline -2.29, 22.9× its usual spread"
+    # a positive baseline keeps its ratio
+    v = DETECTORS["spike"].fn(win([1.0] * 60 + [50.0]), SpikeParams(**_SPIKE), ctx())
+    assert v is not None and v.detail == "50× the baseline 1"
+
+
 @pytest.mark.parametrize(
     ("values", "since_step"),
     [
