@@ -27,7 +27,8 @@ class _Rank:
     series its gauges go to (:class:`~sentinel.store.Plan`), the label sets of its groups,
     and which of its counters exist."""
 
-    __slots__ = ("base", "plan", "rows", "groups", "group_labels", "totals", "nonfinite", "amp_counted", "step")
+    __slots__ = ("base", "plan", "rows", "groups", "group_labels", "totals", "nonfinite", "amp_counted", "step",
+                 "loss_seen")
 
     def __init__(self, base: Labels) -> None:
         self.base = base
@@ -39,6 +40,7 @@ class _Rank:
         self.nonfinite: dict[str, Labels] = {}  # source -> labels of its counter, once it exists
         self.amp_counted = False
         self.step: int | None = None  # the last step frame's step
+        self.loss_seen = False  # a sentinel_loss series of this stream exists
 
     def add(self, metric: str, value: float, /, **extra: str) -> None:
         """Queue a gauge sample of this rank for the frame's one write. ``metric`` is
@@ -195,11 +197,18 @@ class Ingestor:
                 continue
             if name == "loss":
                 add("sentinel_loss", float(value))
+                r.loss_seen = True
                 self._nonfinite("loss", not math.isfinite(value), r)
                 if not math.isfinite(value):
                     ctx.nonfinite_groups["loss"] = []
             else:  # the engine's admission caps the names (engine/validate.py)
                 add("sentinel_scalar", float(value), name=str(name))
+                if name == "objective" and r.loss_seen:
+                    # the stream's value turned out to be no loss (a GAN's discriminator steps before the
+                    # generator's step shows the game; an environment library imported late): its first
+                    # steps' loss series goes, so no stale sentinel_loss stays beside the objective
+                    r.loss_seen = False
+                    self.store.remove("sentinel_loss", r.base)
 
     def _step(self, f: dict[str, Any], r: _Rank, ctx: Ingested) -> None:
         base, add = r.base, r.add

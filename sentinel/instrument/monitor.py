@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import loaders, losses, preclip, registry
+from sentinel.instrument import games, loaders, losses, preclip, registry
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
@@ -96,9 +96,14 @@ class Monitor:
         self._counted = False  # the first step has looked for a resumed optimizer's count
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
-        if self._losses is not None and self.optimizers:  # its gradient tells a pass whose gradients were thrown away
-            self._losses.watch(next((p for g in self.optimizers[0].param_groups for p in g["params"]
-                                     if p.requires_grad), None))
+        first = next((p for g in self.optimizers[0].param_groups for p in g["params"] if p.requires_grad),
+                     None) if self.optimizers else None
+        if self._losses is not None and first is not None:  # its gradient tells a pass whose gradients were thrown away
+            self._losses.watch(first)
+        # its gradient tells a game's players apart (a GAN's): where each one's loss reaches
+        self._player = games.Player(first) if self.optimizers and o.game is not False else None
+        if self._player is not None and o.game:
+            self._player.adversarial = True
         losses.install()  # counts backward() calls: which step a log() belongs to
         loaders.install()  # an evaluation's batches are heartbeats (an EMA copy's too)
         close_at_exit(self)
@@ -119,6 +124,7 @@ class Monitor:
         self.reporter = Reporter(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,
                                  self.on_alert, self.request_stop, self._stream_label, self._losses, self.layout,
                                  scaler=scaler, auto=auto)
+        self.reporter.player = self._player
         losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step
         if self.optimizers:
             registry.add_stream(self)
@@ -237,6 +243,8 @@ class Monitor:
         if self.measure.hand_read:  # the last backward()'s step
             self.measure.hand_read = False
             self.boundary.run("report", self._finalize)
+        if self._player is not None:
+            self._player.leave()
         if self.guard is not None:  # the guard: the last verdicts reach the engine
             self.boundary.run("guard", self.guard.flush)
         crashed = error is not None and not isinstance(error, TrainingHalted) and not (
@@ -250,6 +258,8 @@ class Monitor:
         updated by hand, the last backward()'s step ends here. Never raises."""
         if self.closed:
             return
+        if self._player is not None:
+            self._player.before()
         if self.measure.hand_read:
             self.measure.hand_read = False
             self.boundary.run("report", self._finalize)
@@ -269,7 +279,10 @@ class Monitor:
         self.boundary.run("report", self._finalize)
 
     def after_backward(self) -> None:
-        """With parameters updated by hand: read the gradients this ``backward()`` left."""
+        """With parameters updated by hand: read the gradients this ``backward()`` left;
+        a game's player: whether it changed this monitor's gradients."""
+        if self._player is not None and not self.closed:
+            self._player.after()
         if self._hand is not None and not self.closed:
             t0 = time.perf_counter()
             with torch.no_grad():
@@ -442,4 +455,6 @@ class Monitor:
         # what backward() got is no loss to judge: an objective ascended, or a coefficient's
         objective = bool(self.optimizers) and (self.layout.coefficients or all(
             g.get("maximize") is True for opt in self.optimizers for g in opt.param_groups))
+        if self._player is not None:  # ... or a game's (Reporter.submit names it so, logged too)
+            self.boundary.run("game", self._player.stepped)
         self.reporter.hold(report, measure.take(), steps, objective)

@@ -78,6 +78,14 @@ class WatchOptions:
     scalar ``objective``, which no loss rule judges. None (the default): a run is taken for
     one when the script imported an environment library (``gymnasium``, ``gym``,
     ``envpool``, ``dm_env``, ``pettingzoo``); ``SENTINEL_RL=1`` or ``0`` says it."""
+    game: bool | None = None
+    """Optimizers in a game (a GAN's generator and discriminator, an actor and its critic):
+    each one's loss is measured against the other, who moves (a generator's loss rises as
+    its discriminator learns), so it is recorded as the scalar ``objective``, which no loss
+    rule judges. None (the default): two optimizers are taken for players when they step in
+    turn on losses of their own, and one's loss changes the other's gradients (or finds them
+    frozen, as WGAN and pix2pix scripts freeze the discriminator for the generator's step);
+    ``SENTINEL_GAME=1`` or ``0`` says it (1: every optimizer's loss is an objective)."""
     max_errors: int = 3
     """A probe that raised this many times is switched off."""
     max_pending: int = 4
@@ -119,19 +127,25 @@ class WatchOptions:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
         if not float(self.heartbeat_seconds) > 0:
             raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds!r}")
-        if isinstance(self.rl, str):  # SENTINEL_RL
-            said = self.rl.strip().lower()
-            if said not in ("1", "true", "yes", "0", "false", "no", "", "auto"):
-                raise ValueError(f"rl: must be 1, 0 or auto, got {self.rl!r}")
-            self.rl = None if said in ("", "auto") else said in ("1", "true", "yes")
-        elif self.rl is not None and not isinstance(self.rl, bool):
-            raise ValueError(f"rl: must be True, False or None, got {self.rl!r}")
+        self.rl, self.game = _said("rl", self.rl), _said("game", self.game)  # SENTINEL_RL, SENTINEL_GAME
         parse_listen(self.listen)
         self.tags = check_tags(self.tags)
         if int(self.tags_every) < 1:
             raise ValueError(f"tags_every: must be >= 1, got {self.tags_every!r}")
         if self.engine not in ("process", "thread", "off"):
             raise ValueError(f"engine: must be process, thread or off, got {self.engine!r}")
+
+
+def _said(name: str, value: Any) -> bool | None:
+    """A yes/no/auto option: True, False or None, or its ``SENTINEL_*`` text (1, 0, auto)."""
+    if isinstance(value, str):
+        said = value.strip().lower()
+        if said not in ("1", "true", "yes", "0", "false", "no", "", "auto"):
+            raise ValueError(f"{name}: must be 1, 0 or auto, got {value!r}")
+        return None if said in ("", "auto") else said in ("1", "true", "yes")
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name}: must be True, False or None, got {value!r}")
+    return value
 
 
 MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 16, 32, 64

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 
 from sentinel import wire
-from sentinel.instrument import losses
+from sentinel.instrument import games, losses
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.capture import InputCapture
 from sentinel.instrument.frames import Report, Segs, assemble
@@ -120,6 +120,7 @@ class Reporter:
         self.backwards_at_step = self.backwards_at_log = -1  # losses.backward_calls then
         self.logs = 0  # log() calls so far: a script that never logs never makes a report wait
         self.step_warned = False  # said once that a log(step=) named no step of ours
+        self.player: games.Player | None = None  # the monitor's place in a game (a GAN's), if it can be in one
 
     @property
     def frames_dropped(self) -> int:
@@ -236,8 +237,8 @@ class Reporter:
         self.submit(report, segs, scalars)
 
     def submit(self, report: Report, segs: Segs, scalars: Scalars) -> None:
-        if "loss" in scalars and self.reinforcement():  # captured or logged: no loss to judge
-            scalars.rename("loss", "objective")
+        if "loss" in scalars and (self.reinforcement() or self.player is not None and self.player.adversarial):
+            scalars.rename("loss", "objective")  # captured or logged: an agent's or a game's, no loss to judge
         if scalars:
             report.scalars = scalars.meta()
             for dev, named in scalars.segments().items():

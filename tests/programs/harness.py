@@ -41,8 +41,9 @@ class Program:
         ranks: run it with ``torchrun --standalone --nproc-per-node RANKS`` (0: plain python).
         opt: the class of its optimizer(s), as the history should name it.
         objective: the optimizers (by index) whose ``backward()`` value is recorded as the
-            scalar ``objective``, not as a loss (they step only coefficients, or the program
-            trains an agent: it imports Gymnasium).
+            scalar ``objective``, not as a loss (they step only coefficients, play a game
+            against another optimizer, as a GAN's, or the program trains an agent: it imports
+            Gymnasium).
     """
 
     id: str

@@ -2,7 +2,7 @@
 PyTorch examples' DCGAN, the original WGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
 DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
 adversarial training, the HF examples' logging set-up, the neural style transfer tutorial,
-CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts), each run plainly, under ``sentinel run`` (zero-code) and,
+CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN), each run plainly, under ``sentinel run`` (zero-code) and,
 where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -38,8 +38,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROGRAMS = [
     Program("chargpt", "chargpt.py", watch=True, opt="AdamW"),
-    Program("dcgan", "dcgan.py", optimizers=2, opt="Adam"),
-    Program("wgan", "wgan.py", optimizers=2, opt="RMSprop"),
+    Program("dcgan", "dcgan.py", optimizers=2, opt="Adam", objective=(0, 1)),
+    Program("wgan", "wgan.py", optimizers=2, opt="RMSprop", objective=(0, 1)),
     Program("lbfgs_seq", "lbfgs_seq.py", watch=True, opt="LBFGS"),
     Program("rnn_lm_sgd", "rnn_lm.py", optimizers=0),
     Program("rnn_lm_sgd_nan", "rnn_lm.py", ("--nan-at", "5"), optimizers=0, nan_at=5),
@@ -73,9 +73,10 @@ PROGRAMS = [
     Program("finetune_unfreeze", "finetune_unfreeze.py", opt="Adam"),
     Program("adversarial", "adversarial.py", opt="SGD"),
     Program("neural_style", "neural_style.py", watch=True, opt="LBFGS"),
-    Program("sac", "sac.py", watch=True, optimizers=3, opt="Adam", objective=(2,)),
+    Program("sac", "sac.py", watch=True, optimizers=3, opt="Adam", objective=(0, 1, 2)),
     Program("dqn", "dqn.py", watch=True, opt="AdamW", objective=(0,)),
     Program("sgdr", "sgdr.py", watch=True, opt="SGD"),
+    Program("sngan", "sngan.py", watch=True, optimizers=2, opt="Adam", objective=(0, 1)),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
