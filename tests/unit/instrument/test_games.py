@@ -65,6 +65,13 @@ def _gan(steps: int, log: bool = False, freeze: bool = False, critic: int = 1,
     return sender, values, mons
 
 
+def _watched(*pairs: tuple[nn.Module, torch.optim.Optimizer]) -> tuple[CaptureSender, list[Any]]:
+    """Monitors of (model, optimizer) pairs, the loss captured at ``backward()``, reporting
+    to one engine: several ``watch()`` calls before any report."""
+    sender = CaptureSender()
+    return sender, [make_monitor(model, opt, sender, capture_loss=True)[0] for model, opt in pairs]
+
+
 def _stream(sender: CaptureSender, k: int) -> list[dict[str, Any]]:
     return [f for f in sender.steps() if f.get("opt") == str(k)]
 
@@ -121,9 +128,7 @@ def test_optimizers_that_share_one_backward_are_no_game() -> None:
     torch.manual_seed(0)
     enc, dec = nn.Linear(4, 8), nn.Linear(8, 1)
     opt_e, opt_d = torch.optim.SGD(enc.parameters(), 0.1), torch.optim.SGD(dec.parameters(), 0.1)
-    sender = CaptureSender()
-    mons = [make_monitor(enc, opt_e, sender, capture_loss=True)[0],
-            make_monitor(dec, opt_d, sender, capture_loss=True)[0]]
+    sender, mons = _watched((enc, opt_e), (dec, opt_d))
     values = []
     try:
         for _ in range(4):
@@ -151,9 +156,7 @@ def test_a_frozen_backbone_then_its_own_optimizer_is_no_game() -> None:
     torch.manual_seed(0)
     backbone, head = nn.Linear(4, 8), nn.Linear(8, 1)
     opt_h, opt_b = torch.optim.Adam(head.parameters(), 1e-2), torch.optim.SGD(backbone.parameters(), 1e-2)
-    sender = CaptureSender()
-    mons = [make_monitor(head, opt_h, sender, capture_loss=True)[0],
-            make_monitor(backbone, opt_b, sender, capture_loss=True)[0]]
+    sender, mons = _watched((head, opt_h), (backbone, opt_b))
     try:
         for stage, opt in ((0, opt_h), (1, opt_b)):
             backbone.requires_grad_(stage == 1)
@@ -179,9 +182,7 @@ def test_said_otherwise_and_a_closed_game_leaves_no_player_behind() -> None:
     torch.manual_seed(0)
     a, b = nn.Linear(4, 1), nn.Linear(4, 1)
     opt_a, opt_b = torch.optim.SGD(a.parameters(), 0.1), torch.optim.SGD(b.parameters(), 0.1)
-    sender = CaptureSender()
-    mons = [make_monitor(a, opt_a, sender, capture_loss=True)[0],
-            make_monitor(b, opt_b, sender, capture_loss=True)[0]]
+    sender, mons = _watched((a, opt_a), (b, opt_b))
     try:
         for _ in range(3):
             for model, opt in ((a, opt_a), (b, opt_b)):
