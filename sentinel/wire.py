@@ -70,6 +70,9 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
 ``short_batch``?   ``[size, batch size]``: the step's batch was its ``DataLoader``'s
                    short last one (``drop_last=False``), less than half a batch: its
                    gradient norm and loss are a few samples', not a batch's
+``rewrite``?       ``"load_state_dict"`` or ``"prune"``: the script set the watched
+                   weights itself since the last step (a rewind, a roll-back, a pruning
+                   mask); the engine restarts the loss's baselines as at a warm restart
 ``guard``?         on a ``log`` frame at the step it judged: the step guard's
                    :class:`GuardNote` (a skip, the end of a run of skips, the
                    ``max_consecutive`` outcome, or the first judged step), sent
@@ -102,6 +105,10 @@ MAX_FRAME_BYTES = 60_000  # fits a Unix datagram on every Linux default
 MAX_STEP = 2**53
 """Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
 _FLOAT_MAX = 1.7976931348623157e308
+
+
+Rewrite = Literal["load_state_dict", "prune"]
+"""How the script set the watched weights itself (``Frame.rewrite``)."""
 
 
 class FrameError(ValueError):
@@ -251,6 +258,7 @@ class Frame(Struct, kw_only=True):
     dropped: Count | UnsetType = UNSET
     beat: Count | UnsetType = UNSET
     short_batch: Annotated[list[Count], Meta(min_length=2, max_length=2)] | UnsetType = UNSET
+    rewrite: Rewrite | UnsetType = UNSET
     guard: GuardNote | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET
     cmd: Annotated[str, Meta(max_length=1000)] | UnsetType = UNSET

@@ -276,6 +276,8 @@ class Ingestor:
         self._lr(f.get("lr"), add, base, step)
         ctx.lr_change_step = self.lr_change_step.get(base)
         ctx.lr_fraction = self._schedule(f, add, base, step)
+        if "rewrite" in f:  # weights the script set itself (a rewind, a pruning): the loss starts anew there
+            self.lr_restart_step[base] = step
         ctx.lr_restart_step = self.lr_restart_step.get(base)
         st = f.get("state_bytes")
         if isinstance(st, dict):

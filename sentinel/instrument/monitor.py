@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import games, loaders, losses, preclip, registry
+from sentinel import wire
+from sentinel.instrument import games, loaders, losses, preclip, registry, rewrites
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
@@ -106,6 +107,8 @@ class Monitor:
             self._player.adversarial = True
         losses.install()  # counts backward() calls: which step a log() belongs to
         loaders.install()  # an evaluation's batches are heartbeats (an EMA copy's too)
+        rewrites.install()  # weights the script sets itself (a rewind, a pruning) restart the loss's baselines
+        self._rewrite: wire.Rewrite | None = None  # how the script set the watched weights since the last step
         close_at_exit(self)
 
         outer, inner, self.ddp = ddp_parts(model, self.world)
@@ -290,6 +293,13 @@ class Monitor:
             self.measure.hand_read = True
             self.probe_seconds += time.perf_counter() - t0
 
+    def note_rewrite(self, kind: wire.Rewrite) -> None:
+        """The script set watched weights itself (``load_state_dict``, ``prune``): the next
+        step's frame says so (:mod:`sentinel.instrument.rewrites`). Before the first step
+        (a resumed checkpoint) it is where training starts, no rewrite."""
+        if self.steps > 0 and not self.closed:
+            self._rewrite = kind
+
     def request_stop(self, reason: str) -> None:
         """Make the next optimizer step raise :class:`TrainingHalted` (the stop action)."""
         if self._halt is None:
@@ -447,6 +457,8 @@ class Monitor:
         report = Report(self.reporter.step_frame(steps, now, self.groups, self.cadence.lrs))
         measure = self.measure
         measure.close_step(report, now)
+        if self._rewrite is not None:
+            report.frame.rewrite, self._rewrite = self._rewrite, None
         self._record.add_to(report, measure.add, steps, self.optimizers, self.layout, self.devices)
         if steps % o.memory_every == 0 or steps == 1:
             mem = self.boundary.run("memory", measure.memory)

@@ -118,6 +118,19 @@ def monitor_of(opt: torch.optim.Optimizer) -> Any:
     return ref() if ref is not None else None
 
 
+def owners(params: Any) -> list[Any]:
+    """The live monitors watching any of ``params`` (an iterable of tensors), each once."""
+    if not _owner:
+        return []
+    found: list[Any] = []
+    for p in params:
+        ref = _owner.get(id(p))
+        mon = ref() if ref is not None else None
+        if mon is not None and all(m is not mon for m in found):
+            found.append(mon)
+    return found
+
+
 def hold(monitor: Any) -> None:
     """Keep ``monitor`` alive until it closes (:func:`release`).
 

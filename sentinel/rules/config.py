@@ -112,10 +112,12 @@ class Rule(BaseModel):
         restart_grace_steps: after a warm restart of the schedule (a torch scheduler took the
             lr back up to half its peak or more after it had fallen below a quarter of it:
             SGDR's ``CosineAnnealingWarmRestarts``, a cosine with hard restarts, each cycle of
-            ``CyclicLR``; :mod:`sentinel.engine.schedule`), no evaluation for this many steps,
-            and baselines (``ctx.since_step``) begin after them: the loss's climb out of the
-            minimum the restart kicks it from is the schedule's design, not a divergence
-            (0: off).
+            ``CyclicLR``; :mod:`sentinel.engine.schedule`), or after the script set the
+            watched weights itself (``load_state_dict``: a lottery ticket's rewind, a
+            roll-back; a ``torch.nn.utils.prune`` mask: :mod:`sentinel.instrument.rewrites`),
+            no evaluation for this many steps, and baselines (``ctx.since_step``) begin after
+            them: the loss's jump to where the restart or the new weights put it is the
+            script's design, not a divergence (0: off).
         skip_short_batch: no evaluation at a step whose batch was its ``DataLoader``'s short
             last one (``drop_last=False``, less than half a batch): its gradient and loss are
             a few samples', whose noise is no spike of the run's.

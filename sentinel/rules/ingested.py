@@ -21,7 +21,8 @@ class Ingested:
         lr_change_step: the last step at which the rank's learning rate changed by more
             than 10% in some group, or None.
         lr_restart_step: the last step at which a torch scheduler took the rank's learning
-            rate back up to its peak in one step (a warm restart), or None.
+            rate back up to its peak in one step (a warm restart), or whose frame said the
+            script had set the weights itself (``rewrite``: a rewind, a pruning), or None.
         lr_fraction: the rank's learning rate over its peak (:mod:`sentinel.engine.schedule`),
             or None when unknown.
         written: the gauges this frame wrote (rules reading none of them are skipped);

@@ -44,7 +44,7 @@ class Evaluation:
     written: frozenset[str] | None
     opened: Mapping[str, Alert]  # the run's open alerts by rule (a live view)
     guard_skipped: bool = False  # the step guard kept this step out of the weights
-    lr_restart: int | None = None  # the last warm restart of the rank's schedule
+    lr_restart: int | None = None  # the last warm restart of the rank's schedule, or weights the script set
     short_batch: bool = False  # the step's batch was its loader's short last one
 
 

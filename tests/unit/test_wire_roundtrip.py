@@ -40,7 +40,8 @@ def _full_step() -> wire.Frame:
         mem={"host_rss": 1e8, "capacity": 2e9},
         optim=[{"class": "AdamW", "dtype": "float32", "hp": {"lr": 0.1, "beta2": 0.999}}], total_steps=100,
         env={"torch": "2.13.0", "gpu_model": "none"}, amp=wire.Amp(scale=65536.0), scalars={"loss": 0.5, "acc": 1},
-        errors=0, scalars_dropped=2, dropped=3, tags={"team": "x"}, cmd="train.py --lr 0.1",
+        errors=0, scalars_dropped=2, dropped=3, short_batch=[1, 64], rewrite="prune", tags={"team": "x"},
+        cmd="train.py --lr 0.1",
         reply="/tmp/s/reply-1.sock", **IDENTITY)
 
 

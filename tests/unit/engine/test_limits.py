@@ -86,6 +86,8 @@ _GROUPED = ("groups", "grad_sumsq", "param_sumsq")
     ({"amp": {"scale": -1.0}}, "amp", "range", ("amp",)),
     ({"errors": 2**60}, "errors", "range", ("errors",)),
     ({"shard": "diagonal"}, "shard", "range", ("shard",)),
+    ({"rewrite": "format_c"}, "rewrite", "range", ("rewrite",)),
+    ({"short_batch": [1, -64]}, "short_batch", "range", ("short_batch",)),
     ({"clip_max": float("nan")}, "clip_max", "range", ("clip_max",)),
     ({"scalars": {f"s{i}": 1.0 for i in range(100)}}, "scalars", "scalars", ("scalars",)),
 ])
