@@ -1,9 +1,11 @@
 """Optimizers in a game (sentinel/instrument/games.py): a GAN's generator loss runs through
 the discriminator and rises as the discriminator learns, and the discriminator's rises as
 the generator gets better, so neither is judged as a loss: both are the scalar
-``objective``, from the first step on (tests/programs/sngan.py: a 2-D GAN that converged
-paged EarlyLossRising, critical, at step 87). Optimizers that share one ``backward()`` are
-no game. Real monitors, real 2-D GANs on the CPU, frames to a real engine."""
+``objective`` once the second round shows the game, and the engine drops the first round's
+loss series (tests/programs/sngan.py: a 2-D GAN that converged paged EarlyLossRising,
+critical, at step 87). Optimizers that share one ``backward()`` are no game, nor are a
+fine-tuning script's stages. Real monitors, real 2-D GANs on the CPU, frames to a real
+engine."""
 
 from __future__ import annotations
 
