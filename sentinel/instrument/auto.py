@@ -233,14 +233,19 @@ def _find_model(first: torch.Tensor | None) -> torch.nn.Module | None:
 
 
 def _optimizers_alive() -> int:
-    """Initialised optimizers alive now that train something (one gc scan, at the first
-    attach). A wrapper that never ran ``Optimizer.__init__`` (Accelerate's) is not one."""
+    """Initialised optimizers alive now over parameters that take gradients, now or later
+    (one gc scan, at the first attach): pix2pix and CycleGAN scripts turn their
+    discriminators' ``requires_grad`` off for the generators' step, which comes first, so
+    at that attach the discriminators' optimizer trains nothing yet (counting it only then
+    made the two streams one). A wrapper that never ran ``Optimizer.__init__`` (Accelerate's)
+    is not one, nor is one over plain tensors that take none (Lightning's mock optimizer)."""
     from sentinel.instrument.registry import shared_inner
 
     n = 0
     for obj in live(torch.optim.Optimizer):
         groups = getattr(obj, "param_groups", None) if hasattr(obj, "_optimizer_step_pre_hooks") else None
-        if groups and any(p.requires_grad for g in groups for p in g.get("params", ())) and shared_inner(obj) is None:
+        if groups and any(isinstance(p, torch.nn.Parameter) or p.requires_grad for g in groups
+                          for p in g.get("params", ())) and shared_inner(obj) is None:
             n += 1  # (a SAM optimizer and its base optimizer are one: the base steps)
     return n
 
