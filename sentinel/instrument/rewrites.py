@@ -6,9 +6,9 @@ initial values (``load_state_dict``), then trains again; an early stop returns t
 checkpoint; a script that rolls back after a divergence loads an older one; iterative
 pruning masks a fifth of the weights each round and fine-tunes. Each time the loss jumps
 to where the new weights put it, by the script's design: a lottery ticket's rewind took a
-classifier's loss from 0.05 back to 2.2 and paged ``LossDivergence`` (critical), and a
-second round of pruning a converged classifier paged it at 3× its best level
-(tests/programs/lottery.py). The step after it says so in its frame (``rewrite``), and the
+classifier's loss from 0.07 back to 2.2 and paged ``LossDivergence`` (critical;
+tests/programs/lottery.py), and a second round of pruning a converged classifier paged it
+at 3× its best level of 0.0016. The step after it says so in its frame (``rewrite``), and the
 engine judges it as a warm restart of the schedule: the loss and gradient rules with a
 ``restart_grace_steps`` wait that many steps, and their baselines begin after them.
 
