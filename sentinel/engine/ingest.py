@@ -238,7 +238,7 @@ class Ingestor:
                 ctx.nonfinite_groups["grad"] = bad
             if "short_batch" in f:  # a few samples' norm would stay in GVR's window for 50 steps
                 ctx.short_batch = True
-            else:
+            elif norm > 0.0:  # a step with no gradient at all (a margin loss every sample met) has no noise
                 gvr = self._gvr.push(base, norm)
                 if gvr is not None:
                     add("sentinel_gradient_variance_ratio", gvr)

@@ -11,6 +11,16 @@ above it:
 - a slow ramp never fires, because the median follows it: the latest sample of a ramp
   is only a few percent above the middle of its own recent past.
 
+A series resting at a floor of exactly 0 (a margin loss that every sample of most batches
+satisfies: a triplet, a contrastive or a hinge loss once the embeddings separate; the
+gradient norm of those steps) has a median of 0 and no spread, so any batch that misses
+a margin read as a spike "10⁹ times its usual spread" (a triplet-loss run that was 0 at
+1,937 of 2,000 steps paged LossSpike and GradientSpike at step 42). There the baseline is
+that of the samples above 0, on the log scale as for any positive series: the latest
+must be ``factor`` times their median and ``z`` robust deviations above it. With fewer
+than 5 of them there is no scale, and no verdict (the margin losses' own level rules still
+judge a loss that leaves 0 for good).
+
 Samples before ``ctx.since_step`` (warm-up, the last learning-rate change) are not part of
 the baseline, so an lr decay or the first steps' fast fall never form a baseline that a
 later sample seems to "spike" from.
@@ -82,6 +92,8 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         return None
     base.sort()
     baseline = quantile(base, 0.5)
+    if baseline == 0.0 and base[0] >= 0.0:  # resting at its floor of 0: the scale is its largest
+        return _at_floor(last, base, params)
     threshold = baseline + (params.factor - 1.0) * abs(baseline)
     if ctx.memo is not None:  # for quiet(): the sorted baseline and where it started
         ctx.memo["base"], ctx.memo["since"] = base, ctx.since_step
@@ -103,6 +115,22 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
     else:  # a loss without a floor at 0 (a negative ELBO, a learned-variance weighting): no ratio
         detail = f"{last - baseline:.3g} above the baseline {baseline:.3g}, {z:.1f}× its usual spread"
     return Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail)
+
+
+def _at_floor(last: float, base: list[float], params: SpikeParams) -> Verdict | None:
+    """The verdict on ``last`` over a sorted baseline whose median is 0 and nothing below
+    it: against the samples above 0 (None with fewer than 5 of them: no scale)."""
+    above = [x for x in base if x > 0.0]
+    if len(above) < 5:
+        return None
+    med = quantile(above, 0.5)
+    threshold = max(params.factor * med, params.min_value)
+    detail = f"{last / med:.3g}× the median {med:.3g} of the {len(above)} of {len(base)} before it above 0"
+    if not last >= threshold:
+        return Verdict(False, last, threshold, baseline=0.0, detail=detail)
+    logs = sorted(abs(math.log(x / med)) for x in above)
+    spread = max(quantile(logs, 0.5) * 1.4826, params.min_spread)
+    return Verdict(math.log(last / med) / spread >= params.z, last, threshold, baseline=0.0, detail=detail)
 
 
 def quiet(value: float, params: SpikeParams, memo: dict[str, Any], appended: int) -> bool:

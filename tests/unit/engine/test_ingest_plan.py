@@ -84,3 +84,17 @@ def test_groups_that_change_and_change_back_keep_every_group_current() -> None:
     assert store.last("m", a_ls) == (3, 3.0, 5.0) and store.last("m", b_ls) == (3, 3.0, 6.0)
     store.add_row("m", second, [7.0, 8.0], 4, 4.0)
     assert store.last("m", a_ls) == (4, 4.0, 7.0) and store.last("m", c_ls) == (4, 4.0, 8.0)
+
+
+def test_a_step_with_no_gradient_at_all_stays_out_of_the_gradient_noise() -> None:
+    """A margin loss that every sample of most batches meets (a triplet loss once the
+    embeddings separate) leaves the gradient exactly 0 at those steps: they carry no noise
+    figure, and GVR is that of the steps with a gradient (steady here: 0, not the 1.0 that
+    alternating zeros made of it)."""
+    engine = Engine()
+    for step in range(1, 61):
+        assert engine.feed(_frame(step, grad_sumsq=[4.0, 0.0] if step % 2 else [0.0, 0.0]))
+    last = engine.store.last("sentinel_gradient_variance_ratio", BASE)
+    assert last is not None and last[2] == 0.0
+    norm = engine.store.last("sentinel_grad_norm", BASE)
+    assert norm is not None and norm[2] == 0.0  # the norm itself is recorded as ever

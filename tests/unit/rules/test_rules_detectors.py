@@ -195,6 +195,23 @@ def test_a_spike_of_a_loss_below_zero_says_how_far_above_its_baseline() -> None:
     assert v is not None and v.detail == "50× the baseline 1"
 
 
+def test_a_loss_resting_at_exactly_0_is_judged_by_its_samples_above_0() -> None:
+    """A triplet loss once the embeddings separate: 0 at most steps, a few batches that
+    miss a margin by a little. One such batch read "10⁹ times its usual spread" before."""
+    rng = np.random.default_rng(0)
+    values = [float(rng.uniform(0.001, 0.01)) if i % 9 == 0 else 0.0 for i in range(100)]
+    above = sorted(v for v in values if v > 0)
+    med = float(np.median(above))
+    p = SpikeParams(window=100, min_samples=20, factor=1.5, z=5.0)
+    for last, fires in ((0.001, False), (0.02, False), (0.5, True)):
+        v = DETECTORS["spike"].fn(win(values + [last]), p, ctx())
+        assert v is not None and v.firing is fires, (last, v)
+        assert v.baseline == 0.0 and v.threshold == pytest.approx(1.5 * med)
+    assert v.detail == f"{0.5 / med:.3g}× the median {med:.3g} of the {len(above)} of 100 before it above 0"
+    # fewer than 5 samples above 0 (a margin met by almost every batch): no scale, no verdict
+    assert DETECTORS["spike"].fn(win([0.0] * 96 + [0.01] * 4 + [0.5]), p, ctx()) is None
+
+
 @pytest.mark.parametrize(
     ("values", "since_step"),
     [
