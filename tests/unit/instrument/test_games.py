@@ -207,3 +207,23 @@ def test_a_bad_sentinel_game_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, v
         from_kwargs({})
     monkeypatch.setenv("SENTINEL_GAME", "0")
     assert from_kwargs({}).game is False
+
+
+def test_sentinel_game_1_as_the_readme_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SENTINEL_GAME=1`` in the environment (as under ``sentinel run``): every stream's
+    loss is an objective from the first step, a lone optimizer's too."""
+    monkeypatch.setenv("SENTINEL_GAME", "1")
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    try:
+        for _ in range(3):
+            x = torch.randn(8, 4)
+            opt.zero_grad()
+            F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            opt.step()
+    finally:
+        mon.close()
+    assert [sorted(f["scalars"]) for f in sender.steps()] == [["objective"]] * 3
+    assert not sender.engine.store.labelsets("sentinel_loss")
