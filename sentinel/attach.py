@@ -104,19 +104,23 @@ def run_attached(cmd: list[str], socket_path: str, tags: dict[str, str], url: st
         print(f"sentinel: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
 
+    # caught until the exit is reported, not only while CMD runs: Slurm sends its time
+    # limit's SIGTERM twice, milliseconds apart, and a second one that found the default
+    # action back would end this process before its report (the daemon would see CMD gone,
+    # the reason unsaid)
     with forwarding(proc, os.environ):
         # the status without reaping: until the bye frame is sent CMD stays a zombie, which
         # the daemon counts as alive, so its own "process gone" verdict cannot come first
         info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-    if info is None:  # cannot happen without WNOHANG; read it from the reap instead
-        rc = proc.wait()
-        status = 128 - rc if rc < 0 else rc
-    else:
-        status = info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
-    try:
-        _report(status, cmd, proc.pid, env, socket_path)
-    finally:
-        proc.wait()
+        if info is None:  # cannot happen without WNOHANG; read it from the reap instead
+            rc = proc.wait()
+            status = 128 - rc if rc < 0 else rc
+        else:
+            status = info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+        try:
+            _report(status, cmd, proc.pid, env, socket_path)
+        finally:
+            proc.wait()
     return status
 
 

@@ -175,11 +175,26 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
     engine.owned_pids.add(proc.pid)  # its exit status comes from wait(), not from a liveness guess
 
     others: list[int] = []
+    # caught until the end is recorded and delivered, not only while CMD runs: Slurm sends
+    # its time limit's SIGTERM twice, milliseconds apart, and a second one that found the
+    # default action back would end this process before TrainingCrashed said why
     with forwarding(proc, os.environ):
         rc = proc.wait()
         if share is not None:  # still caught: a signal for the step must not end this daemon
             others = share.wait_for_others()
-    status = 128 - rc if rc < 0 else rc
+        status = 128 - rc if rc < 0 else rc
+        _record_end(cmd, proc.pid, status, others, daemon, env, share)
+        daemon.stop()  # the drain: TrainingCrashed goes out before the handlers do
+    return status
+
+
+def _record_end(cmd: list[str], pid: int, status: int, others: list[int], daemon: Daemon, env: dict[str, str],
+                share: NodeShare | None) -> None:
+    """CMD ended with ``status`` (the node's other tasks with ``others``): its run's end in
+    the history, a word when it sent nothing, and ``TrainingCrashed`` for a non-zero status,
+    with what Slurm says of it."""
+    engine, history = daemon.service.engine, daemon.service.history
+    job = env.get("SENTINEL_JOB", "train")
     daemon.listener.close()  # every frame CMD sent is in, and ingested, before judging the exit
     daemon.service.flush()
     if history is not None:
@@ -193,6 +208,5 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
         from sentinel.slurm import end_reason
 
         reason = end_reason(status, env)
-        who = f"{os.path.basename(cmd[0])} (pid {proc.pid})" + (f" ({reason})" if reason else "")
+        who = f"{os.path.basename(cmd[0])} (pid {pid})" + (f" ({reason})" if reason else "")
         engine.exited(job, env["SENTINEL_RUN"], status, who=who)  # TrainingCrashed: its line on stderr
-    return status

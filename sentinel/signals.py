@@ -6,7 +6,9 @@ Sent to ``sentinel run`` alone, they would end it, not the script: a Slurm job's
 ``--signal=USR1@90`` (Lightning's auto-requeue), submitit's SIGUSR2, a batch script's
 ``trap 'kill -USR1 $pid' USR1``, or a ``kill -HUP`` would take the job down before the
 script's own handler saved anything. So each of :data:`FORWARDED` is caught for as long as
-the command runs and handed on to it, once:
+the command runs and handed on to it, once, and held off after the command ended until its
+end is reported (Slurm sends its time limit's SIGTERM twice, milliseconds apart: the second
+must not cut the report of the first short):
 
 - a signal this process inherited as ignored (``nohup``'s SIGHUP) stays ignored: the
   command inherits it ignored too;
@@ -43,7 +45,8 @@ def forwarding(proc: subprocess.Popen[bytes], env: Mapping[str, str]) -> Iterato
     docstring for when a signal is not handed on); the previous handlers come back after.
 
     ``proc`` is signalled by pid only while it has not been reaped (``returncode`` is
-    None); a zombie ignores a signal, and its pid is not reused before the reap.
+    None); a zombie ignores a signal, and its pid is not reused before the reap. After the
+    reap a signal is caught and dropped until the block ends.
 
     Args:
         proc: the command.

@@ -108,6 +108,9 @@ class Receiver:
         port: 0 for a free one; a fixed port lets a test start it where a route already points.
         status: the HTTP status it answers; ``bodies`` keeps only bodies answered with 2xx,
             ``refused`` counts the others. Tests may change ``status`` while it runs.
+
+    ``hold``: seconds it keeps a sender waiting for the answer, the body already kept (a slow
+    chat service), for bodies whose text contains ``hold_on`` (every body while it is "").
     """
 
     def __init__(self, port: int = 0, status: int = 200) -> None:
@@ -121,6 +124,8 @@ class Receiver:
         self.wall: list[float] = []  # time.time() of each, to compare with other processes
         self.refused = 0
         self.status = status
+        self.hold = 0.0
+        self.hold_on = ""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -134,6 +139,8 @@ class Receiver:
                     outer.wall.append(time.time())
                 else:
                     outer.refused += 1
+                if outer.hold_on in str(doc):
+                    time.sleep(outer.hold)
                 self.send_response(outer.status)
                 self.end_headers()
 

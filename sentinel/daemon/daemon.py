@@ -62,6 +62,7 @@ class Daemon:
         self.service.extra_rows.append(self.listener.rows)
         self.socket_path = socket_path
         self.url = self.service.url
+        self._stopped = False
 
     def _route(self, msg: dict[str, Any]) -> None:
         """Alert and stop messages to the training processes of the run they are about,
@@ -90,6 +91,10 @@ class Daemon:
                 self.messages_failed += 1
 
     def stop(self) -> None:
+        """Stop serving: deliver what is queued, remove the socket (a second call does nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.listener.close()
         self.service.stop()
         self._out.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import wait_for
+from tests.helpers import Receiver, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parent / "scripts" / "signal_train.py"
@@ -128,3 +128,41 @@ def test_under_nohup_a_hangup_stays_ignored(tmp_path: Path) -> None:
     hangup was seen)."""
     _signal(tmp_path, [signal.SIGHUP, signal.SIGUSR1], then_stop=True, launcher=("nohup",))
     assert _signals(tmp_path) == ["SIGUSR1", "SIGTERM"]
+
+
+_CRASH = """
+import torch
+from torch import nn
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)  # small steps: the crash is the one notice
+for _ in range(5):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+raise SystemExit(3)
+"""
+
+
+def test_a_stop_signal_after_the_script_ended_does_not_cut_its_crash_report_short(tmp_path: Path) -> None:
+    """Slurm sends its time limit's SIGTERM twice, milliseconds apart, and a scheduler sends
+    SIGTERM to the whole job, `sentinel run` included, while it reports its command's end. A
+    stop signal then is held off until the crash is recorded and delivered: `sentinel run`
+    exits with the command's status, and the on-call hears of the crash (the receiver holds
+    the delivery open while the signal lands)."""
+    receiver = Receiver()
+    receiver.hold, receiver.hold_on = 2.0, "TrainingCrashed"
+    config = write_config(tmp_path, notify={"urls": [receiver.url], "min_severity": "critical"})
+    err = tmp_path / "err"
+    with err.open("w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "sentinel.cli", "run", "--config", config, "--listen",
+                                 "127.0.0.1:0", "--", sys.executable, "-c", _CRASH], stderr=e,
+                                start_new_session=True)
+    try:
+        wait_for(lambda: any("TrainingCrashed" in str(b) for b in receiver.bodies), timeout=120,
+                 what="the crash notice on its way")
+        proc.send_signal(signal.SIGTERM)  # while sentinel run waits for the receiver's answer
+        status = proc.wait(60)
+    finally:
+        _kill_group(proc.pid)
+        receiver.close()
+    assert status == 3, err.read_text()
+    assert "TrainingCrashed" in err.read_text() and "exited with status 3" in err.read_text(), err.read_text()
