@@ -144,10 +144,21 @@ def run(
         typer.echo("usage: sentinel run [--config FILE] [--listen HOST:PORT] [--web.config.file FILE] -- CMD ...",
                    err=True)
         raise typer.Exit(2)
+    _script_lines()
     cfg, pack = _load_or_exit(config, web_config)
     _listen_or_exit(listen)
     raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen,  # type: ignore[arg-type]
                                                         tags)))
+
+
+def _script_lines() -> None:
+    """``sentinel run`` shares its stderr with CMD: its log lines (a delivery that failed,
+    apprise's own, a busy port) are ``sentinel: ...`` lines like its alerts, with no time
+    stamp (:mod:`sentinel.lines`)."""
+    from sentinel.lines import ScriptLines
+
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(ScriptLines())
 
 
 def _tags_or_exit(pairs: list[str], option: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from sentinel import wire
 from sentinel.config import load_config
 from sentinel.daemon.listener import DatagramListener
 from sentinel.daemon.service import Service
+from sentinel.lines import ScriptLines
 
 log = logging.getLogger("sentinel")
 
@@ -39,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (OSError, AttributeError):
         pass
-    logging.basicConfig(level=logging.WARNING, format="sentinel engine: %(levelname)s %(message)s")
+    handler = logging.StreamHandler()  # the training script's stderr: `sentinel: ...` lines
+    handler.setFormatter(ScriptLines())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     reply = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     reply.setblocking(False)
 

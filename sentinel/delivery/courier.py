@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -248,13 +249,31 @@ class Courier:
         return False
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Deliver what is due (up to ``timeout``), then stop; undelivered rows stay stored."""
+        """Deliver what is due (up to ``timeout``), then stop; undelivered rows stay stored,
+        and one line says how many and where."""
         self.drain(timeout)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._say_left()
         self.outbox.close()
+
+    def _say_left(self) -> None:
+        """The last word of a stop with notifications undelivered (a route down or slow): the
+        log's last delivery line says "retrying in 0.7 s", which this process will not do."""
+        try:
+            left = self.outbox.left()
+        except sqlite3.Error:
+            return
+        if not left:
+            return
+        what = f"{left} notification{'s' if left != 1 else ''}"
+        if self.outbox.durable:
+            log.warning("sentinel notify: %s not delivered; kept in %s, they go out when Sentinel next "
+                        "runs with this outbox and the same routes", what, self.outbox.path)
+        else:
+            log.warning("sentinel notify: %s not delivered and lost (the outbox is in memory)", what)
 
     def rows(self) -> Iterator[RowT]:
         """``/metrics`` rows: outcomes per route, outbox depth and oldest age, degradations."""

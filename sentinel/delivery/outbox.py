@@ -92,6 +92,7 @@ class Outbox:
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self._host = socket.gethostname()
         self._lock = threading.Lock()
+        self._mine: dict[str, None] = {}  # keys this process stored, the newest max_rows (for left())
         self._db = self._open(self.path)
 
     @property
@@ -142,7 +143,24 @@ class Outbox:
         """Store one message (committed before this returns). False if the key was stored already."""
         n = self._write("INSERT INTO outbox (key, route, target, payload, created, due) VALUES (?,?,?,?,?,?)",
                         (key, route, target, json.dumps(payload), now, now))
+        if n > 0:
+            self._mine[key] = None
+            if len(self._mine) > self.max_rows:
+                del self._mine[next(iter(self._mine))]
         return n > 0
+
+    def left(self) -> int:
+        """Rows this process stored that are still pending: what its stop leaves for the next
+        process with this file (other processes' rows in a shared file are theirs)."""
+        keys = list(self._mine)
+        n = 0
+        with self._lock:
+            for i in range(0, len(keys), 500):
+                chunk = keys[i:i + 500]
+                n += int(self._db.execute(
+                    f"SELECT COUNT(*) FROM outbox WHERE state='pending' AND key IN ({','.join('?' * len(chunk))})",
+                    chunk).fetchone()[0])
+        return n
 
     def claim(self, targets: Collection[str], now: float, limit: int = 32, lease: float = 60.0) -> list[Row]:
         """Take up to ``limit`` due rows of these targets for sending, oldest first."""

@@ -36,6 +36,7 @@ import torch
 from sentinel.instrument.gcscan import live
 from sentinel.instrument.naming import holders
 from sentinel.instrument.untraced import eager_only
+from sentinel.lines import ScriptLines
 
 log = logging.getLogger("sentinel")
 
@@ -85,7 +86,7 @@ def _own_lines() -> None:
     if not own.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setLevel(logging.WARNING)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(ScriptLines())
         own.addHandler(handler)
     own.propagate = False
 

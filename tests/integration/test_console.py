@@ -5,22 +5,26 @@ with ``sentinel -v``; a clean run prints nothing but the address line."""
 from __future__ import annotations
 
 import os
+import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.helpers import end_process
+from tests.helpers import Receiver, end_process
 
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parent / "scripts" / "console_train.py"
 NONFINITE = "sentinel: [FIRING] critical TrainingNonFinite — run "
 
 
-def _run(*script_args: str, verbose: bool = False) -> subprocess.CompletedProcess[str]:
-    """``sentinel [-v] run -- python console_train.py run ARGS``."""
+def _run(*script_args: str, verbose: bool = False, config: str = "") -> subprocess.CompletedProcess[str]:
+    """``sentinel [-v] run [--config CONFIG] -- python console_train.py run ARGS``."""
     return subprocess.run([sys.executable, "-m", "sentinel.cli", *(["-v"] if verbose else []), "run",
+                           *(["--config", config] if config else []),
                            "--listen", "127.0.0.1:0", "--", sys.executable, str(SCRIPT), "run", *script_args],
                           capture_output=True, text=True, timeout=180)
 
@@ -63,7 +67,7 @@ def test_info_advice_is_in_the_log_with_verbose() -> None:
     out = _run("AdamWWithoutWeightDecay", verbose=True)
     assert out.returncode == 0 and "fired AdamWWithoutWeightDecay" in out.stdout, out.stderr
     logged = [line for line in out.stderr.splitlines() if "[FIRING] info AdamWWithoutWeightDecay" in line]
-    assert len(logged) == 1 and " INFO sentinel: " in logged[0], out.stderr
+    assert len(logged) == 1 and logged[0].startswith("sentinel: [FIRING] info AdamWWithoutWeightDecay — "), out.stderr
 
 
 def test_a_clean_run_prints_only_the_address() -> None:
@@ -92,3 +96,42 @@ def test_a_node_daemon_writes_the_alert_on_its_own_stderr(tmp_path: Path) -> Non
         end_process(daemon)  # type: ignore[arg-type]
     err = daemon.stderr.read()  # type: ignore[union-attr]
     assert len([line for line in err.splitlines() if line.startswith(NONFINITE)]) == 1, err
+
+
+def test_a_route_down_under_sentinel_run_is_told_in_sentinel_lines_and_what_is_left_goes_out_next_run(
+        tmp_path: Path) -> None:
+    """The chat service is down for a whole run: every line Sentinel adds to the script's
+    stderr starts with ``sentinel:`` (its delivery retries and apprise's own complaint
+    included, with no time stamp), and its last line says how many notifications it leaves
+    undelivered and where they wait; the next run with that outbox delivers them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    outbox = tmp_path / "outbox.sqlite"
+    cfg = tmp_path / "sentinel.yaml"
+    cfg.write_text(yaml.safe_dump({"notify": {"urls": [f"json://127.0.0.1:{port}/"], "rate_limit_seconds": 0},
+                                   "outbox": {"path": str(outbox), "retry_initial_seconds": 0.3}}))
+    out = _run("TrainingNonFinite", config=str(cfg))
+    assert out.returncode == 0 and "fired TrainingNonFinite" in out.stdout, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines and all(line.startswith("sentinel: ") for line in lines), out.stderr
+    assert any(line.startswith("sentinel: notify: delivery on route 0 ") and " failed (attempt " in line
+               for line in lines), out.stderr
+    with sqlite3.connect(outbox) as db:
+        pending = db.execute("SELECT COUNT(*) FROM outbox WHERE state='pending'").fetchone()[0]
+    assert pending >= 1, out.stderr  # the firing TrainingNonFinite at least
+    assert lines[-1] == (f"sentinel: notify: {pending} notification{'s' if pending > 1 else ''} not delivered; "
+                         f"kept in {outbox}, they go out when Sentinel next runs with this outbox and the "
+                         "same routes"), out.stderr
+
+    receiver = Receiver(port=port)  # the chat service is back
+    try:
+        again = _run("none", config=str(cfg))
+        assert again.returncode == 0, again.stderr
+        firing = [b for b in receiver.bodies if "[FIRING] critical TrainingNonFinite" in b.get("title", "")]
+        assert len(firing) == 1, receiver.bodies
+        assert "not delivered" not in again.stderr, again.stderr
+    finally:
+        receiver.close()
+    with sqlite3.connect(outbox) as db:
+        assert db.execute("SELECT COUNT(*) FROM outbox WHERE state='pending'").fetchone()[0] == 0

@@ -4,12 +4,12 @@ Every ``import`` in the package is read with :mod:`ast`, function-local ones inc
 a lazy import cannot slip past. The rules:
 
 - ``sentinel.instrument`` runs inside training: the standard library, torch, msgpack,
-  msgspec, the ground floor's ``wire``, ``errors`` and ``listen``, and itself only. It
+  msgspec, the ground floor's ``wire``, ``errors``, ``listen`` and ``lines``, and itself only. It
   reaches the daemon side (a monitor's own engine, a config file) only through the package
   root (``import sentinel``; ``sentinel._start_engine``), which imports
   ``sentinel.daemon.launch`` when a monitor starts its own engine, never at import
   (``test_never_break`` checks that importing the instrument loads no daemon-side library).
-- the ground floor (``wire``, ``store``, ``catalog``, ``errors``, ``listen``) imports nothing
+- the ground floor (``wire``, ``store``, ``catalog``, ``errors``, ``listen``, ``lines``) imports nothing
   of the package;
 - ``rules`` imports only the ground floor and itself;
 - ``engine`` (the pipeline) never imports the shells that carry it or what serves it;
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sentinel"
 
 THIRD_PARTY_IN_TRAINING = {"torch", "msgpack", "msgspec"}
-GROUND_IN_TRAINING = ("sentinel.wire", "sentinel.errors", "sentinel.listen")
+GROUND_IN_TRAINING = ("sentinel.wire", "sentinel.errors", "sentinel.listen", "sentinel.lines")
 SHELLS = ("sentinel.daemon", "sentinel.serve", "sentinel.delivery", "sentinel.history", "sentinel.cli",
           "sentinel.integrations", "sentinel.demo", "sentinel.run")
 
@@ -41,6 +41,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("sentinel.errors", ("sentinel.",)),
     ("sentinel.listen", ("sentinel.",)),
     ("sentinel.files", ("sentinel.",)),
+    ("sentinel.lines", ("sentinel.",)),
     ("sentinel.rules", ("sentinel.engine", "sentinel.config", "sentinel.instrument") + SHELLS),
     ("sentinel.engine", ("sentinel.instrument", "sentinel.config") + SHELLS),
     ("sentinel.serve", ("sentinel.engine", "sentinel.instrument", "sentinel.daemon", "sentinel.delivery",
@@ -104,7 +105,7 @@ def violations(root: Path) -> list[str]:
                           or any(_under(target, g) for g in GROUND_IN_TRAINING))
                     if not ok:
                         out.setdefault(where, f"{where}: {mod} imports {target} (the instrument imports only "
-                                              "itself and the ground floor's wire, errors and listen)")
+                                              "itself and the ground floor's wire, errors, listen and lines)")
                 elif top not in sys.stdlib_module_names and top not in THIRD_PARTY_IN_TRAINING:
                     out.setdefault(where, f"{where}: {mod} imports {target} (inside training: stdlib, torch, "
                                           "msgpack, msgspec only)")

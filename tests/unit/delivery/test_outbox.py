@@ -51,3 +51,21 @@ def test_old_rows_expire_and_the_table_is_bounded(tmp_path: Path) -> None:
     assert len(rows) == 100 and [k for k, _, s, _ in rows if s == "pending"] == [f"k{i}" for i in range(140, 150)]
     box.prune(2000.0)  # delivered and expired rows past keep_seconds go
     assert [s for _, _, s, _ in box.rows()] == ["pending"] * 10
+
+
+def test_left_counts_the_pending_rows_this_process_stored_not_its_neighbours(tmp_path: Path) -> None:
+    """Two runs on a node share the default file: what a stop reports as left undelivered is
+    its own, whatever the other run left."""
+    path = tmp_path / "o.sqlite"
+    mine, theirs = Outbox(path), Outbox(path)
+    for k in ("a", "b", "c"):
+        mine.put(k, "0", "t", {}, 10.0)
+    theirs.put("x", "0", "t", {}, 10.0)
+    assert not mine.put("x", "0", "t", {}, 10.0)  # stored by the other: still not mine
+    [first, *_] = mine.claim(["t"], 11.0, limit=1)
+    mine.delivered(first.id, 12.0)
+    assert mine.left() == 2 and theirs.left() == 1
+    small = Outbox(tmp_path / "small.sqlite", max_rows=2)
+    for k in ("a", "b", "c"):
+        small.put(k, "0", "t", {}, 10.0)
+    assert small.left() == 2  # it remembers its newest max_rows keys, no more
