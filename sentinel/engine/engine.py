@@ -210,7 +210,7 @@ class Engine:
             if type(frame.get("status")) is int and frame["status"]:  # a launcher's word (run.py, attached)
                 self.exited(job, run, frame["status"], rank, float(frame["t"]), who=str(frame.get("exc", "")))
             elif isinstance(frame.get("exc"), str):  # it is leaving on an uncaught exception
-                who = f"rank {rank}" + (f" (pid {pid})" if pid else "") + f" raised {frame['exc'][:80]}"
+                who = f"rank {rank}" + (f" (pid {pid})" if pid else "") + f" raised {frame['exc'][:200]}"
                 self.exited(job, run, 1, rank, float(frame["t"]), who=who)
             else:
                 self.finished.add(rk)

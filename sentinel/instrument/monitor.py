@@ -32,6 +32,7 @@ from sentinel.instrument.measure import HandUpdated, Measure
 from sentinel.instrument.naming import parameter_names
 from sentinel.instrument.optinfo import resumed_step
 from sentinel.instrument.options import WatchOptions, rank_world
+from sentinel.instrument.raised import raised
 from sentinel.instrument.reporter import Reporter
 from sentinel.instrument.sender import NullSender, Sender
 from sentinel.instrument.staterecord import StateRecord
@@ -230,8 +231,9 @@ class Monitor:
 
         Args:
             error: the exception ending training, if one is; the goodbye frame names its
-                type (only the type: messages may hold anything) so the engine reports a
-                crash rather than a finished run.
+                type and the script's line it came through (never its message: messages
+                may hold anything; :mod:`sentinel.instrument.raised`) so the engine reports
+                a crash rather than a finished run.
         """
         if self.closed:
             return
@@ -252,7 +254,7 @@ class Monitor:
             self.boundary.run("guard", self.guard.flush)
         crashed = error is not None and not isinstance(error, TrainingHalted) and not (
             isinstance(error, SystemExit) and error.code in (0, None))
-        self.reporter.close(self.steps, type(error).__name__ if crashed else None)
+        self.reporter.close(self.steps, raised(error) if crashed and error is not None else None)
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
 
     def before_backward(self, loss: Any = None) -> None:

@@ -1,0 +1,56 @@
+"""The goodbye's word on the exception that ends training (``sentinel.instrument.raised``):
+its type and the script's line it came through, never its message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sentinel.instrument.raised import raised
+
+SCRIPT = '''
+model = torch.nn.Linear(4, 2)
+
+def step(x):
+    return model(x).sum()
+
+def main(width):
+    loss = step(torch.randn(8, width))
+    if width == 4:
+        raise KeyError("token-3f9a8c1d2e7b6a5f4e3d2c1b")
+    return loss
+'''
+
+
+def _caught(tmp_path: Path, width: int) -> BaseException:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    scope: dict[str, object] = {"__name__": "train"}
+    exec(compile(SCRIPT, str(path), "exec"), scope)
+    try:
+        scope["main"](width)  # type: ignore[operator]
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("it did not raise")
+
+
+def test_an_error_inside_torch_names_the_scripts_line_that_called_it(tmp_path: Path) -> None:
+    error = _caught(tmp_path, 5)  # mat1 and mat2 shapes cannot be multiplied, raised in torch
+    assert raised(error) == "RuntimeError at train.py:6"  # step()'s line, not torch's nor main()'s
+
+
+def test_an_error_the_script_raises_names_its_line_and_never_its_message(tmp_path: Path) -> None:
+    error = _caught(tmp_path, 4)
+    assert raised(error) == "KeyError at train.py:11"
+    assert "token" not in raised(error)
+
+
+def test_an_error_with_no_frame_of_the_script_is_its_type() -> None:
+    assert raised(ValueError("no traceback")) == "ValueError"
+    try:
+        json.loads("{")  # raised two frames down, in Python's own json
+    except ValueError as exc:
+        tb = exc.__traceback__
+        assert tb is not None and tb.tb_next is not None
+        exc.__traceback__ = tb.tb_next  # without this file's frame, only the library's are left
+        assert raised(exc) == "JSONDecodeError"
