@@ -9,6 +9,7 @@ from pathlib import Path
 from sentinel.instrument.raised import raised
 
 SCRIPT = '''
+import torch
 model = torch.nn.Linear(4, 2)
 
 def step(x):
