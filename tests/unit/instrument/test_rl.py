@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,10 +44,24 @@ def _train(rl: bool | None, log: bool) -> tuple[list[dict], list[float], Any]:
     return sender.steps(), losses, sender.engine.store
 
 
+@pytest.fixture
+def gymnasium_imported() -> Iterator[None]:
+    """The real Gymnasium imported, and every module of it gone again after the test: left
+    in ``sys.modules``, it made every later monitor of the test process take its script for
+    an agent's (``monkeypatch.setitem(sys.modules, "gymnasium", import_module(...))`` saved
+    the module the import had just put there, and put it back)."""
+    before = set(sys.modules)
+    importlib.import_module("gymnasium")
+    yield
+    for name in set(sys.modules) - before:
+        if name.partition(".")[0] in RL_MODULES:
+            del sys.modules[name]
+
+
+@pytest.mark.usefixtures("gymnasium_imported")
 @pytest.mark.parametrize("log", [False, True], ids=["captured", "logged"])
 def test_a_script_that_imported_gymnasium_records_its_loss_as_the_objective(
-        monkeypatch: pytest.MonkeyPatch, log: bool) -> None:
-    monkeypatch.setitem(sys.modules, "gymnasium", importlib.import_module("gymnasium"))
+        log: bool) -> None:
     frames, losses, store = _train(None, log)
     assert [f["scalars"]["objective"] for f in frames] == pytest.approx(losses)
     assert all("loss" not in f["scalars"] for f in frames)
