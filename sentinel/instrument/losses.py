@@ -10,6 +10,11 @@ a dense head's Adam, each get its loss), each divided by the
 frameworks divide each micro-batch loss by the number of micro-batches before
 ``backward()`` (HF Trainer, Accelerate, Lightning), so the sum is the step's mean loss,
 which is what they log; a script that does not divide gets the sum of its micro-batches.
+When the number of ``backward()`` calls of a step differs from the first step's (YOLOv5's
+and Ultralytics' accumulation, which grows from 1 to 64 / batch size during their warmup
+and sums undivided losses, an epoch's last, shorter accumulation), the reporter puts the
+sum in the first step's units (``sum × first count / count``), so a step of more
+micro-batches is no rise of the loss: :meth:`LossSum.take` keeps the count it summed.
 
 Only a single-element tensor that requires grad counts as a loss (a ``backward(gradient)``
 on a non-scalar is not one; a single element's gradient multiplies it), and
@@ -34,7 +39,7 @@ _installed = False
 _scaler: Any = None  # the GradScaler that scaled the last loss, if any
 _scaled: weakref.ref[torch.Tensor] | None = None  # the loss it scaled (no attribute on the user's tensor)
 _failures = 0
-_claimed: tuple[int, torch.Tensor] | None = None  # the last step's losses, and backward_calls then
+_claimed: tuple[int, torch.Tensor, int] | None = None  # backward_calls then, the last step's losses, their count
 backward_calls = 0
 """``Tensor.backward()`` calls so far, in this process (once :func:`install` ran)."""
 backward_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -57,6 +62,8 @@ class LossSum:
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
         self.count = 0
+        self.taken = 0
+        """How many losses the last :meth:`take` or :meth:`claim` summed."""
         self.frozen = False
         self._param: weakref.ref[torch.Tensor] | None = None
         self._filling = False  # this backward() found the gradient unset: it may fill it
@@ -96,7 +103,7 @@ class LossSum:
 
     def take(self) -> torch.Tensor | None:
         """The sum since the last take (None if nothing was passed to backward), and reset."""
-        total, self.total, self.count, self.frozen = self.total, None, 0, False
+        total, self.total, self.taken, self.count, self.frozen = self.total, None, self.count, 0, False
         self.filled = self._filling = False
         return total
 
@@ -109,12 +116,13 @@ class LossSum:
         global _claimed
         total = self.take()
         if total is None and _claimed is not None and _claimed[0] == backward_calls:
+            self.taken = _claimed[2]
             return _claimed[1]
         for s in list(_sums):
             if s is not self and not s.frozen:
                 s.total, s.count, s.filled = None, 0, False
         if total is not None:
-            _claimed = (backward_calls, total)
+            _claimed = (backward_calls, total, self.taken)
         return total
 
     def close(self) -> None:

@@ -120,6 +120,7 @@ class Reporter:
         self.backwards_at_step = self.backwards_at_log = -1  # losses.backward_calls then
         self.logs = 0  # log() calls so far: a script that never logs never makes a report wait
         self.step_warned = False  # said once that a log(step=) named no step of ours
+        self.first_count: int | None = None  # backward() calls of the first step with a captured loss
         self.player: games.Player | None = None  # the monitor's place in a game (a GAN's), if it can be in one
 
     @property
@@ -170,6 +171,8 @@ class Reporter:
             if self.scaler is None:
                 self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
             captured = self.losses.claim()
+            if captured is not None:
+                captured = self._in_first_units(captured, self.losses.taken)
             name = "objective" if objective else "loss"
             if captured is not None and "loss" not in scalars and name not in scalars:
                 scalars.add(name, captured)
@@ -183,6 +186,16 @@ class Reporter:
         # step's last backward(); else at the next log(), backward() or step
         if self.auto or logged_last or loss_in or (not self.logs and steps > 1):
             self.submit_open()
+
+    def _in_first_units(self, total: torch.Tensor, count: int) -> torch.Tensor:
+        """A step's summed loss over ``count`` backward() calls, in the units of the stream's
+        first step: scaled by first count / ``count`` when they differ (see
+        :mod:`sentinel.instrument.losses`). On the device: no read-back."""
+        if self.first_count is None:
+            self.first_count = count
+        if count <= 0 or count == self.first_count or not self.first_count:
+            return total
+        return total * (self.first_count / count)
 
     def log(self, scalars: dict[str, Any], step: int | None, steps: int) -> None:
         """Route ``log()``'s values (``steps``: the steps taken so far) to their step's report."""

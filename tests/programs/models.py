@@ -156,3 +156,20 @@ class CheckpointedNet(nn.Module):
         for block in self.blocks:
             x = x + checkpoint(block, x, use_reentrant=False) if self.training else x + block(x)
         return self.head(x)
+
+
+def yolo_conv(c1: int, c2: int) -> nn.Module:
+    """yolov5's ``Conv``: a stride-2 convolution without bias, BatchNorm, SiLU."""
+    return nn.Sequential(nn.Conv2d(c1, c2, 3, 2, 1, bias=False), nn.BatchNorm2d(c2), nn.SiLU())
+
+
+class Detector(nn.Module):
+    """A tiny one-scale detector: per cell, a box (4), objectness (1) and 3 classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(yolo_conv(3, 16), yolo_conv(16, 32), yolo_conv(32, 64))
+        self.head = nn.Conv2d(64, 5 + 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))

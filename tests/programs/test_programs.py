@@ -2,7 +2,8 @@
 PyTorch examples' DCGAN, the original WGAN, word_language_model, time_sequence_prediction, mnist/imagenet,
 DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
 adversarial training, the HF examples' logging set-up, the neural style transfer tutorial,
-CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket scripts, CycleGAN), each run plainly, under ``sentinel run`` (zero-code) and,
+CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket scripts, CycleGAN,
+YOLOv5's trainer), each run plainly, under ``sentinel run`` (zero-code) and,
 where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -79,6 +80,7 @@ PROGRAMS = [
     Program("sngan", "sngan.py", watch=True, optimizers=2, opt="Adam", objective=(0, 1)),
     Program("lottery", "lottery.py", opt="Adam"),
     Program("cyclegan", "cyclegan.py", optimizers=2, opt="Adam", objective=(0, 1)),
+    Program("yolo_warmup", "yolo_warmup.py", opt="SGD"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]

@@ -1,0 +1,61 @@
+"""The loss of a step of several ``backward()`` calls (gradient accumulation), captured at
+``backward()``: their sum, in the first step's units when their number changes
+(``sentinel.instrument.losses``). Real monitors, frames to a real engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import MLP, make_monitor
+
+
+def _train(counts: list[int], divide: bool) -> tuple[list[float], list[float]]:
+    """Steps of ``counts[i]`` micro-batches each; ``divide``: each loss divided by the
+    script's nominal count (the first), as nanoGPT and the frameworks do; else summed
+    undivided, as YOLOv5's trainer does. Returns Sentinel's step losses and the script's
+    per-step sums of what it passed to backward()."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    gen = torch.Generator().manual_seed(0)
+    sums = []
+    try:
+        for count in counts:
+            total = 0.0
+            for _ in range(count):
+                x = torch.randn(8, 16, generator=gen)
+                loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+                if divide:
+                    loss = loss / counts[0]
+                loss.backward()
+                total += float(loss.detach())
+            sums.append(total)
+            opt.step()
+            opt.zero_grad()
+    finally:
+        mon.close()
+    return [f["scalars"]["loss"] for f in sender.steps()], sums
+
+
+def test_a_constant_count_records_the_sum() -> None:
+    got, sums = _train([4, 4, 4], divide=True)
+    assert got == pytest.approx(sums, rel=1e-6)  # divided by 4: the sum is the step's mean
+    got, sums = _train([3, 3, 3], divide=False)
+    assert got == pytest.approx(sums, rel=1e-6)  # not divided: the sum, as ever
+
+
+def test_an_accumulation_that_grows_undivided_stays_in_the_first_steps_units() -> None:
+    """YOLOv5's warmup: 1, 2, ... micro-batches a step, losses not divided: each step's loss
+    is the mean of its micro-batches' (the first step's units), not a rise with the count."""
+    counts = [1, 2, 3, 5, 8, 8, 2]
+    got, sums = _train(counts, divide=False)
+    assert got == pytest.approx([s / c for s, c in zip(sums, counts)], rel=1e-6)
+
+
+def test_a_shorter_last_accumulation_of_a_divided_loss_is_no_dip() -> None:
+    """The epoch's last step of 2 micro-batches where the others have 4, each loss divided
+    by 4: its sum is half the step's mean, and is recorded as that mean."""
+    got, sums = _train([4, 4, 2], divide=True)
+    assert got == pytest.approx([sums[0], sums[1], sums[2] * 4 / 2], rel=1e-6)
