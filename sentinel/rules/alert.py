@@ -203,6 +203,7 @@ class Alert:
     worst_value: float = math.nan
     worst_step: int = 0
     ended: bool = False  # resolved because what held it ended with its ranks, not recovered
+    back: tuple[int, float] | None = None  # (step, value) of the latest passing verdict of a firing series
     series: dict[SeriesKey, _Series] = field(default_factory=dict)
     _active_since: float | None = None
     _seen_pending: bool = False
@@ -249,15 +250,14 @@ class Alert:
 
     def history(self) -> str:
         """``; worst W at step S, latest L at step T`` once the alert fired and later
-        verdicts moved on from the first one (empty otherwise). Only for a summary that
-        shows ``{value}``: where it shows the verdict's ``{detail}`` instead (a count of
-        samples, a fall since the start), that detail is the latest verdict's already, and
-        a bare number after it would name nothing (``latest 10 at step 10``)."""
-        if self.started_step is None or self.step == self.started_step or not _shows_value(self.rule.summary):
+        verdicts moved on from the first one (empty otherwise), and for a recovery
+        ``back to B at step U`` (the value that resolved it: "latest" is the latest *failing*
+        value, which read as still failing in a resolve). Only for a summary that shows
+        ``{value}``: where it shows the verdict's ``{detail}`` instead (a count of samples,
+        a fall since the start), that detail is the latest verdict's already, and a bare
+        number after it would name nothing (``latest 10 at step 10``)."""
+        if self.started_step is None or not _shows_value(self.rule.summary):
             return ""
-        start = self.started_value
-        if self.value == start and self.worst_value in (start, self.value):
-            return ""  # nothing moved: the start says it all
         spec = _value_spec(self.rule.summary)
 
         def fmt(x: float) -> str:
@@ -265,11 +265,19 @@ class Alert:
                 return format(x, spec)
             except (ValueError, TypeError):
                 return f"{x:.4g}"
+        back = ""
+        if self.state == "resolved" and not self.ended and self.back is not None and self.back[1] == self.back[1]:
+            back = f"back to {fmt(self.back[1])} at step {self.back[0]}"
+        start = self.started_value
+        if self.step == self.started_step or (self.value == start and self.worst_value in (start, self.value)):
+            return "; " + back if back else ""  # nothing moved: the start says it all
         parts = []
         if (self.worst_value == self.worst_value and self.worst_step not in (self.started_step, self.step)
                 and self.worst_value not in (start, self.value)):
             parts.append(f"worst {fmt(self.worst_value)} at step {self.worst_step}")
         parts.append(f"latest {fmt(self.value)} at step {self.step}")
+        if back:
+            parts.append(back)
         return "; " + ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:

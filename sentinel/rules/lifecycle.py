@@ -93,6 +93,8 @@ class Lifecycle:
         elif s is not None:
             s.fails = 0
             s.oks += 1
+            if s.active:
+                alert.back = (step, verdict.value)
             if s.active and s.oks >= rule.resolve_after:
                 s.active = False
                 alert._dirty = True  # the firing set changed

@@ -214,6 +214,43 @@ def test_update_ratio_high_after_an_lr_jump_needs_one_sample() -> None:
     assert first(old, "UpdateRatioHigh") is None
 
 
+def _updates(ratios: dict[int, float]) -> Values:
+    """An update ratio at these steps (the instrument samples the first 10 steps, then every
+    100th), a flat loss."""
+    def v(s: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"loss": 1.0, "lr": 1e-3}
+        if s in ratios:
+            out["upd"] = ratios[s]
+        return out
+    return v
+
+
+def test_the_first_two_steps_outsized_updates_page_no_one() -> None:
+    """PyTorch's MNIST example (Adadelta, lr 1.0) moves 19 % and 26 % of its weights at
+    steps 1 and 2 before its accumulators fill, then 7.5 % and a few %: a healthy run, on
+    which UpdateRatioHigh fired and resolved within 0.2 s."""
+    mnist = {1: 0.188, 2: 0.259, 3: 0.075, 4: 0.024, 5: 0.025, 6: 0.027, 7: 0.031, 8: 0.032, 9: 0.042,
+             10: 0.047, 100: 0.03}
+    _, out = run(_updates(mnist), range(1, 120))
+    updates = [t.alertname for t in firing(out, ("info", "warning", "critical")) if "Update" in t.alertname]
+    assert updates == [], updates
+
+
+def test_updates_too_large_from_the_start_still_page_by_the_third_step() -> None:
+    _, out = run(_updates({s: 0.3 for s in range(1, 11)}), range(1, 12))
+    early, high = first(out, "EarlyUpdateTooLarge"), first(out, "UpdateRatioHigh")
+    assert early is not None and early.step == 3 and early.severity == "critical"
+    assert high is not None and high.step == 4
+
+
+def test_a_resolve_says_the_value_that_ended_it() -> None:
+    """The resolve's summary ended "latest 0.3 at step 5" (the latest *failing* value),
+    which read as still too large: it says what the value came back to, and where."""
+    _, out = run(_updates({**{s: 0.3 for s in range(3, 6)}, **{s: 0.02 for s in range(6, 11)}}), range(1, 12))
+    [resolved] = [t for t in out if t.alertname == "UpdateRatioHigh" and t.state_to == "resolved"]
+    assert resolved.summary.endswith("> 0.1 at step 3; back to 0.02 at step 7"), resolved.summary
+
+
 # -- the first steps -------------------------------------------------------------------------
 
 
