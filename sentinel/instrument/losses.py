@@ -10,11 +10,14 @@ a dense head's Adam, each get its loss), each divided by the
 frameworks divide each micro-batch loss by the number of micro-batches before
 ``backward()`` (HF Trainer, Accelerate, Lightning), so the sum is the step's mean loss,
 which is what they log; a script that does not divide gets the sum of its micro-batches.
-When the number of ``backward()`` calls of a step differs from the first step's (YOLOv5's
-and Ultralytics' accumulation, which grows from 1 to 64 / batch size during their warmup
-and sums undivided losses, an epoch's last, shorter accumulation), the reporter puts the
-sum in the first step's units (``sum × first count / count``), so a step of more
-micro-batches is no rise of the loss: :meth:`LossSum.take` keeps the count it summed.
+When a step has more ``backward()`` calls than the first step had (YOLOv5's and
+Ultralytics' accumulation grows from 1 to 64 / batch size micro-batches during their warmup,
+on losses not divided), the reporter puts the sum in the first step's units
+(``sum × first count / count``), so a step of more micro-batches is no rise of the loss;
+:meth:`LossSum.take` keeps the count it summed. A step with fewer (an epoch's last, shorter
+accumulation) keeps its sum: the HF Trainer divides those losses by their own count, so
+their sum is the step's mean already (a script that divides by its nominal count shows a
+dip there, as before).
 
 Only a single-element tensor that requires grad counts as a loss (a ``backward(gradient)``
 on a non-scalar is not one; a single element's gradient multiplies it), and

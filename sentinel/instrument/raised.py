@@ -12,6 +12,7 @@ torch, or the line that raised when the script itself did. A file is named by it
 from __future__ import annotations
 
 import os
+import site
 import sysconfig
 from types import TracebackType
 
@@ -19,9 +20,16 @@ _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the senti
 
 
 def _libraries() -> tuple[str, ...]:
+    """Python's library and every site-packages folder (a Debian Python's torch lives in
+    ``/usr/lib/python3/dist-packages``, which ``sysconfig`` does not name), and Sentinel."""
     paths = sysconfig.get_paths()
-    found = {os.path.abspath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    return (*sorted(found), _OURS)
+    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    try:
+        found.update(site.getsitepackages())
+        found.add(site.getusersitepackages())
+    except (AttributeError, OSError):  # an old virtualenv's site module has neither
+        pass
+    return (*sorted(os.path.abspath(p) for p in found), _OURS)
 
 
 def raised(error: BaseException) -> str:

@@ -189,11 +189,11 @@ class Reporter:
 
     def _in_first_units(self, total: torch.Tensor, count: int) -> torch.Tensor:
         """A step's summed loss over ``count`` backward() calls, in the units of the stream's
-        first step: scaled by first count / ``count`` when they differ (see
-        :mod:`sentinel.instrument.losses`). On the device: no read-back."""
+        first step when it has more calls than that step: scaled by first count / ``count``
+        (see :mod:`sentinel.instrument.losses`). On the device: no read-back."""
         if self.first_count is None:
             self.first_count = count
-        if count <= 0 or count == self.first_count or not self.first_count:
+        if count <= self.first_count or self.first_count <= 0:
             return total
         return total * (self.first_count / count)
 
