@@ -203,7 +203,7 @@ class BatchWriter:
         if "optim" in f:
             optim = optimizer_of(f["optim"])
             if optim is not None:  # every stream's, in stream order ("0", "1", ...)
-                r.optimizers[opt] = optim
+                r.optimizers[opt] = _followed(r.optimizers.get(opt), optim)
                 agg["optimizer"] = json.dumps([o for k in sorted(r.optimizers, key=lambda k: (len(k), k))
                                                for o in r.optimizers[k]][:8])
         if isinstance(f.get("cmd"), str):
@@ -305,3 +305,19 @@ class BatchWriter:
         r.agg["ended"] = t
         r.state = r.agg["state"] = "finished" if status == 0 else "crashed"
         return r
+
+
+def _followed(before: list[dict[str, Any]] | None, now: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stream's optimizer record after a frame's: the frame's record takes the place of the
+    entries of its classes (its hyperparameters follow the schedule), and a class the stream
+    had not trained with yet follows the earlier ones, so a PINN trained by Adam, then LBFGS
+    on the same steps shows "Adam+LBFGS", not the last one alone. At most 8 entries."""
+    if not before:
+        return now
+    fresh = list(now)
+    out = []
+    for o in before:
+        same = next((i for i, n in enumerate(fresh) if n["class"] == o["class"]), None)
+        out.append(fresh.pop(same) if same is not None else o)
+    return (out + fresh)[:8]
+

@@ -214,3 +214,24 @@ def test_retention_deletes_runs_by_age_then_the_oldest_by_size(tmp_path: Path) -
     assert hdb.enforce_retention(db, now=3e9, keep_seconds=1e12, max_bytes=2**20) == 1  # "mid": by size
     assert [r[0] for r in db.execute("SELECT run FROM runs")] == ["new"]  # the newest stays, whatever its size
     assert db.execute("SELECT COUNT(DISTINCT run_id) FROM samples").fetchone()[0] == 1
+
+
+def test_a_stream_that_changes_optimizer_class_names_both_in_order(tmp_path: Path) -> None:
+    """A PINN trains by Adam, then LBFGS, one run of steps going on: the run names both
+    ("Adam+LBFGS"; it named LBFGS alone), and a record of a class seen before replaces its
+    entry (the hyperparameters follow the schedule)."""
+    import torch
+
+    from sentinel.instrument import optinfo
+
+    params = list(torch.nn.Linear(2, 1).parameters())
+    adam, lbfgs = torch.optim.Adam(params, lr=1e-3), torch.optim.LBFGS(params, lr=1.0)
+    path = tmp_path / "h.sqlite"
+    frames = [step_frame(s, 1.0, run="pinn") | {"optim": optinfo.describe([adam])} for s in (1, 2)]
+    adam.param_groups[0]["lr"] = 5e-4  # a scheduler's step
+    frames.append(step_frame(3, 1.0, run="pinn") | {"optim": optinfo.describe([adam])})
+    frames += [step_frame(s, 1.0, run="pinn") | {"optim": optinfo.describe([lbfgs])} for s in (4, 5)]
+    record(path, frames)
+    run = find_run(hdb.connect(path, readonly=True), "pinn")
+    assert run is not None and run.optimizer_name == "Adam+LBFGS"
+    assert [(o["class"], o["lr"]) for o in run.optimizer or []] == [("Adam", 5e-4), ("LBFGS", 1.0)]
