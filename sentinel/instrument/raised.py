@@ -33,8 +33,10 @@ def _libraries() -> tuple[str, ...]:
 
 
 def raised(error: BaseException) -> str:
-    """``Type at file.py:LINE`` (``Type`` alone when no frame is the script's). Never raises."""
-    name = type(error).__name__
+    """``Type at file.py:LINE`` (``Type`` alone when no frame is the script's), at most 195
+    characters (the goodbye frame's ``exc`` takes 200: a longer one would fail the engine's
+    check, and the crash would go unreported). Never raises."""
+    name = type(error).__name__[:100]
     try:
         where = _script_frame(error.__traceback__)
     except Exception:

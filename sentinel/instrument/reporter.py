@@ -319,8 +319,8 @@ class Reporter:
 
     def close(self, steps: int, exc: str | None) -> None:
         """The last reports, the goodbye frame (``exc``: the type of the exception that ended
-        training, if one did), the sender's backlog; then the engine stops and its last
-        alerts reach ``on_alert``."""
+        training and the script's line it came through, if one did: :mod:`.raised`), the
+        sender's backlog; then the engine stops and its last alerts reach ``on_alert``."""
         run = self.boundary.run
         run("report", self.submit_open)
         run("emit", self.emit_ready, True)

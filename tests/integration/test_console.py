@@ -5,16 +5,15 @@ with ``sentinel -v``; a clean run prints nothing but the address line."""
 from __future__ import annotations
 
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.helpers import Receiver, end_process
+from tests.helpers import Receiver, end_process, write_config
+from tests.integration.test_prometheus import _free_port
 
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parent / "scripts" / "console_train.py"
@@ -104,14 +103,11 @@ def test_a_route_down_under_sentinel_run_is_told_in_sentinel_lines_and_what_is_l
     stderr starts with ``sentinel:`` (its delivery retries and apprise's own complaint
     included, with no time stamp), and its last line says how many notifications it leaves
     undelivered and where they wait; the next run with that outbox delivers them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = _free_port()  # closed again: nothing listens there
     outbox = tmp_path / "outbox.sqlite"
-    cfg = tmp_path / "sentinel.yaml"
-    cfg.write_text(yaml.safe_dump({"notify": {"urls": [f"json://127.0.0.1:{port}/"], "rate_limit_seconds": 0},
-                                   "outbox": {"path": str(outbox), "retry_initial_seconds": 0.3}}))
-    out = _run("TrainingNonFinite", config=str(cfg))
+    cfg = write_config(tmp_path, notify={"urls": [f"json://127.0.0.1:{port}/"], "rate_limit_seconds": 0},
+                       outbox={"path": str(outbox), "retry_initial_seconds": 0.3})
+    out = _run("TrainingNonFinite", config=cfg)
     assert out.returncode == 0 and "fired TrainingNonFinite" in out.stdout, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert lines and all(line.startswith("sentinel: ") for line in lines), out.stderr
@@ -126,7 +122,7 @@ def test_a_route_down_under_sentinel_run_is_told_in_sentinel_lines_and_what_is_l
 
     receiver = Receiver(port=port)  # the chat service is back
     try:
-        again = _run("none", config=str(cfg))
+        again = _run("none", config=cfg)
         assert again.returncode == 0, again.stderr
         firing = [b for b in receiver.bodies if "[FIRING] critical TrainingNonFinite" in b.get("title", "")]
         assert len(firing) == 1, receiver.bodies

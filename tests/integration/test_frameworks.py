@@ -17,12 +17,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import write_config
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -121,3 +124,23 @@ def test_importing_sentinel_imports_no_framework() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_an_epochs_shorter_accumulation_under_the_hf_trainer_is_its_loss(tmp_path: Path) -> None:
+    """docs/instrumenting.md: a step with fewer ``backward()`` calls than the first keeps
+    its sum, which the HF Trainer makes that step's mean (it divides by the step's own
+    count). Under ``sentinel run``, every step's loss in the history is the Trainer's own,
+    the 1-micro-batch steps (2, 4, 6) among the 4-micro-batch ones included."""
+    pytest.importorskip("transformers")
+    db = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(db), "flush_seconds": 0.1})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SENTINEL_RUN": "partial"}
+    proc = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
+                           "127.0.0.1:0", "--", sys.executable, str(SCRIPTS / "hf_partial_accumulation.py"),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = {int(w[1]): float(w[2]) for w in (line.split() for line in proc.stdout.splitlines()) if w[:1] == ["loss"]}
+    assert sorted(theirs) == [1, 2, 3, 4, 5, 6], proc.stdout
+    with sqlite3.connect(db) as con:
+        ours = dict(con.execute("SELECT step, loss FROM samples"))
+    assert ours == pytest.approx(theirs, rel=1e-6), (ours, theirs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sentinel import wire
 from sentinel.instrument.raised import raised
 
 SCRIPT = '''
@@ -55,3 +56,21 @@ def test_an_error_with_no_frame_of_the_script_is_its_type() -> None:
         assert tb is not None and tb.tb_next is not None
         exc.__traceback__ = tb.tb_next  # without this file's frame, only the library's are left
         assert raised(exc) == "JSONDecodeError"
+
+
+def test_a_long_name_still_fits_the_goodbye_frame(tmp_path: Path) -> None:
+    """The word goes in the goodbye frame's ``exc`` (200 characters at most): a generated
+    exception class with a 300-character name, raised from a file with a long name, still
+    makes a frame the engine's strict decode takes."""
+    long_error = type("E" * 300, (RuntimeError,), {})
+    path = tmp_path / ("train_" + "x" * 150 + ".py")
+    code = compile("def boom(cls):\n    raise cls('no')\n", str(path), "exec")
+    scope: dict[str, object] = {}
+    exec(code, scope)
+    try:
+        scope["boom"](long_error)  # type: ignore[operator]
+    except RuntimeError as exc:
+        word = raised(exc)
+    assert len(word) <= 200 and word.startswith("E" * 100 + " at train_") and word.endswith(":2"), word
+    bye = wire.Frame(kind="bye", job="j", run="r", rank=0, world=1, step=3, t=1.0, exc=word)
+    assert wire.decode_strict(wire.encode(bye)).exc == word
