@@ -1,4 +1,4 @@
-"""Overhead of ``sentinel.watch`` on a ~6M-parameter GPT-like model trained with AdamW.
+"""Overhead of ``sentinel.watch`` on a GPT-like model trained with AdamW (~6M parameters; GPT-2 sizes with ``--model``).
 
 Two identical copies of the model and optimizer train side by side in one process: one
 watched by sentinel with its defaults (the engine in a child process serving metrics on a
@@ -17,6 +17,7 @@ Usage::
     python benchmarks/overhead.py               # full run, CPU
     python benchmarks/overhead.py --quick       # a smoke run
     python benchmarks/overhead.py --device cuda --markdown
+    python benchmarks/overhead.py --device cuda --model gpt2-medium --bf16   # a realistic GPU run
 """
 
 from __future__ import annotations
@@ -37,8 +38,13 @@ import torch
 import sentinel
 from sentinel.demo.model import TinyGPT, loss_fn, synthetic_batch
 
-# ~6M parameters: 6 blocks of width 256 (~4.7M) plus a 2048-token embedding and head.
-VOCAB, DIM, DEPTH, HEADS, SEQ = 2048, 256, 6, 4, 256
+# (vocab, dim, depth, heads, seq). small: ~6M parameters, 6 blocks of width 256 (~4.7M) plus
+# a 2048-token embedding and head, sized for a CPU. gpt2 and gpt2-medium: GPT-2's shapes
+# (vocab padded to 50304, context 1024; 163M and 406M parameters here, the head untied), the
+# sizes of a real GPU run.
+MODELS = {"small": (2048, 256, 6, 4, 256), "gpt2": (50304, 768, 12, 12, 1024),
+          "gpt2-medium": (50304, 1024, 24, 16, 1024)}
+VOCAB, DIM, DEPTH, HEADS, SEQ = MODELS["small"]
 TOKENS = (512, 2048)  # tokens per step = batch x SEQ
 TARGET_RATIO = 1.5  # in-hook probe time <= 1.5x the fused-read floor
 TARGET_OVERHEAD = 1.0  # percent, at 2048 tokens/step
@@ -71,11 +77,15 @@ def _med(xs: Sequence[float]) -> float:
 class Bench:
     """The two model copies, their optimizers, the monitor and a pool of batches."""
 
-    def __init__(self, device: torch.device, seed: int = 0) -> None:
+    def __init__(self, device: torch.device, seed: int = 0, model: str = "small", bf16: bool = False) -> None:
         self.device = device
         self.sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.vocab, dim, depth, heads, self.seq = MODELS[model]
+        # a bf16 autocast forward, as mixed-precision training runs it (parameters, gradients
+        # and optimizer state stay float32)
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
         torch.manual_seed(seed)
-        self.base_model = TinyGPT(VOCAB, DIM, DEPTH, HEADS, SEQ).to(device)
+        self.base_model = TinyGPT(self.vocab, dim, depth, heads, self.seq).to(device)
         self.mon_model = copy.deepcopy(self.base_model)
         self.base_opt = torch.optim.AdamW(self.base_model.parameters(), lr=3e-4)
         self.mon_opt = torch.optim.AdamW(self.mon_model.parameters(), lr=3e-4)
@@ -87,8 +97,8 @@ class Bench:
 
     def set_tokens(self, tokens: int, pool: int = 8) -> None:
         """Pre-build a small pool of batches so data generation stays out of the timings."""
-        batch = tokens // SEQ
-        self.batches = [synthetic_batch(self.gen, batch, SEQ, VOCAB, self.device) for _ in range(pool)]
+        batch = tokens // self.seq
+        self.batches = [synthetic_batch(self.gen, batch, self.seq, self.vocab, self.device) for _ in range(pool)]
         self._i = 0
 
     def _next(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +110,8 @@ class Bench:
         self.sync()
         t0 = time.perf_counter()
         self.base_opt.zero_grad(set_to_none=True)
-        loss = loss_fn(self.base_model(x), y)
+        with self.autocast:
+            loss = loss_fn(self.base_model(x), y)
         loss.backward()
         self.base_opt.step()
         self.sync()
@@ -113,7 +124,8 @@ class Bench:
         self.sync()
         t0 = time.perf_counter()
         self.mon_opt.zero_grad(set_to_none=True)
-        loss = loss_fn(self.mon_model(x), y)
+        with self.autocast:
+            loss = loss_fn(self.mon_model(x), y)
         loss.backward()
         self.mon_opt.step()
         self.mon.log(loss=loss)
@@ -127,7 +139,8 @@ class Bench:
         """
         x, y = self._next()
         self.base_opt.zero_grad(set_to_none=True)
-        loss = loss_fn(self.base_model(x), y)
+        with self.autocast:
+            loss = loss_fn(self.base_model(x), y)
         loss.backward()
         grads = [p.grad for p in self.params if p.grad is not None]
         self.sync()
@@ -210,12 +223,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per model and config (default 10)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: --steps 10 --repeats 2 --warmup 3")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda; cuda falls back to cpu if absent")
-    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS),
-                    help=f"tokens per step, multiples of {SEQ} (default 512 2048)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="small",
+                    help="small (default, 5.85M parameters), gpt2 (GPT-2's shape, 163M with its untied head) or "
+                         "gpt2-medium (406M)")
+    ap.add_argument("--bf16", action="store_true", help="a bf16 autocast forward (mixed precision)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=None,
+                    help="tokens per step, multiples of the model's seq (default 512 2048 for small; "
+                         "8192 16384 for the GPT-2 sizes)")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.warmup = 10, 2, 3
+    if args.tokens is None:
+        args.tokens = list(TOKENS) if args.model == "small" else [8192, 16384]
 
     logging.basicConfig(level=logging.WARNING)
     device = torch.device(args.device)
@@ -227,11 +247,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cores = _available_cores()
     torch.set_num_threads(cores)
 
-    b = Bench(device)
+    b = Bench(device, model=args.model, bf16=args.bf16)
     n_params = sum(p.numel() for p in b.base_model.parameters())
     n_tensors = len(b.params)
-    print(f"model: TinyGPT(vocab={VOCAB}, dim={DIM}, depth={DEPTH}, heads={HEADS}, seq={SEQ}): "
-          f"{n_params / 1e6:.2f}M parameters in {n_tensors} tensors, AdamW")
+    vocab, dim, depth, heads, seq = MODELS[args.model]
+    print(f"model: {args.model}: TinyGPT(vocab={vocab}, dim={dim}, depth={depth}, heads={heads}, seq={seq}): "
+          f"{n_params / 1e6:.2f}M parameters in {n_tensors} tensors, AdamW"
+          + ("; bf16 autocast forward" if args.bf16 else ""))
+    if device.type == "cuda":
+        print(f"gpu: {torch.cuda.get_device_name()}")
     print(f"device: {device}; torch {torch.__version__}; torch threads: {torch.get_num_threads()} "
           f"(= cores available to this process)")
     print(f"sentinel: engine={b.mon.options.engine} at {b.mon.url}; groups={len(b.mon.groups)}; "
@@ -242,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[int, Samples] = {}
     try:
         for tokens in args.tokens:
-            if tokens % SEQ:
-                print(f"skipping {tokens} tokens/step: not a multiple of seq={SEQ}", file=sys.stderr)
+            if tokens % b.seq:
+                print(f"skipping {tokens} tokens/step: not a multiple of seq={b.seq}", file=sys.stderr)
                 continue
             t0 = time.perf_counter()
             results[tokens] = run_config(b, tokens, args.steps, args.repeats, args.warmup)

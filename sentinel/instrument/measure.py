@@ -14,6 +14,7 @@ from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.frames import Report, Segs
 from sentinel.instrument.layout import Layout
+from sentinel.instrument.stats import device_index
 from sentinel.instrument.timing import BusyClock, Heartbeat
 
 
@@ -113,8 +114,9 @@ class Measure:
         pos = [(i, group_of[id(p)]) for i, p in enumerate(params) if id(p) in group_of]
         if pos:
             vec = torch.zeros(max(1, grouped.n_groups), dtype=torch.float32, device=norms.device)
-            idx = torch.tensor([g for _, g in pos], dtype=torch.long, device=norms.device)
-            vec.index_add_(0, idx, norms[[i for i, _ in pos]].to(torch.float32).square())
+            idx = device_index([g for _, g in pos], norms.device)
+            picked = norms.index_select(0, device_index([i for i, _ in pos], norms.device))
+            vec.index_add_(0, idx, picked.to(torch.float32).square())
             self.add("grad_sumsq", {norms.device: vec})
 
     def close_step(self, report: Report, now: float) -> None:

@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument.stats import device_index
+
 Tensor = torch.Tensor
 SAMPLE = 65536
 GRID = 256
@@ -174,6 +176,6 @@ def trust_ratios(opt: torch.optim.Optimizer, group_of: dict[int, int],
             counts[k] += 1
     for dev, (vals, idx) in by_dev.items():
         acc = torch.zeros(n_groups, dtype=torch.float32, device=dev)
-        acc.index_add_(0, torch.tensor(idx, dtype=torch.long, device=dev), torch.cat(vals))
+        acc.index_add_(0, device_index(idx, dev), torch.cat(vals))
         sums[dev] = acc
     return sums, counts

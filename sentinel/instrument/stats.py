@@ -19,6 +19,14 @@ import torch
 Tensor = torch.Tensor
 
 
+def device_index(values: Sequence[int], device: torch.device | str) -> Tensor:
+    """A long index tensor on ``device`` with no sync: ``torch.tensor(..., device=cuda)``
+    copies from the host and waits for the copy (a sync, once per new index); built on
+    the host and copied with ``non_blocking=True``, the copy is only queued."""
+    idx = torch.tensor(list(values), dtype=torch.long)
+    return idx if torch.device(device).type == "cpu" else idx.to(device, non_blocking=True)
+
+
 def _dtensor_type() -> type | None:
     if not torch.distributed.is_available():
         return None
@@ -170,7 +178,7 @@ class _Bucket:
         if idx is None:
             if len(self._index_cache) > 16:  # grads appearing and disappearing: keep it bounded
                 self._index_cache.clear()
-            idx = torch.tensor([self.groups[i] for i in positions], dtype=torch.long, device=self.device)
+            idx = device_index([self.groups[i] for i in positions], self.device)
             self._index_cache[positions] = idx
         return idx
 

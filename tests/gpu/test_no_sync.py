@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 
 import sentinel
 from sentinel.demo.model import TinyGPT, loss_fn, synthetic_batch
-from tests.helpers import make_monitor
+from tests.helpers import make_monitor, wait_for
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -133,3 +134,50 @@ def test_an_evaluations_heartbeats_neither_sync_nor_break_a_cuda_graph_capture()
         assert torch.allclose(out, model(x))
     assert mon.errors == 0, mon.boundary.failures
     mon.close()
+
+
+def test_watch_with_its_defaults_under_bf16_autocast_never_syncs() -> None:
+    """What a user runs: ``sentinel.watch`` with every default (the engine in its child process,
+    the default rule pack), a bf16 autocast forward and fused AdamW, for 120 steps, so the
+    early every-step samples, the every-10 memory reads and the every-100 update, state and
+    health samplers all run inside the check. Every step reaches ``/metrics``."""
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=1024, dim=256, depth=4, heads=4, seq=128).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    gen = torch.Generator().manual_seed(0)
+    batches = [synthetic_batch(gen, 8, 128, 1024, "cuda") for _ in range(8)]
+    mon = sentinel.watch(model, opt, listen="127.0.0.1:0", run="gpu-defaults", job="gpu")
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        mon.log(loss=loss)
+
+    try:
+        for i in range(2):  # lazy optimizer state and the first step's set-up, outside the check
+            step(*batches[i])
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for i in range(118):
+                step(*batches[i % len(batches)])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert mon.errors == 0, mon.boundary.failures
+        assert mon.url is not None
+
+        def scrape() -> str:
+            with urllib.request.urlopen(mon.url + "/metrics", timeout=5) as r:
+                return r.read().decode()
+
+        wait_for(lambda: 'sentinel_step{job="gpu",rank="0",run="gpu-defaults"} 120.0' in scrape(),
+                 what="step 120 on /metrics")
+        text = scrape()
+        assert 'sentinel_cuda_memory_allocated_bytes{job="gpu"' in text
+        assert "sentinel_update_ratio" in text and "sentinel_optimizer_state_bytes" in text
+        assert mon.frames_dropped == 0
+    finally:
+        mon.close()

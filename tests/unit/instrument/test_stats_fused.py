@@ -165,3 +165,23 @@ def test_grad_sums_read_both_norms_in_one_pass(l1: bool) -> None:
         assert count == sum(t.numel() for _, t in grads)
     else:
         assert abs_sums == {} and count == 0
+
+
+def test_a_group_index_is_built_on_the_host_and_only_queued_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.tensor(..., device="cuda")`` makes the host wait for its copy (the sync that
+    tests/gpu/test_no_sync.py caught on an H200); the index is built on the host and its copy
+    to the device is queued with ``non_blocking=True``. Here the device is ``meta``, which
+    takes the same path as ``cuda`` with no GPU."""
+    calls: list[dict[str, object]] = []
+    to = torch.Tensor.to
+
+    def spy(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append({"from": self.device.type, **kwargs})
+        return to(self, *args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    on_cpu = stats.device_index((2, 0, 1), "cpu")
+    assert on_cpu.tolist() == [2, 0, 1] and on_cpu.dtype == torch.long and not calls
+    on_meta = stats.device_index([3, 3], torch.device("meta"))
+    assert on_meta.device.type == "meta" and on_meta.dtype == torch.long and tuple(on_meta.shape) == (2,)
+    assert calls == [{"from": "cpu", "non_blocking": True}]
