@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument.stats import GroupedTensors, _abs_into, _local, _norms
+from sentinel.instrument.stats import GroupedTensors, _abs_into, _local, _norms, device_index
 
 Tensor = torch.Tensor
 _Key = tuple[torch.device, torch.dtype]
@@ -67,7 +67,7 @@ class _Sample:
         # per-tensor path, whose norms are of the moduli
         if key[0].type == "cpu" and not key[1].is_complex and all(p.is_contiguous() for p in params):
             self._cut(flat, groups)
-        self.piece_index = torch.tensor([c.group for c in self.pieces], dtype=torch.long, device=key[0]) \
+        self.piece_index = device_index([c.group for c in self.pieces], key[0]) \
             if self.pieces else None
 
     def _cut(self, flat: Tensor, groups: list[int]) -> None:
