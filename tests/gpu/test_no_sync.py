@@ -181,3 +181,58 @@ def test_watch_with_its_defaults_under_bf16_autocast_never_syncs() -> None:
         assert mon.frames_dropped == 0
     finally:
         mon.close()
+
+
+def test_fp16_autocast_with_a_grad_scaler_adds_no_sync_of_sentinels() -> None:
+    """The most common GPU recipe: fp16 autocast and a ``GradScaler``, which itself syncs
+    (its ``step`` reads ``found_inf``), so the debug mode cannot raise here. It warns
+    instead, and each warning's Python stack says whose sync it is: none may pass through
+    Sentinel's code. An overflow (a skipped step) is among the steps."""
+    import traceback
+    import warnings
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=1024, dim=128, depth=4, heads=4, seq=64).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**16)
+    gen = torch.Generator().manual_seed(0)
+    batches = [synthetic_batch(gen, 8, 64, 1024, "cuda") for _ in range(4)]
+    mon, sender = make_monitor(model, opt, scaler=scaler, update_every=3, state_every=4, health_every=3,
+                               memory_every=2)
+    ours: list[str] = []
+    package = str(Path(sentinel.__file__).parent)
+    demo = str(Path(sentinel.__file__).parent / "demo")
+
+    def record(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if f.filename.startswith(package) and not f.filename.startswith(demo)]
+        if frames and "synchroniz" in str(message):
+            ours.append(f"{frames[-1].filename}:{frames[-1].lineno} ({message})")
+
+    def step(i: int) -> None:
+        x, y = batches[i % len(batches)]
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if i == 9:
+            next(model.parameters()).grad.view(-1)[0].fill_(float("inf"))  # an fp16 overflow
+        scaler.step(opt)
+        scaler.update()
+        mon.log(loss=loss)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(16):
+                step(i)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    mon.close()
+    assert not ours, ours
+    assert mon.errors == 0, mon.boundary.failures
+    labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    assert sender.engine.store.counter("sentinel_amp_skipped_steps_total", labels) == 1
+    assert mon.steps == 15  # the overflowed step never reached the optimizer
