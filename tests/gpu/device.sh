@@ -2,7 +2,8 @@
 # The GPU checks in one run, for a machine with a CUDA device and its own torch (the device
 # tool's H200 here): the tests in tests/gpu (no host sync on the hot path, CUDA memory
 # metrics), then benchmarks/overhead.py on CUDA at GPT-2-medium size with a bf16 forward and
-# at the CPU benchmark's small size. Logs go to $OUT (or ./gpu-out). `device.sh tests` runs
+# at the CPU benchmark's small size, then where the hooks' host time goes (benchmarks/probe_profile.py).
+# Logs go to $OUT (or ./gpu-out). `device.sh tests` runs
 # the tests alone.
 #
 # Sentinel's dependencies that a machine with only torch lacks travel as wheels in .whl/ (not
@@ -38,3 +39,7 @@ t0=$SECONDS
 timeout 100 python3 benchmarks/overhead.py --device cuda --steps 20 --repeats 6 --warmup 5 --markdown 2>&1 \
     | tee "$OUT/overhead-small.log"
 echo "overhead small: ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
+t0=$SECONDS
+timeout 150 python3 benchmarks/probe_profile.py --device cuda --model gpt2-medium --bf16 --tokens 8192 --steps 20 2>&1 \
+    | tee "$OUT/probe-profile.log"
+echo "probe profile: ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
