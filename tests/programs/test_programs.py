@@ -3,7 +3,7 @@ PyTorch examples' DCGAN, the original WGAN, word_language_model, time_sequence_p
 DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, PGD
 adversarial training, the HF examples' logging set-up, the neural style transfer tutorial,
 CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket scripts, CycleGAN,
-YOLOv5's trainer, a small DDPM), each run plainly, under ``sentinel run`` (zero-code) and,
+YOLOv5's trainer, a small DDPM, a sparse mixture of experts), each run plainly, under ``sentinel run`` (zero-code) and,
 where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -82,6 +82,7 @@ PROGRAMS = [
     Program("cyclegan", "cyclegan.py", optimizers=2, opt="Adam", objective=(0, 1)),
     Program("yolo_warmup", "yolo_warmup.py", opt="SGD"),
     Program("ddpm", "ddpm.py", watch=True, opt="AdamW"),
+    Program("moe", "moe.py", watch=True, opt="Adam"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
