@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping
 
 from sentinel.instrument.options import slurm_job_name
@@ -36,22 +37,37 @@ def step_task(env: Mapping[str, str]) -> bool:
         str(os.getpid()), str(os.getppid()))
 
 
-def job_fields(job_id: str, env: Mapping[str, str] | None = None, timeout: float = 5.0) -> dict[str, str]:
-    """``scontrol show job -o JOB`` as ``{field: value}``; {} when it cannot be read."""
+def job_fields(job_id: str, env: Mapping[str, str] | None = None, timeout: float = 5.0,
+               tries: int = 3) -> dict[str, str]:
+    """``scontrol show job -o JOB`` as ``{field: value}``; {} when it cannot be read.
+
+    A call that reads nothing is tried again, ``tries`` times in all within ``timeout``:
+    Slurm sends a time limit's SIGTERM twice, milliseconds apart, to every process of the
+    step, and the second one can kill the ``scontrol`` the first one started."""
     scontrol = shutil.which("scontrol")
     if not scontrol or not job_id:
         return {}
-    try:
-        out = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
-                             timeout=timeout, env=dict(os.environ if env is None else env)).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    fields: dict[str, str] = {}
-    for item in out.split():
-        key, sep, value = item.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    return fields
+    deadline = time.monotonic() + timeout
+    for attempt in range(tries):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if attempt:
+            time.sleep(min(0.2, left / 2))
+        try:
+            out = subprocess.run([scontrol, "show", "job", "-o", job_id], capture_output=True, text=True,
+                                 timeout=max(0.1, deadline - time.monotonic()),
+                                 env=dict(os.environ if env is None else env)).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        fields: dict[str, str] = {}
+        for item in out.split():
+            key, sep, value = item.partition("=")
+            if sep and key not in fields:
+                fields[key] = value
+        if fields:
+            return fields
+    return {}
 
 
 def seconds(value: str) -> float | None:
@@ -75,7 +91,8 @@ def end_reason(status: int, env: Mapping[str, str] | None = None) -> str:
     statuses, or when the controller cannot be asked.
 
     While Slurm kills a job's tasks the job is ``COMPLETING`` for ``scancel`` and for the
-    time limit alike; a run time at or past the limit tells the time limit.
+    time limit alike; its ``Reason=TimeLimit``, or a run time at or past the limit, tells
+    the time limit.
     """
     env = os.environ if env is None else env
     job = slurm_job_name(env)
@@ -86,8 +103,8 @@ def end_reason(status: int, env: Mapping[str, str] | None = None) -> str:
     if not state:
         return ""
     limit, ran = seconds(fields.get("TimeLimit", "")), seconds(fields.get("RunTime", ""))
-    if state == "TIMEOUT" or (state in ("COMPLETING", "CANCELLED") and limit is not None and ran is not None
-                              and ran >= limit):
+    if state == "TIMEOUT" or (state in ("COMPLETING", "CANCELLED") and (
+            fields.get("Reason") == "TimeLimit" or (limit is not None and ran is not None and ran >= limit))):
         return (f"the Slurm job {job} reached its time limit (TimeLimit={fields['TimeLimit']}; "
                 "SIGTERM, then SIGKILL after KillWait)")
     if state in ("COMPLETING", "CANCELLED"):

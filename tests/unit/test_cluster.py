@@ -48,6 +48,32 @@ def test_no_slurm_reason_outside_slurm_or_for_a_plain_exit(status: int, env: dic
     assert end_reason(status, env) == ""
 
 
+@pytest.mark.parametrize(("state", "run_time", "reason"), [
+    ("COMPLETING", "00:01:01", "reached its time limit"),
+    ("COMPLETING", "00:00:59", "reached its time limit"),  # Reason=TimeLimit tells it, whatever RunTime rounds to
+    ("CANCELLED", "00:00:30", "was cancelled (scancel)"),
+])
+def test_the_end_reason_survives_an_scontrol_killed_by_the_second_sigterm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, run_time: str, reason: str) -> None:
+    """Slurm sends a time limit's SIGTERM twice, milliseconds apart, to every process of the
+    step: the second can kill the ``scontrol`` that ``sentinel run`` started for the first,
+    which CI saw as a TrainingCrashed without its reason. A stand-in ``scontrol`` on PATH (the
+    race cannot be timed against the real one; tests/integration/test_slurm.py runs the real
+    cluster) dies by SIGTERM at its first call and answers at its second."""
+    marker = tmp_path / "called"
+    why = "Reason=TimeLimit" if state == "COMPLETING" else "Reason=None"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"""#!/bin/sh
+if [ ! -e {marker} ]; then touch {marker}; kill -TERM $$; fi
+echo "JobId=812 JobName=train JobState={state} {why} RunTime={run_time} TimeLimit=00:01:00"
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    got = end_reason(143, JOB)
+    assert marker.exists()
+    assert got.startswith(f"the Slurm job 812 {reason}"), got
+
+
 def _rows(ranks: int, groups: int) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
     out = []
     for r in range(ranks):
