@@ -18,7 +18,7 @@ import pytest
 from sentinel.history import db as hdb
 from sentinel.history.query import find_run
 from sentinel.history.query import series as history_series
-from tests.helpers import end_process, wait_for
+from tests.helpers import end_process, retry_gloo_exit_abort, wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -42,6 +42,7 @@ def _get(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
 
 
 @pytest.mark.slow  # make test-slow (the two-node FSDP test in make test covers the sharded path too)
+@retry_gloo_exit_abort
 def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> None:
     ref_file, release = tmp_path / "reference.json", tmp_path / "release"
     torchrun = str(Path(sys.executable).with_name("torchrun"))
@@ -58,7 +59,8 @@ def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> Non
             m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
             if m:
                 url = m.group(1)
-                threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+                drain = threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+                drain.start()
                 break
         assert url is not None, "".join(log)
 
@@ -100,7 +102,9 @@ def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> Non
             assert _get(series, "sentinel_param_bytes", rank=rank) == mine["params"]
             assert _get(series, "sentinel_optimizer_state_param_ratio", rank=rank) == pytest.approx(2.0)  # AdamW
         release.touch()
-        assert proc.wait(120) == 0, "".join(log)
+        rc = proc.wait(120)
+        drain.join(10)  # the job's stderr to its end
+        assert rc == 0, "".join(log)
     finally:
         end_process(proc)
     # the run history holds the whole model's norms at every step, not rank 0's shards

@@ -21,7 +21,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import sentinel
-from tests.helpers import MLP, write_config
+from tests.helpers import MLP, retry_gloo_exit_abort, write_config
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -91,6 +91,7 @@ def test_config_guard_skips_alerts_captures_and_lists_the_batch(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2 ranks: make test-slow
+@retry_gloo_exit_abort
 def test_sentinel_run_guards_a_zero_code_script_exactly(tmp_path: Path, ranks: int) -> None:
     """``actions.guard`` reaches the zero-code monitors of every rank; DDP's all-reduce gives
     each rank the NaN, each skips, and every rank ends bit for bit where a run that left
@@ -126,6 +127,7 @@ def test_sentinel_run_guards_a_zero_code_script_exactly(tmp_path: Path, ranks: i
 
 
 @pytest.mark.slow  # make test-slow: two torchrun jobs of FSDP2
+@retry_gloo_exit_abort
 def test_sentinel_run_guard_skips_an_fsdp_step_on_every_rank_when_one_shard_is_bad(tmp_path: Path) -> None:
     """docs/guard.md: under FSDP each rank holds only its shards' sums, so the guard takes one
     all-reduce of a scalar a step: a NaN in rank 1's shard alone makes both ranks skip, and

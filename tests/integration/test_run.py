@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Receiver, end_process, wait_for
+from tests.helpers import Receiver, end_process, retry_gloo_exit_abort, wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
 LOG: list[str] = []
+DRAIN: list[threading.Thread] = []  # the thread that drains the running job's stderr into LOG
 
 
 def _start(args: list[str], config: str | None = None) -> tuple[subprocess.Popen[str], str]:
@@ -34,10 +35,18 @@ def _start(args: list[str], config: str | None = None) -> tuple[subprocess.Popen
         LOG.append(line)
         m = re.search(r"metrics at (http://127\.0\.0\.1:\d+)/metrics", line)
         if m:
-            threading.Thread(target=lambda: LOG.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+            DRAIN[:] = [threading.Thread(target=lambda: LOG.extend(proc.stderr), daemon=True)]  # type: ignore[arg-type]
+            DRAIN[0].start()
             return proc, m.group(1)
     proc.kill()
     raise AssertionError("sentinel run printed no metrics address:\n" + "".join(LOG))
+
+
+def _stderr() -> str:
+    """All of the ended job's stderr (the drain reads to its end)."""
+    for t in DRAIN:
+        t.join(10)
+    return "".join(LOG)
 
 
 def _metrics(url: str) -> str:
@@ -59,7 +68,7 @@ def test_unmodified_script_is_monitored(tmp_path: Path) -> None:
         assert re.search(r'sentinel_step\{job="train",rank="0",run="[^"]+"\} 30.0', text)
         assert "sentinel_loss{" in text and "sentinel_group_grad_norm{group=\"0\"" in text
         release.touch()
-        assert proc.wait(60) == 0
+        assert proc.wait(60) == 0, _stderr()
     finally:
         end_process(proc)
 
@@ -73,6 +82,7 @@ def test_exit_status_passes_through(code: str, expected: int) -> None:
     assert out.returncode == expected, out.stderr
 
 
+@retry_gloo_exit_abort
 def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
     release = tmp_path / "release"
     torchrun = str(Path(sys.executable).with_name("torchrun"))
@@ -98,7 +108,7 @@ def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
         assert re.search(r'sentinel_rank_grad_norm_deviation\{job="train",rank="1",run="[^"]+"\} 0.0', text)
         assert not {a["alertname"] for a in _alerts(url)} & {"RankDivergence", "RankStraggler"}
         release.touch()
-        assert proc.wait(60) == 0
+        assert proc.wait(60) == 0, _stderr()
     finally:
         end_process(proc)
 
@@ -204,7 +214,7 @@ def test_a_seq2seq_scripts_decoder_gets_groups_of_its_own(tmp_path: Path) -> Non
         groups = re.findall(r'^sentinel_group_grad_norm\{group="([^"]+)"', text, re.M)
         assert groups == ["Encoder.emb", "Encoder.rnn", "Decoder.emb", "Decoder.rnn", "Decoder.out"], groups
         release.touch()
-        assert proc.wait(60) == 0
+        assert proc.wait(60) == 0, _stderr()
     finally:
         end_process(proc)
 
@@ -221,7 +231,7 @@ def test_a_maximized_objective_is_exported_as_the_objective_not_the_loss(tmp_pat
         assert float(value) == pytest.approx(printed[-1], rel=1e-6)  # the script's own number and sign
         assert not re.search(r"^sentinel_loss\{", text, re.M)
         release.touch()
-        assert proc.wait(60) == 0
+        assert proc.wait(60) == 0, _stderr()
     finally:
         end_process(proc)
 
@@ -241,6 +251,7 @@ def _alerts(url: str) -> list[dict[str, Any]]:
                                                                    marks=pytest.mark.slow),
                                                       pytest.param("slow", "RankStraggler", [1],
                                                                    marks=pytest.mark.slow)])  # make test-slow
+@retry_gloo_exit_abort
 def test_torchrun_cross_rank_faults_fire_their_rule(tmp_path: Path, fault: str, rule: str, ranks: list[int]) -> None:
     release = tmp_path / "release"
     torchrun = str(Path(sys.executable).with_name("torchrun"))
@@ -259,7 +270,7 @@ def test_torchrun_cross_rank_faults_fire_their_rule(tmp_path: Path, fault: str, 
         others = {a["alertname"] for a in _alerts(url) if a["state"] == "firing"} - {rule}
         assert not others & {"RankDivergence", "RankStraggler"}, others
         release.touch()
-        assert proc.wait(60) == 0
+        assert proc.wait(60) == 0, _stderr()
     finally:
         end_process(proc)
 

@@ -14,9 +14,12 @@ import re
 import sqlite3
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import GLOO_EXIT_ABORT
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -137,13 +140,30 @@ def _start(prog: Program, mode: str, tmp: Path, run_name: str) -> tuple[subproce
 
 def run_program(prog: Program, tmp: Path) -> dict[str, Run]:
     """Run ``prog`` in every mode it has (plain, run, and watch where set), concurrently,
-    then :func:`collect` what they left in ``tmp``. With ``ZOO_REUSE_DIR`` set (the tests keep their folders there) a folder that
-    already holds a finished set of runs is read again instead (for working on the tests)."""
+    then :func:`collect` what they left in ``tmp``. A torchrun program that any mode's rank
+    left by torch's gloo exit abort (``tests.helpers.GLOO_EXIT_ABORT``, plain runs too) runs
+    again, every mode, in ``tmp / "retryN"`` (twice at most, with a warning). With
+    ``ZOO_REUSE_DIR`` set (the tests keep their folders there) a folder that already holds a
+    finished set of runs is read again instead (for working on the tests)."""
     if os.environ.get("ZOO_REUSE_DIR") and (tmp / "done").exists():
-        return collect(prog, tmp)
+        return collect(prog, Path((tmp / "done").read_text()))
+    for attempt in range(3):
+        folder = tmp / f"retry{attempt}" if attempt else tmp
+        folder.mkdir(exist_ok=True)
+        ended = _run_modes(prog, folder)
+        if not (prog.ranks and any(rc != 0 and GLOO_EXIT_ABORT in err for rc, err in ended)):
+            break
+        warnings.warn(f"zoo {prog.id}: a rank hit torch's gloo exit abort; attempt {attempt + 2}", stacklevel=1)
+    (tmp / "done").write_text(str(folder))
+    return collect(prog, folder)
+
+
+def _run_modes(prog: Program, tmp: Path) -> list[tuple[int, str]]:
+    """Every mode of ``prog`` at once in ``tmp``; each one's exit status and stderr."""
     history = tmp / "history.sqlite"
     (tmp / "sentinel.yaml").write_text(f"history: {{path: '{history}', flush_seconds: 0.1}}\n")
     started = {m: _start(prog, m, tmp, _name(prog, m)) for m in _modes(prog)}
+    ended = []
     for mode, (proc, _) in started.items():
         try:
             stdout, stderr = proc.communicate(timeout=TIMEOUT)
@@ -153,8 +173,8 @@ def run_program(prog: Program, tmp: Path) -> dict[str, Run]:
             stderr += f"\n[zoo harness: killed after {TIMEOUT}s]"
         (tmp / f"{mode}-process.json").write_text(json.dumps({"rc": proc.returncode, "stdout": stdout,
                                                                "stderr": stderr}))
-    (tmp / "done").touch()
-    return collect(prog, tmp)
+        ended.append((proc.returncode, stderr))
+    return ended
 
 
 def _modes(prog: Program) -> list[str]:
