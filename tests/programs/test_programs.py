@@ -83,6 +83,7 @@ PROGRAMS = [
     Program("yolo_warmup", "yolo_warmup.py", opt="SGD"),
     Program("ddpm", "ddpm.py", watch=True, opt="AdamW"),
     Program("moe", "moe.py", watch=True, opt="Adam"),
+    Program("checkpointed", "checkpointed.py", ("80",), watch=True, opt="AdamW"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
