@@ -240,13 +240,15 @@ def _optimizers_alive() -> int:
     at that attach the discriminators' optimizer trains nothing yet (counting it only then
     made the two streams one). A wrapper that never ran ``Optimizer.__init__`` (Accelerate's)
     is not one, nor is one over plain tensors that take none (Lightning's mock optimizer)."""
-    from sentinel.instrument.registry import shared_inner
+    from sentinel.instrument.registry import held_inside, shared_inner
 
+    alive = live(torch.optim.Optimizer)
+    inner = held_inside(alive)  # a ZeroRedundancyOptimizer's local optimizer is a part of it
     n = 0
-    for obj in live(torch.optim.Optimizer):
+    for obj in alive:
         groups = getattr(obj, "param_groups", None) if hasattr(obj, "_optimizer_step_pre_hooks") else None
         if groups and any(isinstance(p, torch.nn.Parameter) or p.requires_grad for g in groups
-                          for p in g.get("params", ())) and shared_inner(obj) is None:
+                          for p in g.get("params", ())) and shared_inner(obj) is None and id(obj) not in inner:
             n += 1  # (a SAM optimizer and its base optimizer are one: the base steps)
     return n
 

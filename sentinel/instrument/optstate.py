@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument.registry import stepper
 from sentinel.instrument.stats import device_index
 
 Tensor = torch.Tensor
@@ -58,9 +59,9 @@ def _flat(t: Tensor, limit: int = SAMPLE) -> Tensor:
 
 def factored(opt: torch.optim.Optimizer) -> bool:
     """Whether ``opt`` is Adafactor-like (factored second moments, or its class says so)."""
-    if type(opt).__name__.lower() == "adafactor":
+    if type(stepper(opt)).__name__.lower() == "adafactor":
         return True
-    return any(r in st for st in opt.state.values() for r, _ in _FACTORED)
+    return any(r in st for st in stepper(opt).state.values() for r, _ in _FACTORED)
 
 
 def adam_like(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
@@ -115,14 +116,15 @@ def health(optimizers: Sequence[torch.optim.Optimizer], threshold: float, max_te
     """
     entries: list[tuple[str, Tensor, dict[str, Any], dict[str, Any]]] = []
     for opt in optimizers:
-        name = type(opt).__name__
+        steps = stepper(opt)
+        name = type(steps).__name__
         kind = ("adafactor" if factored(opt) else "lion" if name == "Lion"
                 else "sophia" if name.startswith("Sophia") else "")
         if not kind:
             continue
         for g in opt.param_groups:
             for p in g["params"]:
-                st = opt.state.get(p)
+                st = steps.state.get(p)
                 if st:
                     entries.append((kind, p, st, g))
     acc = _Acc()
@@ -162,9 +164,10 @@ def trust_ratios(opt: torch.optim.Optimizer, group_of: dict[int, int],
     sums: dict[torch.device, Tensor] = {}
     counts = [0] * n_groups
     by_dev: dict[torch.device, tuple[list[Tensor], list[int]]] = {}
+    state = stepper(opt).state
     for g in opt.param_groups:
         for p in g["params"]:
-            st = opt.state.get(p)
+            st = state.get(p)
             k = group_of.get(id(p))
             if not st or k is None or "trust_ratio" not in st:
                 continue

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from sentinel.instrument import cgroup
+from sentinel.instrument.registry import stepper
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -22,7 +23,7 @@ def state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
     """
     out: dict[str, int] = {}
     for opt in optimizers:
-        for st in opt.state.values():
+        for st in stepper(opt).state.values():
             for key, val in st.items():
                 if key == "step" or not isinstance(val, torch.Tensor):
                     continue  # the step counter is bookkeeping, not state memory

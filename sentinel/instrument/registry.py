@@ -12,6 +12,10 @@
   finder, a restart): the monitor follows it and its step count goes on. Zero-code mode
   (:mod:`sentinel.instrument.auto`) hands in what to do with any other unwatched
   optimizer: attach a new monitor. The hooks cost one dictionary lookup per step.
+- An optimizer that steps inside a watched optimizer's ``step()`` (a
+  ``ZeroRedundancyOptimizer``'s local optimizer over this rank's shard) is part of that
+  step, not a stream nor the watched optimizer's successor; :func:`stepper` gives the one
+  whose state and class describe the update.
 - :func:`stream_label` names each optimizer's stream when a process has several (a GAN's
   two optimizers): ``"0"``, ``"1"``, ... in the order their monitors were made, the
   engine's ``optimizer`` label; ``""`` (no label) for a process's only one. The workers
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import sys
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +51,10 @@ _failures = 0
 _streams: list[weakref.ref[Any]] = []  # monitors of optimizers, in the order they were made
 _expected = 1  # optimizers zero-code mode found alive when it attached its first monitor
 _before: dict[int, frozenset[int]] = {}  # per monitor: the live monitors that had reported when it was made
+_now = threading.local()  # .stepping: the watched optimizer whose step() runs in this thread (None: none)
+# an optimizer that steps inside another's step() -> that outer one (ZeroRedundancyOptimizer's local optimizer)
+_inner_of: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[torch.optim.Optimizer]] = (
+    weakref.WeakKeyDictionary())
 
 
 class UnsupportedOptimizer(TypeError):
@@ -263,21 +273,87 @@ _UNSEEN: Any = object()
 
 @eager_only
 def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+    outer = getattr(_now, "stepping", None)
+    if outer is not None and outer is not opt and _steps_inside(opt, outer):
+        return None  # part of the outer optimizer's step, which its monitor measures whole
     ref = _by_opt.get(opt, _UNSEEN)
     mon = ref() if ref is not None and ref is not _UNSEEN else None
     if mon is None and ref is not None:  # never seen, or its monitor is gone with its model
         _unwatched(opt)
         mon = monitor_of(opt)
     if mon is not None:
+        _now.stepping = opt
         return mon.step_pre(opt, args, kwargs)  # never raises (the monitor's boundary)
     return None
 
 
 @eager_only
 def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    outer = getattr(_now, "stepping", None)
+    if outer is not None and outer is not opt:
+        return  # an inner optimizer's step ended (its start was left out too)
+    _now.stepping = None
     mon = monitor_of(opt)
     if mon is not None:
         mon.step_post(opt, args, kwargs)
+
+
+def _steps_inside(opt: torch.optim.Optimizer, outer: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` steps from inside the watched ``outer``'s ``step()``: the local
+    optimizer of a ``ZeroRedundancyOptimizer`` (which steps this rank's shard of the
+    parameters, then broadcasts them), a Lookahead's fast optimizer. Its step is the outer
+    one's: followed as an optimizer of its own, or in the outer's place, it would count
+    the parameters twice or measure only a shard. Learnt once per pair from the stack;
+    when ``outer``'s frame is not on it, its ``step()`` raised and its post-hook never ran:
+    forgotten."""
+    ref = _inner_of.get(opt)
+    if ref is not None and ref() is outer:
+        return True
+    frame: Any = sys._getframe(1)
+    for _ in range(64):
+        if frame is None:
+            break
+        if frame.f_locals.get("self") is outer:
+            _inner_of[opt] = weakref.ref(outer)
+            return True
+        frame = frame.f_back
+    _now.stepping = None
+    return False
+
+
+def inner(opt: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """The optimizer seen stepping inside ``opt``'s ``step()`` (see :func:`_steps_inside`), or None."""
+    for o, ref in list(_inner_of.items()):
+        if ref() is opt:
+            return o
+    return None
+
+
+def stepper(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose state and class say what ``opt``'s update is: ``opt``, or, where
+    ``opt`` keeps no state of its own and another optimizer steps inside its ``step()`` (a
+    ``ZeroRedundancyOptimizer``: its local optimizer, over this rank's shard of the
+    parameters, holding the state this rank keeps), that one."""
+    if opt.state or not _inner_of:
+        return opt
+    found = inner(opt)
+    return found if found is not None else opt
+
+
+def held_inside(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+    """The ids of those of ``optimizers`` that another of them holds as an attribute and
+    steps from its own ``step()`` (a ``ZeroRedundancyOptimizer``'s ``optim``): not
+    optimizers of their own. A SAM optimizer's base optimizer, over the SAM's own groups,
+    is the one that steps (:func:`shared_inner`), and is not left out."""
+    held: set[int] = set()
+    for o in optimizers:
+        attrs = getattr(o, "__dict__", None)
+        if not isinstance(attrs, dict):
+            continue
+        base = shared_inner(o)
+        held.update(id(v) for v in attrs.values()
+                    if isinstance(v, torch.optim.Optimizer) and v is not o and v is not base)
+    return held
 
 
 def _owner_of(opt: torch.optim.Optimizer) -> Any:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument.registry import stepper
+
 Tensor = torch.Tensor
 
 
@@ -318,7 +320,7 @@ def adam_saturation(optimizers: Sequence[torch.optim.Optimizer], threshold: floa
         Per-device 1-element count tensors, the number of entries looked at (host),
         and the next cursor.
     """
-    tensors = [st["exp_avg_sq"] for opt in optimizers for st in opt.state.values()
+    tensors = [st["exp_avg_sq"] for opt in optimizers for st in stepper(opt).state.values()
                if isinstance(st.get("exp_avg_sq"), torch.Tensor)]
     if not tensors:
         return {}, 0, 0

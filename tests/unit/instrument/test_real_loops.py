@@ -734,6 +734,76 @@ def test_pytorch_optimizers_sam_and_lookahead_report_one_step_per_update(mlp: ML
     assert not [r for r in caplog.records if "steps the watched parameters" in r.getMessage()]
 
 
+class _ShardedAdamW(torch.optim.Optimizer):
+    """``ZeroRedundancyOptimizer``'s shape as rank 0 of 2 sees it: the whole model's groups
+    and no state of its own, and a local AdamW over this rank's half of the parameters,
+    stepped inside its ``step()`` (the broadcast of the shards left out)."""
+
+    def __init__(self, params: Any) -> None:
+        params = list(params)
+        super().__init__(params, {"lr": 1e-3})
+        self.optim = torch.optim.AdamW(params[: len(params) // 2], lr=1e-3)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.optim.step()
+
+
+def test_an_optimizer_stepped_inside_a_watched_ones_step_is_part_of_its_step(mlp: MLP) -> None:
+    """The local optimizer is not followed as the watched one (its parameters are watched)
+    nor seen as a second stream: the frames' norms are the whole model's, once, one frame a
+    step, and the state is what the local optimizer holds (the outer keeps none)."""
+    sharded = _ShardedAdamW(mlp.parameters())
+    mon, sender = _watched(mlp, sharded)
+    norms = []
+    try:
+        for i in range(4):
+            x, y = _batch(i)
+            nn.functional.mse_loss(mlp(x), y).backward()
+            norms.append(_norm(mlp))
+            sharded.step()
+            sharded.zero_grad()
+    finally:
+        mon.close()
+    assert mon.optimizers == [sharded]
+    steps = sender.steps()
+    assert [f["step"] for f in steps] == [1, 2, 3, 4] and not [f for f in steps if f.get("opt")]
+    assert _frame_norms(sender) == pytest.approx(norms, rel=1e-5)
+    half = sum(p.numel() * p.element_size() for p in sharded.optim.param_groups[0]["params"])
+    recorded = [f["state_bytes"] for f in steps if "state_bytes" in f]
+    assert recorded and recorded[-1] == {"exp_avg": half, "exp_avg_sq": half}, recorded
+
+
+def test_a_step_that_raised_does_not_swallow_the_next_optimizers_steps(mlp: MLP) -> None:
+    """A watched step that raised never ran its post-hook: another watched optimizer that
+    steps after it (the script caught the error) is its own step, not one inside it."""
+    other = MLP()
+    opt_a = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    opt_b = torch.optim.SGD(other.parameters(), lr=0.01)
+    sender = CaptureSender()
+    mon_a, _ = make_monitor(mlp, opt_a, sender=sender)
+    mon_b, _ = make_monitor(other, opt_b, sender=sender)
+
+    def fails() -> float:
+        raise RuntimeError("closure failed")
+
+    try:
+        for i in range(3):
+            x, y = _batch(i)
+            nn.functional.mse_loss(mlp(x), y).backward()
+            nn.functional.mse_loss(other(x), y).backward()
+            if i == 1:
+                with pytest.raises(RuntimeError, match="closure failed"):
+                    opt_a.step(fails)
+            else:
+                opt_a.step()
+            opt_b.step()
+    finally:
+        mon_a.close()
+        mon_b.close()
+    assert [f["step"] for f in sender.steps() if f.get("opt") == "1"] == [1, 2, 3]
+
+
 def _trained_state(opt_cls: Any, steps: int, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """A checkpoint of an MLP and its optimizer after ``steps`` steps, as a script saves one."""
     torch.manual_seed(0)
