@@ -2,10 +2,15 @@
 often run on one machine for a smoke test: ``init_process_group`` from the env://
 variables (set here when torchrun did not), the model wrapped in
 ``DistributedDataParallel``, a ``DistributedSampler``, Adam, ``model.module.state_dict()``
-saved by rank 0, a barrier and ``destroy_process_group`` at the end.
+saved by rank 0, a barrier and ``destroy_process_group`` at the end. With ACCUM > 1 it
+accumulates that many micro-batches a step, the all-reduce skipped for all but the last
+under ``model.no_sync()`` (the DDP tutorial's and Accelerate's ``accumulate`` shape), each
+micro-batch's loss divided by ACCUM.
 
-argv: OUT_DIR [EPOCHS]
+argv: OUT_DIR [EPOCHS] [ACCUM]
 """
+
+import contextlib
 
 import os
 import socket
@@ -28,6 +33,7 @@ def free_port() -> int:
 
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+accum = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", str(free_port()))
 os.environ.setdefault("RANK", "0")
@@ -38,20 +44,27 @@ torch.manual_seed(8)
 xs = torch.randn(40, 6)
 dataset = TensorDataset(xs, xs.sum(dim=1, keepdim=True))
 sampler = DistributedSampler(dataset, shuffle=True, seed=8)
-loader = DataLoader(dataset, batch_size=10, sampler=sampler)
+loader = DataLoader(dataset, batch_size=10 // accum, sampler=sampler)
 model = DDP(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1)))
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 ref = zoolib.Reference()
 for epoch in range(epochs):
     sampler.set_epoch(epoch)
+    total = 0.0
     for i, (x, y) in enumerate(loader):
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()  # the all-reduce runs in here
-        ref.step(loss, zoolib.total_norm(model.parameters()))
+        last = (i + 1) % accum == 0
+        with contextlib.nullcontext() if last else model.no_sync():
+            loss = nn.functional.mse_loss(model(x), y) / accum
+            loss.backward()  # the all-reduce runs in here, at the last micro-batch
+        total += loss.item()
+        if not last:
+            continue
+        ref.step(total, zoolib.total_norm(model.parameters()))
         optimizer.step()
+        optimizer.zero_grad()
         if rank == 0:
-            print(f"epoch {epoch} batch {i} loss {loss.item()!r}")
+            print(f"epoch {epoch} batch {i} loss {total!r}")
+        total = 0.0
 if rank == 0:
     os.makedirs(out_dir, exist_ok=True)
     torch.save(model.module.state_dict(), os.path.join(out_dir, "model.pt"))

@@ -60,6 +60,8 @@ PROGRAMS = [
     Program("best_model_export", "best_model_export.py", watch=True, opt="Adam"),
     Program("ddp_single", "ddp_single.py", opt="Adam"),
     Program("ddp_torchrun", "ddp_single.py", ranks=2, slow=True, opt="Adam"),
+    Program("ddp_no_sync", "ddp_single.py", ("4", "2"), opt="Adam"),
+    Program("ddp_no_sync_torchrun", "ddp_single.py", ("4", "2"), ranks=2, slow=True, opt="Adam"),
     Program("functional_call", "functional_call.py", opt="AdamW"),
     Program("autograd_grad", "autograd_grad.py", opt="Adam"),
     Program("mixed_dtypes", "mixed_dtypes.py", watch=True, opt="Adam"),
