@@ -42,13 +42,17 @@ def ddp_parts(model: torch.nn.Module | None, world: int) -> tuple[Any, Any, bool
     whether the gradients are all-reduced across ranks (DistributedDataParallel).
 
     The model may be the DDP wrapper or the module it wraps (then found with one gc
-    scan, once, and only in a multi-rank run)."""
+    scan, once, and only in a multi-rank run). ``nn.DataParallel`` (still in many
+    single-node scripts) is a wrapper too, of one process: its module's names are the
+    model's, as DDP's are, not ``module.``-prefixed."""
     if model is None:
         return None, None, False
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if isinstance(model, DDP):
         return model, model.module, True
+    if isinstance(model, torch.nn.DataParallel):
+        return model, model.module, False
     if world > 1:
         for obj in live(DDP):
             if obj.module is model:

@@ -57,3 +57,24 @@ def test_two_towers_of_one_class_and_no_model() -> None:
     # a monitor without a model (watch(None, opt)): the modules holding them name them
     both, _ = parameter_names(None, [opt])
     assert {both[id(left.head.weight)], both[id(right.head.weight)]} == {"MLP.head.weight", "MLP_2.head.weight"}
+
+
+def test_a_data_parallel_model_has_the_groups_of_the_model_it_wraps() -> None:
+    """``model = nn.DataParallel(model)`` (older single-node scripts; on the CPU it calls its
+    module directly): the groups are the wrapped model's, as under DDP, not ``module.0``."""
+    torch.manual_seed(0)
+    groups = []
+    for wrap in (False, True):
+        mlp = MLP()
+        model = nn.DataParallel(mlp) if wrap else mlp
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        mon, sender = make_monitor(model, opt)
+        try:
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(8, 16)).pow(2).mean().backward()
+                opt.step()
+        finally:
+            mon.close()
+        groups.append(sender.steps()[-1]["groups"])
+    assert groups[1] == groups[0] == ["layers.0", "layers.1", "layers.2", "head"]
