@@ -15,10 +15,17 @@ def group_name(param_name: str, depth: int | str = "auto") -> str:
     (``transformer.wte``, ``head``). An integer keeps that many module components.
 
     Args:
-        param_name: as from ``model.named_parameters()``, e.g. ``layers.7.attn.q.weight``.
+        param_name: as from ``model.named_parameters()``, e.g. ``layers.7.attn.q.weight``; a
+            parametrized one (``conv.parametrizations.weight.original0``) is its module's.
         depth: ``"auto"`` or a positive number of module-path components.
     """
     parts = param_name.split(".")[:-1]  # drop the parameter's own name
+    if len(parts) >= 2 and parts[-2] == "parametrizations":
+        # torch.nn.utils.parametrize (the parametrizations' weight_norm and spectral_norm):
+        # ``post.parametrizations.weight.original0`` is post's weight, in post's group
+        parts, own = parts[:-2], parts[-1]
+        if not parts:
+            return own  # the root module's: its own group, as its unparametrized weight is
     if not parts:
         return param_name  # a parameter held by the root module is its own group
     if depth == "auto":

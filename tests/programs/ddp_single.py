@@ -11,7 +11,6 @@ argv: OUT_DIR [EPOCHS] [ACCUM]
 """
 
 import contextlib
-
 import os
 import socket
 import sys

@@ -5,6 +5,8 @@ learning head, two towers of one class. Real monitors, real models, frames to a 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -78,3 +80,46 @@ def test_a_data_parallel_model_has_the_groups_of_the_model_it_wraps() -> None:
             mon.close()
         groups.append(sender.steps()[-1]["groups"])
     assert groups[1] == groups[0] == ["layers.0", "layers.1", "layers.2", "head"]
+
+
+def test_parametrized_weights_are_in_their_modules_groups() -> None:
+    """``torch.nn.utils.parametrizations.weight_norm`` / ``spectral_norm`` (HiFi-GAN-style
+    vocoders, SNGAN scripts written for today's API) keep a weight as
+    ``post.parametrizations.weight.original0``: it is ``post``'s, in ``post``'s group,
+    as without the parametrization (not a group ``post.parametrizations`` of its own)."""
+    from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+
+    class Net(nn.Module):
+        def __init__(self, wrap: Any) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(wrap(nn.Conv1d(4, 4, 3, padding=1)) for _ in range(2))
+            self.post = wrap(nn.Conv1d(4, 1, 3, padding=1))
+            self.scale = nn.Linear(1, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for conv in self.convs:
+                x = nn.functional.leaky_relu(conv(x))
+            return self.scale(self.post(x).transpose(1, 2))
+
+    groups = []
+    for wrap in (lambda m: m, weight_norm, spectral_norm):
+        torch.manual_seed(0)
+        model = Net(wrap)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        mon, sender = make_monitor(model, opt)
+        try:
+            for _ in range(2):
+                opt.zero_grad()
+                model(torch.randn(2, 4, 16)).pow(2).mean().backward()
+                opt.step()
+        finally:
+            mon.close()
+        groups.append(sender.steps()[-1]["groups"])
+    assert groups[0] == groups[1] == groups[2] == ["convs.0", "convs.1", "post", "scale"], groups
+
+
+def test_a_parametrized_root_weight_is_its_own_group() -> None:
+    from sentinel.instrument.groups import group_name
+
+    assert group_name("parametrizations.weight.original0") == "weight" == group_name("weight")
+    assert group_name("enc.parametrizations.weight.original", depth=1) == "enc"
