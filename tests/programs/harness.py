@@ -42,6 +42,7 @@ class Program:
         slow: behind the ``zoo_slow`` marker.
         nan_at: the step at which the program puts a NaN in its loss (0: a clean run).
         ranks: run it with ``torchrun --standalone --nproc-per-node RANKS`` (0: plain python).
+        spawns: the ranks the program starts itself (``mp.spawn``; 0: none).
         opt: the class of its optimizer(s), as the history should name it.
         objective: the optimizers (by index) whose ``backward()`` value is recorded as the
             scalar ``objective``, not as a loss (they step only coefficients, play a game
@@ -58,6 +59,7 @@ class Program:
     slow: bool = False
     nan_at: int = 0
     ranks: int = 0
+    spawns: int = 0
     opt: str = ""
     objective: tuple[int, ...] = ()
 

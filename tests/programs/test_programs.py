@@ -4,7 +4,7 @@ DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, P
 adversarial training, the HF examples' logging set-up, the neural style transfer tutorial,
 CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket scripts, CycleGAN,
 YOLOv5's trainer, a small DDPM, a sparse mixture of experts, Hugging Face's re-entrant
-gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA), each run plainly, under ``sentinel run`` (zero-code) and,
+gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn), each run plainly, under ``sentinel run`` (zero-code) and,
 where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -17,7 +17,9 @@ where people use it that way, with ``sentinel.watch``. Issue 18's contract, for 
 - nothing of Sentinel's reaches stderr (no traceback, no warning) but its one address line
   (and, without an optimizer, one line saying what cannot be watched; with a NaN, its
   alert's line);
-- no warning or critical alert fires on these clean runs.
+- no warning or critical alert fires on these clean runs;
+- in a job of several ranks (torchrun's, or the program's own ``mp.spawn``) every rank
+  reports every step under the run's one name.
 
 Each program runs once per module (all its modes at once); the tests below read the cached
 outcome, one aspect each, so one run shows every aspect that fails.
@@ -89,6 +91,7 @@ PROGRAMS = [
     Program("checkpointed", "checkpointed.py", ("80",), watch=True, opt="AdamW"),
     Program("zero", "zero.py", opt="ZeroRedundancyOptimizer"),
     Program("lora", "lora.py", watch=True, opt="AdamW"),
+    Program("ddp_spawn", "ddp_spawn.py", spawns=2, opt="SGD"),
     Program("zero_torchrun", "zero.py", ranks=2, slow=True, opt="ZeroRedundancyOptimizer"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
@@ -105,9 +108,9 @@ def _params() -> list[Any]:
     return out
 
 
-def _programs(several: bool = False) -> list[Any]:
+def _programs(several: bool = False, ranks: bool = False) -> list[Any]:
     return [pytest.param(p.id, id=p.id, marks=[pytest.mark.zoo_slow] if p.slow else [])
-            for p in PROGRAMS if not several or p.optimizers > 1]
+            for p in PROGRAMS if (not several or p.optimizers > 1) and (not ranks or max(p.ranks, p.spawns) > 1)]
 
 
 @pytest.fixture
@@ -274,6 +277,19 @@ def test_history_names_the_optimizer(outcome: Any, pid: str, mode: str) -> None:
     (``sentinel runs``/``compare`` show it), with no tags passed."""
     row, _ = _history_rows(outcome(pid)[mode])
     assert BY_ID[pid].opt in (row["optimizer"] or ""), f"{mode}: runs.optimizer = {row['optimizer']!r}"
+
+
+@pytest.mark.parametrize("pid", _programs(ranks=True))
+def test_every_rank_reports_every_step_under_one_run_name(outcome: Any, pid: str) -> None:
+    """A job of several ranks, started by torchrun or by the script itself (``mp.spawn``,
+    with no ``RANK`` in the environment): /metrics holds each rank once, all under the
+    run's one name, each at the program's step count."""
+    prog = BY_ID[pid]
+    run = outcome(pid)["run"]
+    assert run.snapshot is not None and run.ref is not None, _summary(run)
+    steps = {lab.get("rank"): v for lab, v in samples(run.snapshot["metrics"], "sentinel_step", f"zoo-{pid}")}
+    world = max(prog.ranks, prog.spawns)
+    assert steps == {str(r): len(run.ref["optimizers"][0]) for r in range(world)}, steps
 
 
 @pytest.mark.parametrize("pid", _programs())
