@@ -142,7 +142,7 @@ def _start(prog: Program, mode: str, tmp: Path, run_name: str) -> tuple[subproce
 
 def run_program(prog: Program, tmp: Path) -> dict[str, Run]:
     """Run ``prog`` in every mode it has (plain, run, and watch where set), concurrently,
-    then :func:`collect` what they left in ``tmp``. A torchrun program that any mode's rank
+    then :func:`collect` what they left in ``tmp``. A program of several ranks that any mode's rank
     left by torch's gloo exit abort (``tests.helpers.GLOO_EXIT_ABORT``, plain runs too) runs
     again, every mode, in ``tmp / "retryN"`` (twice at most, with a warning). With
     ``ZOO_REUSE_DIR`` set (the tests keep their folders there) a folder that already holds a
@@ -153,7 +153,7 @@ def run_program(prog: Program, tmp: Path) -> dict[str, Run]:
         folder = tmp / f"retry{attempt}" if attempt else tmp
         folder.mkdir(exist_ok=True)
         ended = _run_modes(prog, folder)
-        if not (prog.ranks and any(rc != 0 and GLOO_EXIT_ABORT in err for rc, err in ended)):
+        if not ((prog.ranks or prog.spawns) and any(rc != 0 and GLOO_EXIT_ABORT in err for rc, err in ended)):
             break
         warnings.warn(f"zoo {prog.id}: a rank hit torch's gloo exit abort; attempt {attempt + 2}", stacklevel=1)
     (tmp / "done").write_text(str(folder))
