@@ -262,7 +262,9 @@ class Engine:
                 process is gone and its status unknown. 0 records nothing.
             rank: the rank; None means the whole command (``sentinel run``'s CMD): every
                 rank of the run that reported, goodbye or not, since the job failed
-                anyway (rank 0 when none ever reported: it died before its first step).
+                anyway (rank 0 when none ever reported: it died before its first step). A
+                rank that had said a clean goodbye is said to have ended its script first:
+                the command failed at its processes' exit, after training.
             who: what ended, for the message (e.g. ``"torchrun (pid 4242)"``).
 
         Returns:
@@ -281,7 +283,13 @@ class Engine:
             self.runs_seen[(job, run)] = max(self.runs_seen.get((job, run), now), now)
             out: list[Transition] = []
             for r in ranks:
-                out += self._record_exit((job, run, r), status, now, who)
+                said = who
+                if rank is None and (job, run, r) in self.finished:  # its goodbye came first: a failure at exit
+                    said = (f"{who}, " if who else "") + (
+                        "after the script had ended cleanly (its goodbye came first): it failed as it exited, after "
+                        "training (a non-zero sys.exit at the end, an atexit handler, or a native abort in teardown "
+                        "such as torch's gloo exit race)")
+                out += self._record_exit((job, run, r), status, now, said)
             out += self.rules.tick(now)  # fire now rather than after the group wait
             self._publish(out)
             return out

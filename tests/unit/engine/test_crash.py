@@ -79,6 +79,27 @@ def test_the_whole_command_failing_marks_every_rank_of_the_run() -> None:
     assert alert["ranks"] == [0, 1]  # the job failed: rank 0 said goodbye, yet its command exited 1
 
 
+@pytest.mark.parametrize("goodbye", [True, False])
+def test_a_command_failing_after_its_ranks_goodbye_says_it_failed_at_exit(goodbye: bool) -> None:
+    """torch's gloo backend can abort a rank as its Python exits, after the script ended and
+    Sentinel's goodbye went out: the job still failed (torchrun exits 1), and the page says
+    the training had ended and the failure came at exit, where to look first."""
+    engine, clock = _engine()
+    if goodbye:
+        for rank in (0, 1):
+            engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "r1", "rank": rank, "step": 19,
+                                     "t": clock.t}))
+    clock.t += 1
+    engine.exited("train", "r1", 1, who="torchrun (pid 7)")
+    alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
+    assert alert["state"] == "firing" and alert["ranks"] == [0, 1]
+    s = alert["summary"]
+    said = ("torchrun (pid 7), after the script had ended cleanly (its goodbye came first): it failed as it "
+            "exited, after training")
+    assert (said in s) is goodbye and "exited with status 1" in s and "last values (step 19" in s, s
+    assert s.count("exited with status 1") == 1, s  # the ranks' words are the same: said once
+
+
 def test_a_command_that_dies_before_its_first_step_still_alerts() -> None:
     engine = Engine(alive=processes.alive)
     out = engine.exited("train", "never-stepped", 2, who="python train.py")
