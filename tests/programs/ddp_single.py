@@ -12,7 +12,6 @@ argv: OUT_DIR [EPOCHS] [ACCUM]
 
 import contextlib
 import os
-import socket
 import sys
 
 import torch
@@ -23,20 +22,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 accum = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", str(free_port()))
-os.environ.setdefault("RANK", "0")
-os.environ.setdefault("WORLD_SIZE", "1")
+zoolib.env_rendezvous()  # torchrun's variables, or a world of one
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(8)

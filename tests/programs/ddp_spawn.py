@@ -14,7 +14,6 @@ argv: OUT_DIR [STEPS]
 """
 
 import os
-import socket
 import sys
 
 import torch
@@ -66,16 +65,10 @@ def train(rank: int, world_size: int, out_dir: str, steps: int) -> None:
         ref.finish(model.module)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 if __name__ == "__main__":
     out_dir = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 40
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(free_port())
+    os.environ["MASTER_PORT"] = str(zoolib.free_port())
     world_size = 2
     mp.spawn(train, args=(world_size, out_dir, steps), nprocs=world_size, join=True)

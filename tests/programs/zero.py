@@ -15,7 +15,6 @@ argv: OUT_DIR [STEPS]
 """
 
 import os
-import socket
 import sys
 
 import torch
@@ -25,19 +24,9 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 out_dir = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", str(free_port()))
-os.environ.setdefault("RANK", "0")
-os.environ.setdefault("WORLD_SIZE", "1")
+zoolib.env_rendezvous()  # torchrun's variables, or a world of one
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(3)

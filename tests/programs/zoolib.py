@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import socket
 from typing import Any
 
 import torch
@@ -40,6 +41,22 @@ def checksum(*modules: torch.nn.Module) -> str:
             h.update(str(t.dtype).encode())
             h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for ``MASTER_PORT``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def env_rendezvous() -> None:
+    """The env:// variables of a world of one, where torchrun set none: a script written for
+    torchrun run plainly for a smoke test (``init_process_group`` then reads them)."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
 
 
 def watching() -> bool:
