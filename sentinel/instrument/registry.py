@@ -301,7 +301,8 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
 def _steps_inside(opt: torch.optim.Optimizer, outer: torch.optim.Optimizer) -> bool:
     """Whether ``opt`` steps from inside the watched ``outer``'s ``step()``: the local
     optimizer of a ``ZeroRedundancyOptimizer`` (which steps this rank's shard of the
-    parameters, then broadcasts them), a Lookahead's fast optimizer. Its step is the outer
+    parameters, then broadcasts them), any wrapper over its own groups that steps another
+    optimizer inside (one that shares its groups is :func:`shared_inner`'s). Its step is the outer
     one's: followed as an optimizer of its own, or in the outer's place, it would count
     the parameters twice or measure only a shard. Learnt once per pair from the stack;
     when ``outer``'s frame is not on it, its ``step()`` raised and its post-hook never ran:
