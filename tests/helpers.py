@@ -84,6 +84,21 @@ class MLP(nn.Module):
         return self.head(x)
 
 
+class ShardedAdamW(torch.optim.Optimizer):
+    """``ZeroRedundancyOptimizer``'s shape as rank 0 of 2 sees it: the whole model's groups
+    and no state of its own, and a local AdamW over this rank's half of the parameters,
+    stepped inside its ``step()`` (the broadcast of the shards left out)."""
+
+    def __init__(self, params: Any) -> None:
+        params = list(params)
+        super().__init__(params, {"lr": 1e-3})
+        self.optim = torch.optim.AdamW(params[: len(params) // 2], lr=1e-3)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.optim.step()
+
+
 def make_monitor(model: nn.Module | None, opts: list[torch.optim.Optimizer] | torch.optim.Optimizer,
                  sender: CaptureSender | None = None, **options: Any) -> tuple[Monitor, CaptureSender]:
     """A monitor (engine off) whose frames go to ``sender`` (a new one by default: pass one

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument.registry import stepper
+
 Tensor = torch.Tensor
 
 
@@ -58,13 +60,14 @@ class HostCopy:
 
     def __init__(self, opt: torch.optim.Optimizer, device: torch.device | None = None) -> None:
         self.opt = opt
+        self.holder = stepper(opt).state  # a ZeroRedundancyOptimizer's: its local optimizer's
         self.device = device
         self.params = _params(opt)
         self.data = [p.detach().clone() for p in self.params] if device is None else []
         self.state: dict[int, dict[str, Any]] = {}
         self.keys: dict[int, frozenset[str]] = {}
         for p in self.params:
-            st = opt.state.get(p)
+            st = self.holder.get(p)
             if st is None:
                 continue
             self.keys[id(p)] = frozenset(st)
@@ -81,9 +84,9 @@ class HostCopy:
             p.detach().copy_(d)
         for p in self.params:
             if id(p) not in self.keys:
-                opt.state.pop(p, None)  # created by the skipped step (a lazy first-step init)
+                self.holder.pop(p, None)  # created by the skipped step (a lazy first-step init)
                 continue
-            st = opt.state[p]
+            st = self.holder[p]
             for k in [k for k in st if k not in self.keys[id(p)]]:
                 del st[k]
             for k, v in self.state[id(p)].items():
@@ -102,8 +105,9 @@ def device_tensors(opt: torch.optim.Optimizer, device: torch.device) -> Iterator
     for p in params:
         if p.device == device:
             yield None, None, p.detach()
+    state = stepper(opt).state
     for p in params:
-        st = opt.state.get(p)
+        st = state.get(p)
         if st:
             for k, v in st.items():
                 if isinstance(v, Tensor) and v.device == device:
@@ -113,7 +117,7 @@ def device_tensors(opt: torch.optim.Optimizer, device: torch.device) -> Iterator
 def select_fits(opt: torch.optim.Optimizer) -> bool:
     """Whether a device-side select covers the optimizer's state: tensors and Python
     numbers only (LBFGS keeps lists of tensors; those take the ``sync`` method)."""
-    for st in opt.state.values():
+    for st in stepper(opt).state.values():
         for v in st.values():
             if not isinstance(v, (Tensor, int, float, bool)):
                 return False

@@ -31,7 +31,7 @@ import multiprocessing
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -334,27 +334,32 @@ def stepper(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer whose state and class say what ``opt``'s update is: ``opt``, or, where
     ``opt`` keeps no state of its own and another optimizer steps inside its ``step()`` (a
     ``ZeroRedundancyOptimizer``: its local optimizer, over this rank's shard of the
-    parameters, holding the state this rank keeps), that one."""
-    if opt.state or not _inner_of:
+    parameters, holding the state this rank keeps), that one; before its first step, the
+    optimizer it holds as an attribute (the step guard's copy before step 1 needs it)."""
+    if opt.state:
         return opt
-    found = inner(opt)
+    found = inner(opt) if _inner_of else None
+    if found is None:
+        found = _holds(opt)
     return found if found is not None else opt
 
 
-def held_inside(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+def _holds(opt: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """An optimizer ``opt`` holds as an attribute over groups of its own (not a SAM's base)."""
+    attrs = getattr(opt, "__dict__", None)
+    if not isinstance(attrs, dict):
+        return None
+    base = shared_inner(opt)
+    return next((v for v in attrs.values() if isinstance(v, torch.optim.Optimizer) and v is not opt
+                 and v is not base), None)
+
+
+def held_inside(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:
     """The ids of those of ``optimizers`` that another of them holds as an attribute and
     steps from its own ``step()`` (a ``ZeroRedundancyOptimizer``'s ``optim``): not
     optimizers of their own. A SAM optimizer's base optimizer, over the SAM's own groups,
     is the one that steps (:func:`shared_inner`), and is not left out."""
-    held: set[int] = set()
-    for o in optimizers:
-        attrs = getattr(o, "__dict__", None)
-        if not isinstance(attrs, dict):
-            continue
-        base = shared_inner(o)
-        held.update(id(v) for v in attrs.values()
-                    if isinstance(v, torch.optim.Optimizer) and v is not o and v is not base)
-    return held
+    return {id(h) for h in map(_holds, optimizers) if h is not None}
 
 
 def _owner_of(opt: torch.optim.Optimizer) -> Any:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import sentinel
+from tests.helpers import ShardedAdamW
 
 pytorch_optimizer = pytest.importorskip("pytorch_optimizer")
 
@@ -96,3 +97,19 @@ def test_without_the_guard_the_poison_is_applied(name: str) -> None:
     want, _, _ = _run(OPTIMIZERS[name], None, None, call_step_k=False)
     got, _, _ = _run(OPTIMIZERS[name], "spike", None)
     assert not _same(got, want)
+
+
+@pytest.mark.parametrize("method", ["auto", "select"])
+def test_a_skipped_step_of_a_sharded_optimizer_restores_its_local_state(method: str) -> None:
+    """A ``ZeroRedundancyOptimizer``-shaped wrapper keeps no state; its local AdamW, stepped
+    inside its ``step()``, holds the moments. The guard puts those back too: a NaN step left
+    in them would poison every later step."""
+    want, want_opt, _ = _run(ShardedAdamW, None, None, call_step_k=False, scheduler=False)
+    got, got_opt, mon = _run(ShardedAdamW, "nan", {"warmup": 4, "method": method}, scheduler=False)
+    assert mon.guard.steps == [K]
+    assert _same(got, want)
+    ws, gs = want_opt.optim.state_dict()["state"], got_opt.optim.state_dict()["state"]
+    assert ws.keys() == gs.keys() and ws
+    for pid, st in ws.items():
+        for key, v in st.items():
+            assert torch.equal(torch.as_tensor(gs[pid][key]), torch.as_tensor(v)), (pid, key)

@@ -23,7 +23,7 @@ from torch import nn
 
 import sentinel
 from sentinel.instrument import watching
-from tests.helpers import MLP, CaptureSender, make_monitor
+from tests.helpers import MLP, CaptureSender, ShardedAdamW, make_monitor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -734,26 +734,11 @@ def test_pytorch_optimizers_sam_and_lookahead_report_one_step_per_update(mlp: ML
     assert not [r for r in caplog.records if "steps the watched parameters" in r.getMessage()]
 
 
-class _ShardedAdamW(torch.optim.Optimizer):
-    """``ZeroRedundancyOptimizer``'s shape as rank 0 of 2 sees it: the whole model's groups
-    and no state of its own, and a local AdamW over this rank's half of the parameters,
-    stepped inside its ``step()`` (the broadcast of the shards left out)."""
-
-    def __init__(self, params: Any) -> None:
-        params = list(params)
-        super().__init__(params, {"lr": 1e-3})
-        self.optim = torch.optim.AdamW(params[: len(params) // 2], lr=1e-3)
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        self.optim.step()
-
-
 def test_an_optimizer_stepped_inside_a_watched_ones_step_is_part_of_its_step(mlp: MLP) -> None:
     """The local optimizer is not followed as the watched one (its parameters are watched)
     nor seen as a second stream: the frames' norms are the whole model's, once, one frame a
     step, and the state is what the local optimizer holds (the outer keeps none)."""
-    sharded = _ShardedAdamW(mlp.parameters())
+    sharded = ShardedAdamW(mlp.parameters())
     mon, sender = _watched(mlp, sharded)
     norms = []
     try:
