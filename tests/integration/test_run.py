@@ -82,6 +82,29 @@ def test_exit_status_passes_through(code: str, expected: int) -> None:
     assert out.returncode == expected, out.stderr
 
 
+_TRAINED_THEN_EXIT = """
+import sys, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(5):
+    opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+print("trained", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_failure_after_the_script_ended_says_training_had_ended() -> None:
+    """docs/instrumenting.md: the ranks said a clean goodbye, then the command failed (here a
+    ``sys.exit(3)`` at the end; torch's gloo exit abort looks the same from outside): the
+    crash line says the script had ended and it failed as it exited, after training."""
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", _TRAINED_THEN_EXIT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3 and out.stdout == "trained\n", out.stderr
+    [line] = [line for line in out.stderr.splitlines() if "TrainingCrashed" in line]
+    assert "Training crashed on rank 0 at step 5: exited with status 3" in line, line
+    assert "after the script had ended cleanly (its goodbye came first): it failed as it exited, after training" in line
+
+
 @retry_gloo_exit_abort
 def test_torchrun_ddp_exports_both_ranks(tmp_path: Path) -> None:
     release = tmp_path / "release"

@@ -292,6 +292,26 @@ def test_every_rank_reports_every_step_under_one_run_name(outcome: Any, pid: str
     assert steps == {str(r): len(run.ref["optimizers"][0]) for r in range(world)}, steps
 
 
+@pytest.mark.parametrize("pid", [p for p in _programs() if p.values[0] in ("zero", "zero_torchrun")])
+def test_a_sharded_optimizer_is_one_stream_and_each_rank_exports_the_state_it_holds(outcome: Any, pid: str) -> None:
+    """README: an optimizer stepping another inside its ``step()`` (ZeroRedundancyOptimizer)
+    is one stream, and each rank's optimizer state is what it holds: AdamW's ``exp_avg``
+    over the ranks adds up to the model's parameter bytes, a share on each rank."""
+    prog, name = BY_ID[pid], f"zoo-{pid}"
+    run = outcome(pid)["run"]
+    assert run.snapshot is not None, _summary(run)
+    text = run.snapshot["metrics"]
+    steps = samples(text, "sentinel_step", name)
+    assert steps and not [lab for lab, _ in steps if "optimizer" in lab], steps  # one stream: no label
+    held = {lab["rank"]: v for lab, v in samples(text, "sentinel_optimizer_state_bytes", name)
+            if lab.get("state") == "exp_avg"}
+    params = {lab["rank"]: v for lab, v in samples(text, "sentinel_param_bytes", name)}
+    world = max(prog.ranks, 1)
+    assert sorted(held) == [str(r) for r in range(world)] and set(params.values()) == {params["0"]}, (held, params)
+    assert sum(held.values()) == params["0"], (held, params)
+    assert all(0 < v < params["0"] for v in held.values()) or world == 1, held
+
+
 @pytest.mark.parametrize("pid", _programs())
 def test_metrics_show_every_step_and_the_last_values(outcome: Any, pid: str) -> None:
     """Under ``sentinel run``: /metrics as the program exits shows one stream per
