@@ -4,7 +4,8 @@ DDP, functorch, WGAN-GP, mnist_hogwild, CleanRL's PPO, the examples' VAE, SAM, P
 adversarial training, the HF examples' logging set-up, the neural style transfer tutorial,
 CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket scripts, CycleGAN,
 YOLOv5's trainer, a small DDPM, a sparse mixture of experts, Hugging Face's re-entrant
-gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn), each run plainly, under ``sentinel run`` (zero-code) and,
+gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn,
+ULMFiT's gradual unfreezing), each run plainly, under ``sentinel run`` (zero-code) and,
 where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -92,6 +93,7 @@ PROGRAMS = [
     Program("zero", "zero.py", opt="ZeroRedundancyOptimizer"),
     Program("lora", "lora.py", watch=True, opt="AdamW"),
     Program("ddp_spawn", "ddp_spawn.py", spawns=2, opt="SGD"),
+    Program("gradual_unfreeze", "gradual_unfreeze.py", watch=True, opt="AdamW"),
     Program("zero_torchrun", "zero.py", ranks=2, slow=True, opt="ZeroRedundancyOptimizer"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
