@@ -201,9 +201,10 @@ def _record_end(cmd: list[str], pid: int, status: int, others: list[int], daemon
         history.run_ended(job, env["SENTINEL_RUN"], max([status, *others]))
     if not status and share is None and engine.frames_received == 0:
         # what it cannot watch: a run that would otherwise end without a word
-        print(f"sentinel: {os.path.basename(cmd[0])} sent no report: it stepped no torch optimizer and ran no "
-              "backward() (gradients taken with torch.func.grad are not seen), or it ended before its first "
-              "report went out", file=sys.stderr)
+        print(f"sentinel: {os.path.basename(cmd[0])} sent no report: it stepped no torch optimizer and changed no "
+              "parameter between backward() calls (an evaluation, or gradients of the inputs alone: nothing is "
+              "trained; gradients taken with torch.func.grad are not seen), or it ended before its first report "
+              "went out", file=sys.stderr)
     if status:
         from sentinel.slurm import end_reason
 

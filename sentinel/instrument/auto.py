@@ -12,13 +12,21 @@ An optimizer re-created over the same parameters is followed by the same monitor
 script's own ``sentinel.watch`` of an optimizer replaces the automatic monitor.
 
 A script that never steps an optimizer (it updates its parameters by hand) is seen at its
-second ``backward()``, when the gradients of the first were reset in between and no
+second ``backward()``, when the gradients of the first were reset in between, no
 optimizer holds the parameters (or at its :data:`HAND_AFTER`-th backward() otherwise; SAM
-resets them between its two passes before its optimizer's first step): one line says what
-cannot be watched, and a monitor of the parameters that received gradients reports one
-step per ``backward()`` (loss, gradient norms, NaN/Inf), the gradients read right after
-it. The first ``backward()``'s gradient norms are kept on the device until then (one
-fused norm, once per process), so its step is reported too.
+resets them between its two passes before its optimizer's first step) and the
+parameters changed since the first: one line says what cannot be watched, and a monitor
+of the parameters that received gradients reports one step per ``backward()`` (loss,
+gradient norms, NaN/Inf), the gradients read right after it. The first ``backward()``'s
+gradient norms are kept on the device until then (one fused norm, once per process), so
+its step is reported too.
+
+A script whose ``backward()`` calls change no parameter trains nothing: an attack or an
+explanation of a trained model (the FGSM tutorial, saliency maps, Grad-CAM) reads the
+gradients of its inputs or activations. It gets no monitor and no line. The change is
+read from a few of the smallest parameters the first ``backward()`` reached, copied then
+(:data:`PROBE_TENSORS`); on an accelerator the comparison travels to the host behind an
+event, and the verdict waits for a later ``backward()`` rather than for the device.
 """
 
 from __future__ import annotations
@@ -48,6 +56,12 @@ _optimizer_seen = False  # an optimizer has begun a step in this process
 HAND_AFTER = 64
 """backward() calls with no optimizer step after which the parameters count as updated by hand
 even though their gradients were never reset in between (they accumulate on purpose)."""
+PROBE_TENSORS = 4
+"""The smallest parameters the first ``backward()`` reached, copied to tell whether the script
+changes its parameters between ``backward()`` calls (a bias or a norm's weight: a few bytes)."""
+STILL_AFTER = 16
+"""Looks that found the parameters as they were, after which the script counts as training
+nothing (each look compares with the values of the one before)."""
 
 
 def enabled() -> bool:
@@ -101,12 +115,15 @@ class _HandWatch:
         self._leaves: list[torch.Tensor] = []  # what the first backward() reached, until it returns
         self.done = False
         self.held: bool | None = None  # an optimizer holds the parameter (looked for once)
+        self.probe: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its values when copied)
+        self.pending: tuple[torch.Tensor, Any] | None = None  # a device's comparison on its way, its event
+        self.still = 0  # looks that found the probed parameters unchanged
 
     def _finish(self) -> None:
         """Decided either way: off the backward() path for the rest of the process."""
         from sentinel.instrument import losses
 
-        self.done, self.first, self._leaves = True, None, []
+        self.done, self.first, self._leaves, self.probe, self.pending = True, None, [], [], None
         losses.backward_listeners.discard(self)
 
     def before_backward(self, loss: Any) -> None:
@@ -124,6 +141,7 @@ class _HandWatch:
                 if _early is not None and leaves:  # the first step's passes: reset gradients start its loss again
                     _early.watch(next((t for t in leaves if isinstance(t, torch.nn.Parameter)), leaves[0]))
                 self._leaves = leaves
+                self.probe = _copies(leaves)
                 return
             p = self.param() if self.param is not None else None
             if p is None:
@@ -132,12 +150,48 @@ class _HandWatch:
             if p.grad is None or self.calls >= HAND_AFTER:  # reset between backward() calls: a step each
                 if self.calls < HAND_AFTER and self._in_optimizer(p):
                     return  # SAM's two passes before its optimizer's first step: not by hand, wait
+                moved = self._moved()
+                if moved is None:
+                    return  # the device's answer is on its way: read at a later backward()
+                if not moved:  # an evaluation's backward(): look again from the values now
+                    self.still += 1
+                    self.first = None  # a later verdict's first step is not the first backward()'s
+                    self.probe = [] if self.still >= STILL_AFTER else _copies([q for q, _ in self.probe])
+                    if not self.probe:
+                        self._finish()  # trains nothing (or nothing the copies show)
+                    return
                 first = self.first
                 self._finish()
                 _attach_hand(p, self.calls - 1, first if self.calls == 2 else None)
         except Exception:
             self._finish()
             log.warning("sentinel: could not watch a loop without an optimizer; training continues", exc_info=True)
+
+    def _moved(self) -> bool | None:
+        """Whether a probed parameter changed since it was copied (True when none was): None
+        while a device's comparison is on its way to the host (asked now, read later)."""
+        if self.pending is not None:
+            flag, event = self.pending
+            if not event.query():
+                return None
+            self.pending = None
+            return bool(flag)
+        if not self.probe:
+            return True
+        with torch.no_grad():
+            if any(p.shape != ref.shape or p.dtype != ref.dtype or p.device != ref.device for p, ref in self.probe):
+                return True  # cast, moved or replaced: changed
+            flags = [torch.ne(p, ref).any() for p, ref in self.probe]
+            if flags[0].device.type == "cpu":
+                return any(bool(f) for f in flags)
+            flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            flag.copy_(torch.stack(flags).any(), non_blocking=True)
+            event = torch.cuda.Event() if flags[0].device.type == "cuda" else None
+            if event is None:
+                return bool(flag)  # another accelerator: its copy is waited for
+            event.record()
+            self.pending = (flag, event)
+            return None
 
     def _in_optimizer(self, p: torch.Tensor) -> bool:
         """Whether an optimizer made over ``p`` exists, one that has not stepped yet (one
@@ -181,6 +235,20 @@ def _leaves_of(loss: Any) -> list[torch.Tensor]:
             continue
         todo.extend(n for n, _ in node.next_functions)
     return out
+
+
+def _copies(leaves: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The :data:`PROBE_TENSORS` smallest of the parameters among ``leaves`` (of all of them
+    where none is an ``nn.Parameter``: a loop over bare tensors), on the first one's
+    device, each with a copy of its values now."""
+    params = [t for t in leaves if isinstance(t, torch.nn.Parameter)] or leaves
+    if not params:
+        return []
+    device = params[0].device
+    small = sorted((t for t in params if t.device == device and t.numel() and not t.is_sparse),
+                   key=lambda t: t.numel())[:PROBE_TENSORS]
+    with torch.no_grad():
+        return [(t, t.detach().clone()) for t in small]
 
 
 def _attach_hand(param: torch.Tensor, steps_so_far: int,

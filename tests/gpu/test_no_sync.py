@@ -236,3 +236,51 @@ def test_fp16_autocast_with_a_grad_scaler_adds_no_sync_of_sentinels() -> None:
     labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
     assert sender.engine.store.counter("sentinel_amp_skipped_steps_total", labels) == 1
     assert mon.steps == 15  # the overflowed step never reached the optimizer
+
+
+_HAND_LOOP = r"""
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 1)).cuda()
+losses = []
+for i in range(24):
+    if i == 1:  # after the first backward(), when the look for a loop by hand copies its parameters
+        torch.cuda.set_sync_debug_mode("error")
+    model.zero_grad()
+    x = torch.randn(128, 64, device="cuda")
+    loss = nn.functional.mse_loss(model(x), x[:, :1])
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(0.01 * p.grad)
+    losses.append(loss.detach())
+torch.cuda.set_sync_debug_mode("default")
+for i, loss in enumerate(losses):
+    print(i, f"{loss.item():.6f}")
+"""
+
+
+def test_a_loop_by_hand_on_cuda_is_told_from_an_evaluation_without_a_sync(tmp_path: Path) -> None:
+    """A loop without an optimizer is watched once its parameters are seen to change between
+    backward() calls; on CUDA that comparison reaches the host behind an event, read at a
+    later backward(), never waited for: under the sync debug mode's errors the line saying
+    so comes and every later step is reported."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", _HAND_LOOP], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    said = [ln for ln in out.stderr.splitlines() if "no optimizer" in ln]
+    assert len(said) == 1 and "updated by hand" in said[0], out.stderr
+    assert "could not watch" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    losses = {int(i) + 1: float(v) for i, v in (ln.split() for ln in out.stdout.splitlines())}
+    db = sqlite3.connect(tmp_path / "sentinel" / "history.sqlite")
+    samples = dict(db.execute("SELECT step, loss FROM samples"))
+    assert len(samples) >= 20 and max(samples) == 24, sorted(samples)
+    for step, loss in samples.items():
+        assert loss == pytest.approx(losses[step], rel=1e-4)

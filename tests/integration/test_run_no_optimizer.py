@@ -89,3 +89,83 @@ def test_a_loop_sentinel_cannot_see_gets_a_word_at_its_end(tmp_path: Path) -> No
     said = [ln for ln in out.stderr.splitlines() if "sent no report" in ln]
     assert len(said) == 1 and "no torch optimizer" in said[0] and "torch.func.grad" in said[0], out.stderr
     assert said[0].startswith("sentinel: ")
+
+
+_ATTACK = r"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+from sentinel.instrument import auto
+torch.manual_seed(0)
+net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 10 * 10, 10), nn.LogSoftmax(dim=1))
+net.eval()  # a trained model, attacked and explained: never trained here
+gen = torch.Generator().manual_seed(1)
+kept = 0
+for eps in (0.05, 0.2):  # the FGSM tutorial: model.zero_grad() before each sample's backward()
+    for _ in range(12):
+        data, target = torch.rand(1, 1, 12, 12, generator=gen), torch.randint(0, 10, (1,), generator=gen)
+        data.requires_grad = True
+        loss = F.nll_loss(net(data), target)
+        net.zero_grad()
+        loss.backward()
+        adv = torch.clamp(data + eps * data.grad.sign(), 0, 1)
+        kept += int(net(adv).argmax(1).item() == target.item())
+saliency = torch.zeros(12, 12)
+for _ in range(70):  # saliency maps: the input's gradient, the model's left to accumulate
+    data = torch.rand(1, 1, 12, 12, generator=gen, requires_grad=True)
+    net(data).max().backward()
+    saliency += data.grad.abs()[0, 0]
+print(kept, f"{float(saliency.sum()):.6f}", len(auto.monitors()))
+"""
+
+
+def test_backward_calls_that_train_nothing_get_no_monitor_and_no_claim(tmp_path: Path) -> None:
+    """The FGSM tutorial's attack and saliency maps call backward() on a trained model in
+    eval mode, zeroing its gradients between samples or letting them accumulate, and change
+    no parameter: no monitor attaches and no line says the parameters are updated by hand
+    (each claimed it before: at the second backward(), and at the 64th)."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    plain = subprocess.run([sys.executable, "-c", _ATTACK], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", _ATTACK], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == plain.returncode == 0, out.stderr
+    assert out.stdout == plain.stdout and out.stdout.split()[-1] == "0", out.stdout  # no monitor
+    assert "updated by hand" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    said = [ln for ln in out.stderr.splitlines() if "sent no report" in ln]
+    assert len(said) == 1 and "changed no parameter between backward() calls" in said[0], out.stderr
+
+
+_WARMUP_FROM_ZERO = r"""
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+for i in range(8):
+    lr = 0.05 * min(1.0, i / 2)  # a warm-up from 0: the first update changes nothing
+    model.zero_grad()
+    x = torch.randn(16, 4)
+    loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    print(i, f"{loss.item():.6f}")
+"""
+
+
+def test_a_loop_by_hand_whose_first_update_is_zero_is_watched_from_its_first_change(tmp_path: Path) -> None:
+    """A warm-up from lr 0 leaves the parameters as they were after the first backward():
+    the look waits for the next one, and the loop is watched from then on."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", _WARMUP_FROM_ZERO], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    said = [ln for ln in out.stderr.splitlines() if "no optimizer" in ln]
+    assert len(said) == 1 and "after 3 backward() calls" in said[0], out.stderr
+    losses = {int(i) + 1: float(v) for i, v in (ln.split() for ln in out.stdout.splitlines())}
+    db = sqlite3.connect(tmp_path / "sentinel" / "history.sqlite")
+    samples = dict(db.execute("SELECT step, loss FROM samples"))
+    assert sorted(samples) == list(range(3, 9))  # from the third backward(), the first the look could tell
+    for step, loss in samples.items():
+        assert loss == pytest.approx(losses[step], rel=1e-5)
