@@ -60,7 +60,12 @@ class LossSum:
     again: their gradients were thrown away, so the step applies none of theirs. The step's loss is
     that of the passes whose gradients it applies: an adversarial training step's pass on
     the perturbed batch, not its attack's passes; SAM's second pass (at the perturbed
-    weights), not its first. Micro-batches accumulate their gradients and sum."""
+    weights), not its first. Micro-batches accumulate their gradients and sum.
+
+    Unless the gradient the step finds is not the one the last ``backward()`` left: then the
+    script made it itself, from what it kept of every pass (gradient surgery: PCGrad takes
+    each task's gradients in a ``backward()`` of its own between resets, and sets the
+    projected combination), and the step's loss is the sum over all of them."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
@@ -71,6 +76,9 @@ class LossSum:
         self._param: weakref.ref[torch.Tensor] | None = None
         self._filling = False  # this backward() found the gradient unset: it may fill it
         self.filled = False  # the watched gradient was seen set during this step's backward() calls
+        self._dropped: tuple[torch.Tensor, int] | None = None  # the losses of passes whose gradients were reset
+        # once passes were reset: the watched parameter, and the gradient the last backward() left it (or None)
+        self._left: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor] | None] | None = None
         install()
         _sums.add(self)
 
@@ -86,6 +94,10 @@ class LossSum:
         if p is not None:
             if p.grad is None:  # an attribute read: no sync
                 if self.filled:  # reset since it was seen set in this step: the passes before are gone
+                    if self.total is not None:  # ... unless the step's gradient is made of them (take)
+                        d = self._dropped
+                        self._dropped = (self.total, self.count) if d is None else (
+                            d[0] + self.total.to(d[0].device), d[1] + self.count)
                     self.total, self.count, self.filled = None, 0, False
                 self._filling = True
             else:  # set: by an earlier pass of this step, or left from the last step's
@@ -94,20 +106,30 @@ class LossSum:
         self.count += 1
 
     def after(self) -> None:
-        """After a backward(): whether it filled the watched gradient."""
+        """After a backward(): whether it filled the watched gradient, and which it left."""
+        p = self._param() if self._param is not None else None
         if self._filling:
             self._filling = False
-            p = self._param() if self._param is not None else None
             self.filled = p is not None and p.grad is not None
+        if self._dropped is not None and p is not None:
+            self._left = (weakref.ref(p), None if p.grad is None else weakref.ref(p.grad))
 
     def freeze(self) -> None:
         """Ignore further losses until the next :meth:`take` (closure re-evaluations)."""
         self.frozen = True
 
     def take(self) -> torch.Tensor | None:
-        """The sum since the last take (None if nothing was passed to backward), and reset."""
-        total, self.total, self.taken, self.count, self.frozen = self.total, None, self.count, 0, False
+        """The sum since the last take (None if nothing was passed to backward), and reset;
+        with the passes whose gradients were reset when the step's gradient is not the one
+        the last backward() left (the script combined theirs)."""
+        total, count, dropped, left = self.total, self.count, self._dropped, self._left
+        if dropped is not None and total is not None and left is not None:
+            p = left[0]()  # the parameter watched then (a zero-code monitor watches its own from its first step)
+            if p is not None and p.grad is not None and (left[1] is None or left[1]() is not p.grad):
+                total, count = dropped[0] + total.to(dropped[0].device), dropped[1] + count
+        self.total, self.taken, self.count, self.frozen = None, count, 0, False
         self.filled = self._filling = False
+        self._dropped = self._left = None
         return total
 
     def claim(self) -> torch.Tensor | None:
@@ -123,7 +145,7 @@ class LossSum:
             return _claimed[1]
         for s in list(_sums):
             if s is not self and not s.frozen:
-                s.total, s.count, s.filled = None, 0, False
+                s.total, s.count, s.filled, s._dropped, s._left = None, 0, False, None, None
         if total is not None:
             _claimed = (backward_calls, total, self.taken)
         return total

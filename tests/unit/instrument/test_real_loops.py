@@ -678,6 +678,38 @@ def test_adversarial_training_reports_the_loss_of_the_pass_it_applies(mlp: MLP) 
     assert [f["scalars"]["loss"] for f in sender.steps()] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_gradient_surgery_reports_the_losses_of_every_task_it_combines(reduction: str) -> None:
+    """PCGrad (pytorch-optimizer's, the shape of Pytorch-PCGrad): each task's loss gets a
+    backward() of its own after a reset, its gradients kept aside; the projected
+    combination is set as the gradients and the base optimizer steps. The step applies
+    every task's gradients, so its loss is the sum of the tasks' (it was the last task's
+    alone, taken for the one pass not thrown away)."""
+    from pytorch_optimizer import PCGrad
+
+    torch.manual_seed(0)
+    trunk, heads = nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.ModuleList(nn.Linear(16, 1) for _ in range(2))
+    model = nn.ModuleDict({"trunk": trunk, "heads": heads})
+    base = torch.optim.Adam(model.parameters(), lr=1e-2)
+    surgery = PCGrad(base, reduction=reduction)
+    mon, sender = make_monitor(model, base, capture_loss=True)
+    expected, applied = [], []
+    try:
+        for step in range(4):
+            x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step))
+            z = trunk(x)
+            tasks = [nn.functional.mse_loss(heads[0](z), x[:, :1]), nn.functional.mse_loss(heads[1](z), -x[:, 1:2])]
+            surgery.pc_backward(tasks)
+            applied.append(_norm(model))
+            surgery.step()
+            expected.append(sum(t.item() for t in tasks))
+    finally:
+        mon.close()
+    frames = sender.steps()
+    assert [f["scalars"]["loss"] for f in frames] == pytest.approx(expected, rel=1e-6)
+    assert _frame_norms(sender) == pytest.approx(applied, rel=1e-5)  # the combination's
+
+
 def test_a_reset_between_backward_calls_is_not_accumulation_but_a_reset_after_a_step_is(mlp: MLP) -> None:
     """Accumulated micro-batches sum; a zero_grad() at each step starts the next sum."""
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
