@@ -179,8 +179,9 @@ class _HandWatch:
         if not self.probe:
             return True
         with torch.no_grad():
-            if any(p.shape != ref.shape or p.dtype != ref.dtype or p.device != ref.device for p, ref in self.probe):
-                return True  # cast, moved or replaced: changed
+            if any(p.shape != ref.shape or p.dtype != ref.dtype or p.device != ref.device or not _readable(p)
+                   for p, ref in self.probe):
+                return True  # cast, moved, replaced or freed: changed, as far as can be told
             flags = [torch.ne(p, ref).any() for p, ref in self.probe]
             if flags[0].device.type == "cpu":
                 return any(bool(f) for f in flags)
@@ -245,10 +246,23 @@ def _copies(leaves: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor
     if not params:
         return []
     device = params[0].device
-    small = sorted((t for t in params if t.device == device and t.numel() and not t.is_sparse),
-                   key=lambda t: t.numel())[:PROBE_TENSORS]
+    small = sorted((t for t in params if t.device == device and _readable(t)), key=lambda t: t.numel())
     with torch.no_grad():
-        return [(t, t.detach().clone()) for t in small]
+        return [(t, t.detach().clone()) for t in small[:PROBE_TENSORS]]
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values may be read: dense, not empty, and its storage holds them. FSDP2
+    frees the storage of a layer's gathered parameters after its forward (``resize_(0)``):
+    the graph still reaches them, and reading one ends the process (a segmentation fault,
+    not an exception)."""
+    try:
+        if t.is_sparse or t.numel() == 0 or t.device.type == "meta":
+            return False
+        end = t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+        return bool(t.untyped_storage().nbytes() >= end * t.element_size())
+    except Exception:  # a tensor subclass without a storage of its own (DTensor)
+        return False
 
 
 def _attach_hand(param: torch.Tensor, steps_so_far: int,

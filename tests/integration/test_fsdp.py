@@ -121,3 +121,48 @@ def test_fsdp2_global_norm_equals_the_unsharded_reference(tmp_path: Path) -> Non
     last = dict(zip(run.groups, kept.group_grad[-1]))
     assert last == pytest.approx(reference[-1]["group_grad_norm"], rel=1e-5)
     assert run.mean_grad_norm == pytest.approx(sum(r["grad_norm"] for r in reference) / STEPS, rel=1e-5)
+
+
+_WORLD_OF_ONE = r"""
+import os
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+for layer in model:
+    if isinstance(layer, nn.Linear):
+        fully_shard(layer)  # each layer's gathered parameters freed after its forward
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for step in range(6):
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
+    loss = nn.functional.mse_loss(model(x), x[:, :1])
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(step, f"{loss.item():.6f}")
+dist.destroy_process_group()
+"""
+
+
+def test_sentinel_run_of_fsdp2_layers_that_free_their_gathered_parameters(tmp_path: Path) -> None:
+    """FSDP2 frees each layer's gathered parameters after its forward (their storage
+    resized to 0) while the graph still reaches them: reading one at the first backward()
+    (the look for a loop updated by hand copied the smallest) ended the process with a
+    segmentation fault. Under ``sentinel run`` it trains as plainly, every step reported."""
+    from tests.integration.test_prometheus import _free_port
+
+    env = {**os.environ, "PORT": str(_free_port()), "XDG_STATE_HOME": str(tmp_path)}
+    plain = subprocess.run([sys.executable, "-c", _WORLD_OF_ONE], capture_output=True, text=True, timeout=120,
+                           env={**env, "PORT": str(_free_port())})
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, "-c", _WORLD_OF_ONE], capture_output=True, text=True, timeout=120, env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == plain.stdout
+    db = hdb.connect(str(tmp_path / "sentinel" / "history.sqlite"))
+    assert [r[0] for r in db.execute("SELECT steps FROM runs")] == [6]
