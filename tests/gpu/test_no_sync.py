@@ -6,6 +6,10 @@ Runs only where a GPU is present (``@pytest.mark.gpu``); skipped cleanly otherwi
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -266,11 +270,6 @@ def test_a_loop_by_hand_on_cuda_is_told_from_an_evaluation_without_a_sync(tmp_pa
     backward() calls; on CUDA that comparison reaches the host behind an event, read at a
     later backward(), never waited for: under the sync debug mode's errors the line saying
     so comes and every later step is reported."""
-    import os
-    import sqlite3
-    import subprocess
-    import sys
-
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
                           sys.executable, "-c", _HAND_LOOP], capture_output=True, text=True, timeout=300, env=env)
