@@ -43,6 +43,7 @@ import torch
 
 from sentinel.instrument.gcscan import live
 from sentinel.instrument.naming import holders
+from sentinel.instrument.readback import Readback
 from sentinel.instrument.untraced import eager_only
 from sentinel.lines import ScriptLines
 
@@ -116,14 +117,14 @@ class _HandWatch:
         self.done = False
         self.held: bool | None = None  # an optimizer holds the parameter (looked for once)
         self.probe: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its values when copied)
-        self.pending: tuple[torch.Tensor, Any] | None = None  # a device's comparison on its way, its event
+        self.answer: Readback | None = None  # the comparison on its way to the host (one at a time)
         self.still = 0  # looks that found the probed parameters unchanged
 
     def _finish(self) -> None:
         """Decided either way: off the backward() path for the rest of the process."""
         from sentinel.instrument import losses
 
-        self.done, self.first, self._leaves, self.probe, self.pending = True, None, [], [], None
+        self.done, self.first, self._leaves, self.probe, self.answer = True, None, [], [], None
         losses.backward_listeners.discard(self)
 
     def before_backward(self, loss: Any) -> None:
@@ -169,30 +170,23 @@ class _HandWatch:
 
     def _moved(self) -> bool | None:
         """Whether a probed parameter changed since it was copied (True when none was): None
-        while a device's comparison is on its way to the host (asked now, read later)."""
-        if self.pending is not None:
-            flag, event = self.pending
-            if not event.query():
-                return None
-            self.pending = None
-            return bool(flag)
-        if not self.probe:
-            return True
-        with torch.no_grad():
+        while the device's comparison is on its way to the host (asked now, read at a later
+        call through a :class:`Readback`, which never waits for the device)."""
+        if self.answer is None:
+            if not self.probe:
+                return True
             if any(p.shape != ref.shape or p.dtype != ref.dtype or p.device != ref.device or not _readable(p)
                    for p, ref in self.probe):
                 return True  # cast, moved, replaced or freed: changed, as far as can be told
-            flags = [torch.ne(p, ref).any() for p, ref in self.probe]
-            if flags[0].device.type == "cpu":
-                return any(bool(f) for f in flags)
-            flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-            flag.copy_(torch.stack(flags).any(), non_blocking=True)
-            event = torch.cuda.Event() if flags[0].device.type == "cuda" else None
-            if event is None:
-                return bool(flag)  # another accelerator: its copy is waited for
-            event.record()
-            self.pending = (flag, event)
+            with torch.no_grad():
+                changed = torch.stack([torch.ne(p, ref).any() for p, ref in self.probe]).any().reshape(1)
+            self.answer = Readback(max_pending=1)
+            self.answer.submit(None, {changed.device: {"changed": changed}})
+        done = self.answer.poll()
+        if not done:
             return None
+        self.answer = None
+        return bool(done[0][1]["changed"][0])
 
     def _in_optimizer(self, p: torch.Tensor) -> bool:
         """Whether an optimizer made over ``p`` exists, one that has not stepped yet (one

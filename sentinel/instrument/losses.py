@@ -106,7 +106,10 @@ class LossSum:
         self.count += 1
 
     def after(self) -> None:
-        """After a backward(): whether it filled the watched gradient, and which it left."""
+        """After a backward(): whether it filled the watched gradient, and, once a pass was
+        reset in this step, which gradient it left."""
+        if not (self._filling or self._dropped is not None):
+            return
         p = self._param() if self._param is not None else None
         if self._filling:
             self._filling = False

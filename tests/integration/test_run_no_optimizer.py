@@ -98,9 +98,25 @@ from torch import nn
 from sentinel.instrument import auto
 torch.manual_seed(0)
 net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 10 * 10, 10), nn.LogSoftmax(dim=1))
-net.eval()  # a trained model, attacked and explained: never trained here
+net.eval()  # a trained model, explained and attacked: never trained here
 gen = torch.Generator().manual_seed(1)
-kept = 0
+saliency = torch.zeros(12, 12)
+for _ in range(70):  # saliency maps: the input's gradient, the model's left to accumulate
+    data = torch.rand(1, 1, 12, 12, generator=gen, requires_grad=True)
+    net(data).max().backward()
+    saliency += data.grad.abs()[0, 0]
+kept = {}
+def keep(module, inputs, out):
+    kept["act"] = out
+    out.register_hook(lambda grad: kept.update(grad=grad))
+net[1].register_forward_hook(keep)
+cam = torch.zeros(10, 10)
+for _ in range(6):  # Grad-CAM: a class score's gradient at the last convolution's activations
+    score = net(torch.rand(1, 1, 12, 12, generator=gen))[0, 3]
+    net.zero_grad()
+    score.backward()
+    cam += F.relu((kept["grad"].mean((2, 3), keepdim=True) * kept["act"]).sum(1))[0].detach()
+hits = 0
 for eps in (0.05, 0.2):  # the FGSM tutorial: model.zero_grad() before each sample's backward()
     for _ in range(12):
         data, target = torch.rand(1, 1, 12, 12, generator=gen), torch.randint(0, 10, (1,), generator=gen)
@@ -109,21 +125,16 @@ for eps in (0.05, 0.2):  # the FGSM tutorial: model.zero_grad() before each samp
         net.zero_grad()
         loss.backward()
         adv = torch.clamp(data + eps * data.grad.sign(), 0, 1)
-        kept += int(net(adv).argmax(1).item() == target.item())
-saliency = torch.zeros(12, 12)
-for _ in range(70):  # saliency maps: the input's gradient, the model's left to accumulate
-    data = torch.rand(1, 1, 12, 12, generator=gen, requires_grad=True)
-    net(data).max().backward()
-    saliency += data.grad.abs()[0, 0]
-print(kept, f"{float(saliency.sum()):.6f}", len(auto.monitors()))
+        hits += int(net(adv).argmax(1).item() == target.item())
+print(f"{float(saliency.sum()):.6f}", f"{float(cam.sum()):.6f}", hits, len(auto.monitors()))
 """
 
 
 def test_backward_calls_that_train_nothing_get_no_monitor_and_no_claim(tmp_path: Path) -> None:
-    """The FGSM tutorial's attack and saliency maps call backward() on a trained model in
-    eval mode, zeroing its gradients between samples or letting them accumulate, and change
-    no parameter: no monitor attaches and no line says the parameters are updated by hand
-    (each claimed it before: at the second backward(), and at the 64th)."""
+    """Saliency maps, Grad-CAM and the FGSM tutorial's attack call backward() on a trained
+    model in eval mode, letting its gradients accumulate or zeroing them between samples,
+    and change no parameter: no monitor attaches and no line says the parameters are
+    updated by hand (the saliency maps' 64th backward() claimed it before)."""
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
     plain = subprocess.run([sys.executable, "-c", _ATTACK], capture_output=True, text=True, timeout=120)
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
