@@ -131,9 +131,11 @@ class BatchWriter:
         elif starts_new(r, kind, who, step):
             prev = r
             r = self._new_run(db, f["job"], f["run"], t, prev)
-            if prev.state == "running" and kind == "step" and who not in prev.byes and starts_over(
-                    step, prev.last.get(who)):
-                self._over(db, prev)  # its training began again: the row before holds the one that ended
+            if prev.state == "running" and kind == "step" and (who in prev.byes or starts_over(
+                    step, prev.last.get(who))):
+                # its training began again (or a stream that said goodbye begins anew while the run's others go
+                # on: a task's model beside a meta-model): the row before holds the one that ended
+                self._over(db, prev)
                 if len(self._over_rows) > 1000:
                     self._over_rows.clear()
                 self._over_rows[(f["job"], f["run"])] = (prev, r)

@@ -147,14 +147,32 @@ class LossSum:
             self.taken = _claimed[2]
             return _claimed[1]
         for s in list(_sums):
-            if s is not self and not s.frozen:
-                s.total, s.count, s.filled, s._dropped, s._left = None, 0, False, None, None
+            if s is not self:
+                s.forget()
         if total is not None:
             _claimed = (backward_calls, total, self.taken)
         return total
 
+    def forget(self) -> None:
+        """Drop the losses since the last step: another optimizer's step took them (unless
+        frozen: a closure's re-evaluations of this step are under way)."""
+        if not self.frozen:
+            self.total, self.count, self.filled, self._dropped, self._left = None, 0, False, None, None
+
     def close(self) -> None:
         _sums.discard(self)
+
+
+def unclaimed() -> None:
+    """An optimizer that no monitor watches stepped: the losses since any optimizer last
+    stepped were its step's. Every sum forgets them, as :meth:`LossSum.claim` makes them,
+    and a step after it with no ``backward()`` of its own shares none of them: Reptile's
+    meta-optimizer steps on the distance that a task's inner optimizer travelled, and the
+    losses of the task (of any amplitude) are no loss of the meta-model's."""
+    global _claimed
+    for s in list(_sums):
+        s.forget()
+    _claimed = None
 
 
 def scaler() -> Any:

@@ -236,7 +236,10 @@ def _process_label(monitor: Any) -> str:
     Streams run side by side when their monitors were all made before any of them
     reported (a GAN's two ``watch()`` calls), or when zero-code mode found several
     optimizers alive at its first attach. Such a monitor's label is its index in creation
-    order among them (``"0"``, ``"1"``, ...); a monitor alone is ``""`` (no label)."""
+    order among them (``"0"``, ``"1"``, ...), or the smallest number no live monitor's
+    label holds when another took that one (a model and optimizer made anew per task
+    beside a meta-optimizer: the task's stream is the one the last task's was, the
+    meta-optimizer's stays its own); a monitor alone is ``""`` (no label)."""
     live = live_streams()
     if not any(m is monitor for m in live):
         return ""
@@ -249,7 +252,9 @@ def _process_label(monitor: Any) -> str:
         side = [m for i, m in enumerate(live) if m is monitor or i > at or id(m) not in mine]
         if len(side) < 2:
             return ""
-    return str(next(i for i, m in enumerate(side) if m is monitor))
+    label = str(next(i for i, m in enumerate(side) if m is monitor))
+    taken = {getattr(m, "stream", None) for m in live if m is not monitor}
+    return label if label not in taken else next(str(i) for i in range(len(live) + 1) if str(i) not in taken)
 
 
 def set_fallback(fn: Callable[[torch.optim.Optimizer], None] | None) -> None:
@@ -298,6 +303,10 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     mon = monitor_of(opt)
     if mon is not None:
         mon.step_post(opt, args, kwargs)
+    else:  # its step took the losses since the last one: no other optimizer's step may count them
+        from sentinel.instrument import losses
+
+        losses.unclaimed()
 
 
 def _steps_inside(opt: torch.optim.Optimizer, outer: torch.optim.Optimizer) -> bool:

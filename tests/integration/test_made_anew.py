@@ -118,3 +118,42 @@ def test_an_optimizer_made_anew_each_epoch_is_followed_quietly(tmp_path: Path) -
     with sqlite3.connect(history) as db:
         rows = db.execute("SELECT steps, state FROM runs WHERE run = 'per-epoch'").fetchall()
     assert rows == [(32, "finished")]  # 4 epochs of 8 steps, one run: the steps went on
+
+
+def test_a_model_and_optimizer_made_per_task_are_left_alone_after_three_short_trainings(tmp_path: Path) -> None:
+    """Reptile in the shape of the public ports (scripts/reptile_tasks.py): per task a copy of
+    the meta-model and a fresh Adam for 5 steps, then the meta-SGD's step on the distance
+    they travelled; at the end a fine-tune of 60 steps. Each task's optimizer attached a new
+    monitor, at about 0.2 s each (200 tasks: 40 s against 1.7 s), and the history got a
+    row per task. Now, after three such short trainings in turn, one line says so and each
+    new optimizer waits unwatched for its 50th step: the fine-tune is watched from there as
+    a training that begins (11 steps, its losses the printed ones). The meta-optimizer keeps
+    its own stream (it collided with the tasks' before) and none of the tasks' losses: no
+    alert fires but the configuration's note on Adam's beta1 of 0."""
+    script = [sys.executable, str(SCRIPTS / "reptile_tasks.py"), "40", "5", "60"]
+    plain = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    watched = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
+                              "127.0.0.1:0", "--", *script], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "SENTINEL_RUN": "reptile"})
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == plain.stdout
+    lines = [ln for ln in watched.stderr.splitlines() if "metrics at" not in ln]
+    assert len(lines) == 1 and lines[0].startswith(
+        "sentinel: 3 optimizers made one after the other each stepped fewer than 50 times"), watched.stderr
+    with sqlite3.connect(history) as db:
+        rows = db.execute("SELECT id, steps, state FROM runs WHERE run = 'reptile' ORDER BY attempt").fetchall()
+        fired = db.execute("SELECT DISTINCT alertname, severity FROM alerts WHERE state_to = 'firing'").fetchall()
+        tuned = db.execute("SELECT step, loss FROM samples WHERE run_id = ? ORDER BY step", (rows[-1][0],)).fetchall()
+        meta = db.execute("SELECT step, loss FROM stream_samples WHERE stream = '1' ORDER BY step").fetchall()
+    # tasks 1-4 attached (the meta-optimizer's first steps came between them), then only the fine-tune
+    assert [r[1:] for r in rows] == [(5, "finished")] * 4 + [(11, "finished")]
+    assert fired == [("OptimizerBeta1Low", "info")]  # Adam(betas=(0, 0.999)), the ports' choice: true
+    printed = plain.stdout.splitlines()[-1]
+    losses = [float(v.strip("'")) for v in printed.split("[")[1].split("]")[0].split(", ")]
+    assert [s for s, _ in tuned] == list(range(1, 12))  # optimizer steps 50-60
+    assert tuned[1][1] == losses[5] and tuned[-1][1] == float(printed.rsplit(" ", 1)[1])  # steps 51 and 60
+    assert [s for s, _ in meta] == list(range(1, 41))  # one stream for the meta-optimizer, every step
+    assert [s for s, loss in meta if loss is not None and s > 4] == []  # the tasks' losses are not its own
