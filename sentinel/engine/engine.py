@@ -80,6 +80,9 @@ class Engine:
         # the optimizer streams of each rank of a process with several (frames with ``opt``)
         # that have not said goodbye: the rank ends with the last of them
         self.streams: dict[tuple[str, str, int], set[str]] = {}
+        # the streams (job, run, rank, opt) whose last frame was a clean goodbye: a step frame from one
+        # begins a new training, whatever its step (a model made per task, watched late, counts on)
+        self.byes: set[tuple[str, str, int, str]] = set()
         # the process of each reporting rank's stream (job, run, rank, opt; from the socket's
         # credentials), checked on tick: a rank whose process is gone without a goodbye frame
         # crashed. Per stream: a rank's streams may be processes of their own (Hogwild workers)
@@ -194,7 +197,8 @@ class Engine:
         store = self.store
         if kind == "step":
             last = self.ingestor.last_step(job, run, rank, frame.get("opt", ""))
-            if last is not None and wire.starts_over(frame["step"], last):
+            if last is not None and (wire.starts_over(frame["step"], last)
+                                     or (job, run, rank, frame.get("opt", "")) in self.byes):
                 self._start_over(job, run, rank, last)
         with store.lock:  # the GPU poller's thread writes the store too
             store.written.clear()
@@ -202,6 +206,12 @@ class Engine:
         rk = (job, run, rank)
         opt: str = frame.get("opt", "")
         self.runs_seen[(job, run)] = float(frame["t"])
+        if kind == "bye" and not frame.get("exc") and not frame.get("status"):
+            if len(self.byes) > 10_000:
+                self.byes.clear()
+            self.byes.add((*rk, opt))
+        elif kind in ("step", "log"):
+            self.byes.discard((*rk, opt))
         if kind == "bye" and opt and not frame.get("exc") and not frame.get("status") and self._stream_ends(rk, opt):
             self.pids.pop((*rk, opt), None)  # one optimizer of several stopped: the rank goes on with the others
         elif kind == "bye":
@@ -414,6 +424,7 @@ class Engine:
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
             self.streams = {rk: v for rk, v in self.streams.items() if rk[:2] != (job, run)}
+            self.byes = {k for k in self.byes if k[:2] != (job, run)}
             self._gone = {rk: v for rk, v in self._gone.items() if rk[:2] != (job, run)}
             self.halted.discard((job, run))
             self.runs_dropped += 1

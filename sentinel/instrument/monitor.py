@@ -226,12 +226,6 @@ class Monitor:
         if self.active and step >= 0:
             self.steps = int(step)
 
-    def count_anew(self) -> None:
-        """Number the next step 1, not after the steps its optimizer took before: a training
-        that begins here (zero-code mode's after a series of short ones), not one resumed."""
-        if self.active:
-            self.steps, self._counted = 0, True
-
     def close(self, error: BaseException | None = None) -> None:
         """Remove the hooks, flush pending reports and stop the embedded engine. Idempotent.
 

@@ -3,17 +3,20 @@ meta-training loop): per task a fresh copy of the meta-model (``clone()``: ``dee
 fresh Adam over it, a few inner steps on the task's batches, then the meta-model's gradient
 set to the distance travelled (``point_grad_to``) and a step of the meta-optimizer, an SGD
 made once. At the end the meta-model is fine-tuned on a held-out task, as its evaluation
-does: a copy, a fresh optimizer, ``FINETUNE`` steps. No sentinel import.
+does: a copy, a fresh optimizer, ``FINETUNE`` steps, each of ``STEP_SECONDS`` at least (a
+step of a real model's length, where this one's takes under a millisecond). No sentinel
+import.
 
-Prints the meta-loss every 25 tasks and the fine-tuned losses with repr: a monitor must not
-change a bit of them.
+Prints the inner losses every 25 tasks and every 10th fine-tuned loss with repr: a monitor
+must not change a bit of them.
 
-argv: [TASKS] [INNER] [FINETUNE]
+argv: [TASKS] [INNER] [FINETUNE] [STEP_SECONDS]
 """
 
 import copy
 import math
 import sys
+import time
 
 import torch
 from torch import nn
@@ -21,6 +24,7 @@ from torch import nn
 tasks = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 inner = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 finetune = int(sys.argv[3]) if len(sys.argv) > 3 else 60
+step_seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 torch.manual_seed(0)
 gen = torch.Generator().manual_seed(1)
 
@@ -57,9 +61,11 @@ def batch(amplitude: float, phase: float, n: int = 10) -> tuple[torch.Tensor, to
 
 
 def train_on(net: nn.Module, optimizer: torch.optim.Optimizer, amplitude: float, phase: float,
-             steps: int) -> list[float]:
+             steps: int, step_seconds: float = 0.0) -> list[float]:
     losses = []
     for _ in range(steps):
+        if step_seconds:
+            time.sleep(step_seconds)
         x, y = batch(amplitude, phase)
         loss = nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad()
@@ -87,5 +93,5 @@ for meta_iteration in range(tasks):
 net = meta_net.clone()
 optimizer = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.0, 0.999))
 amplitude, phase = task()
-losses = train_on(net, optimizer, amplitude, phase, finetune)
+losses = train_on(net, optimizer, amplitude, phase, finetune, step_seconds)
 print("fine-tuned:", [repr(v) for v in losses[::10]], repr(losses[-1]))

@@ -72,3 +72,18 @@ def test_steps_that_repeat_go_on_or_go_back_to_a_checkpoint_are_not_a_new_start(
     assert engine.restarts == 0
     window = engine.store.window("sentinel_loss", RANK0)
     assert window is not None and len(window) == 33
+
+
+def test_a_stream_that_said_goodbye_and_reports_again_is_a_new_training_whatever_its_step() -> None:
+    """Zero-code mode watches a task's model late, after a series of short trainings, with its
+    steps going on from its optimizer's own count: its stream said goodbye with the last
+    task's, and the task's losses are no baseline of the new training's."""
+    engine = Engine()
+    t = _fold(engine, 30, 1000.0)
+    assert engine.feed(wire.encode({"kind": "bye", "job": "j", "run": "kfold", "rank": 0, "world": 1, "step": 30,
+                                    "t": t + 0.1}))
+    assert engine.feed(_frame(125, 0.6, t + 5.0))
+    assert engine.feed(_frame(126, 0.6, t + 5.1))
+    assert engine.restarts == 1
+    window = engine.store.window("sentinel_loss", RANK0)
+    assert window is not None and window.steps.tolist() == [125, 126]  # the new training's only
