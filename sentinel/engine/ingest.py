@@ -63,6 +63,7 @@ class Ingestor:
         self._lr_last: dict[Labels, list[float]] = {}
         self.lr_change_step: dict[Labels, int] = {}
         self.lr_restart_step: dict[Labels, int] = {}
+        self.rewrite_step: dict[Labels, int] = {}
         self._scale_last: dict[Labels, float] = {}
         self._ranks: dict[tuple[str, str, int, str], _Rank] = {}
         self._group_labels = GroupLabels()
@@ -120,7 +121,7 @@ class Ingestor:
         """Drop what is kept per rank of a run that ended (the label caches are bounded
         on their own)."""
         pairs = (("job", job), ("run", run))
-        for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self._scale_last):
+        for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self.rewrite_step, self._scale_last):
             for base in [b for b in table if all(p in b for p in pairs)]:
                 del table[base]
         gone = [b for b in self.schedule.keys() if isinstance(b, tuple) and all(p in b for p in pairs)]
@@ -140,8 +141,8 @@ class Ingestor:
         """Drop what is kept of every stream of one rank (its training started over)."""
         for key in [k for k in self._ranks if k[:3] == (job, run, rank)]:
             base = self._ranks.pop(key).base
-            for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self._scale_last,
-                          self._sched_last, self._sched_in, self._env):
+            for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self.rewrite_step,
+                          self._scale_last, self._sched_last, self._sched_in, self._env):
                 table.pop(base, None)
             self.schedule.forget([base])
             self._gvr.forget(base)
@@ -277,8 +278,9 @@ class Ingestor:
         ctx.lr_change_step = self.lr_change_step.get(base)
         ctx.lr_fraction = self._schedule(f, add, base, step)
         if "rewrite" in f:  # weights the script set itself (a rewind, a pruning): the loss starts anew there
-            self.lr_restart_step[base] = step
+            self.lr_restart_step[base] = self.rewrite_step[base] = step
         ctx.lr_restart_step = self.lr_restart_step.get(base)
+        ctx.rewrite_step = self.rewrite_step.get(base)
         st = f.get("state_bytes")
         if isinstance(st, dict):
             for key, nbytes in st.items():

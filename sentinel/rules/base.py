@@ -74,6 +74,8 @@ class Context:
             unknown: how far a schedule has taken the lr (sentinel/engine/schedule.py).
         lr_change_step: the last step at which the learning rate changed by more than
             the engine's factor, or None (for detectors that judge what followed it).
+        rewrite_step: the last step at which the script had set the weights itself (a
+            checkpoint restored: a tuner's trials undone before the fit; a rewind), or None.
         heartbeat: for the time-based rules, the Unix time of the last heartbeat of any
             rank of the run (it evaluated between steps), or None.
     """
@@ -89,6 +91,7 @@ class Context:
     note: str = ""
     memo: dict[str, Any] | None = None
     lr_fraction: float | None = None
+    rewrite_step: int | None = None
     lr_change_step: int | None = None
     heartbeat: float | None = None
 

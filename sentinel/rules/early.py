@@ -23,7 +23,10 @@ unseen. This one judges only the samples of steps ``1..until`` and needs no base
 
 ``count`` and the levels make single noisy batches harmless: on the clean scenario runs
 the most upward jumps of 3× in 50 steps was one, and the most consecutive gradient-norm
-rises five. After ``until`` (the rule's ``until_steps``) the verdict is OK, so an alert
+rises five. Weights the script set itself within the early phase (``ctx.rewrite_step``) end
+the samples judged before them: Lightning's batch-size finder trains a few steps per trial,
+then restores the initial weights for the fit, whose first losses, judged against the
+trials' (steps of other batch sizes), paged ``EarlyLossRising``. After ``until`` (the rule's ``until_steps``) the verdict is OK, so an alert
 resolves once the early phase is over.
 
 Cost: only during the first ``until`` steps; one pass over at most ``until`` samples.
@@ -36,7 +39,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt
 
-from sentinel.rules.base import Context, Params, Verdict, log_trend, median
+from sentinel.rules.base import Context, Params, Verdict, log_trend, median, since
 from sentinel.store import Window
 
 Check = Literal["jumps", "above", "growth", "rise", "stall"]
@@ -92,6 +95,8 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
     p = params
     if ctx.step > p.until:
         return Verdict(False, 0.0, float(p.count), detail="past the early phase")
+    if ctx.rewrite_step is not None:  # weights the script set: the samples before were of others
+        window = since(window, ctx.rewrite_step)
     steps = window.steps.tolist()
     vals = [v for s, v in zip(steps, window.values.tolist()) if s <= p.until]
     if not vals:

@@ -23,6 +23,8 @@ class Ingested:
         lr_restart_step: the last step at which a torch scheduler took the rank's learning
             rate back up to its peak in one step (a warm restart), or whose frame said the
             script had set the weights itself (``rewrite``: a rewind, a pruning), or None.
+        rewrite_step: the last step whose frame said the script had set the weights itself
+            (``rewrite``: a checkpoint restored, a rewind, a pruning), or None.
         lr_fraction: the rank's learning rate over its peak (:mod:`sentinel.engine.schedule`),
             or None when unknown.
         written: the gauges this frame wrote (rules reading none of them are skipped);
@@ -43,6 +45,7 @@ class Ingested:
     nonfinite_groups: dict[str, list[str]] = field(default_factory=dict)
     lr_change_step: int | None = None
     lr_restart_step: int | None = None
+    rewrite_step: int | None = None
     lr_fraction: float | None = None
     written: frozenset[str] | None = None
     note: str = ""

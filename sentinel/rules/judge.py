@@ -46,6 +46,7 @@ class Evaluation:
     guard_skipped: bool = False  # the step guard kept this step out of the weights
     lr_restart: int | None = None  # the last warm restart of the rank's schedule, or weights the script set
     short_batch: bool = False  # the step's batch was its loader's short last one
+    rewrite: int | None = None  # the last step whose weights the script had set itself
 
 
 
@@ -205,6 +206,7 @@ class Judge:
         cctx.lr_fraction = ev.lr_fraction
         cctx.lr_change_step = lr_change
         cctx.guard_skipped = ev.guard_skipped  # the step guard kept this step out
+        cctx.rewrite_step = ev.rewrite
         if c.spec.quiet is not None:
             if memo is None:
                 memo = self._memos[(c.idx, series_labels)] = {}

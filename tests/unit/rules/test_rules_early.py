@@ -125,3 +125,18 @@ def _signed(level: float, sigma: float, n: int, seed: int) -> list[float]:
 )
 def test_jumps_are_not_judged_on_a_loss_that_crosses_zero(values: list[float], fires: bool | None) -> None:
     assert verdict(values, check="jumps", rebound=0.5, factor=3.0, count=3) is fires
+
+
+def test_weights_the_script_set_end_the_samples_judged_before_them() -> None:
+    """Lightning's batch-size finder: a few steps per trial, the initial weights restored,
+    then the fit, whose losses start high again. Against the trials' first losses its
+    level at step 65 is a rise; from the restore on (``rewrite_step``) it is a fall."""
+    trials = [10.0, 9.0, 8.0, 9.5, 8.5] * 3  # steps 1-15
+    fit = [20.0 * 0.99**i for i in range(50)]  # steps 16-65: from the initial weights again
+    w = win(trials + fit)
+    params = EarlyParams(check="rise", at_step=50, chunk=20, factor=1.3)
+    before = detect(w, params, Context(step=65, now=0.0))
+    assert before is not None and before.firing and before.baseline == 9.5
+    after = detect(w, params, Context(step=65, now=0.0, rewrite_step=16))
+    assert after is not None and not after.firing
+    assert after.baseline == pytest.approx((fit[9] + fit[10]) / 2)  # the fit's own first 20 steps
