@@ -52,7 +52,7 @@ BEFORE: dict[str, dict[str, Any]] = {
     "GradientSpike": {"params": {"window": 50, "factor": 10.0, "z": 6.0}},
     "LossRising": {"enabled": False},
     "EarlyLossExplosion": {"enabled": False},
-    "EarlyLossRising": {"params": {"chunk": 10}},
+    "EarlyLossRising": {"params": {"chunk": 10, "separation": 0.0}},
     "EarlyLossStalled": {"severity": "warning"},
     "UpdateRatioHigh": {"lr_for_steps": 0},
     "OOMRisk": {"params": {"horizon_steps": 0, "min_ratio": 0.5, "level": "median", "lookback": 0}},

@@ -16,7 +16,11 @@ unseen. This one judges only the samples of steps ``1..until`` and needs no base
   risen to ``factor`` times the starting level: with ``start: first`` the first sample,
   the loss of the model before any update was applied (a loss that blows up at step 1
   puts the blow-up into the median of the first samples, and a median start hides it),
-  with ``start: median`` the median of the first ``chunk``;
+  with ``start: median`` the median of the first ``chunk``; with ``separation``, the last
+  ``chunk`` samples must also lie above the first ``chunk`` in that share of their pairs
+  (a rank test: two medians of 20 batches of a loss that swings 5× between batches
+  differ by 30 % by chance, their samples interleave; a loss that rose has most of its
+  last ones above its first);
 - ``stall``: from ``at_step`` on, the loss has not fallen by ``min_drop``: the fall of the
   least-squares trend of log(loss) since step 1, judged only when its standard error is
   below ``min_drop`` (a noisy loss gives no verdict).
@@ -34,6 +38,7 @@ Cost: only during the first ``until`` steps; one pass over at most ``until`` sam
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Literal
 
@@ -62,6 +67,8 @@ class EarlyParams(Params):
             ``median`` of the first ``chunk``.
         level: for ``rise``: the current level is the ``median`` or the ``min`` of the last
             ``chunk`` samples (``min``: every one of them has risen).
+        separation: for ``rise``: the share of pairs (one of the last ``chunk``, one of
+            the first) in which the later sample is the higher, at least (0: not checked).
         rebound: for ``jumps``: a jump counts only when it reaches this fraction of the
             starting level (median of the first 3 samples): a loss thrown back towards
             where it began, not a noisy batch near its floor (a small-batch MSE there
@@ -79,6 +86,7 @@ class EarlyParams(Params):
     rebound: float = Field(default=0.0, ge=0.0)
     start: Literal["median", "first"] = "median"
     level: Literal["median", "min"] = "median"
+    separation: float = Field(default=0.0, ge=0.0, le=1.0)
 
     def samples(self) -> int:
         return self.until + 1
@@ -144,7 +152,13 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
     detail = (f"level {level:.4g} at step {steps[-1]} vs {first} ({ratio:.3g}×; "
               f"highest {worst:.4g} at step {worst_step})")
     if p.check == "rise":
-        return Verdict(ratio >= p.factor, ratio, p.factor, baseline=start, detail=detail)
+        firing = ratio >= p.factor
+        if firing and p.separation > 0:
+            firsts = sorted(fin[: p.chunk])
+            above = sum(bisect.bisect_left(firsts, v) for v in fin[-p.chunk:]) / (len(firsts) * p.chunk)
+            firing = above >= p.separation
+            detail += f"; the last {p.chunk} above the first {p.chunk} in {above:.0%} of their pairs"
+        return Verdict(firing, ratio, p.factor, baseline=start, detail=detail)
     return _stall(pairs, p, start, detail)
 
 

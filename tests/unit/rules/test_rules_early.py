@@ -140,3 +140,18 @@ def test_weights_the_script_set_end_the_samples_judged_before_them() -> None:
     after = detect(w, params, Context(step=65, now=0.0, rewrite_step=16))
     assert after is not None and not after.firing
     assert after.baseline == pytest.approx((fit[9] + fit[10]) / 2)  # the fit's own first 20 steps
+
+
+def test_a_rise_of_the_median_within_the_noise_is_no_rise() -> None:
+    """A small-batch loss whose batches span 4-22: the median of its last 20 samples is
+    1.35× that of its first 20 by chance, and the samples interleave (a fit after
+    Lightning's lr_find paged a critical EarlyLossRising so). A loss that rose has its last
+    samples above its first."""
+    first = [4.0, 22.0, 6.0, 18.0, 5.0, 20.0, 7.0, 15.0, 8.0, 12.0] * 2
+    middle = [10.0] * 20
+    noisy = first + middle + [1.35 * v for v in reversed(first)]  # steps 1-60
+    risen = first + middle + [30.0 + v for v in first]
+    params = {"check": "rise", "at_step": 50, "chunk": 20, "factor": 1.3}
+    assert verdict(noisy, **params) is True  # the medians alone
+    assert verdict(noisy, separation=0.8, **params) is False
+    assert verdict(risen, separation=0.8, **params) is True
