@@ -146,16 +146,21 @@ def test_an_epochs_shorter_accumulation_under_the_hf_trainer_is_its_loss(tmp_pat
     assert ours == pytest.approx(theirs, rel=1e-6), (ours, theirs)
 
 
-def test_a_fit_after_lightnings_batch_size_finder_is_judged_on_its_own_losses(tmp_path: Path) -> None:
-    """Lightning's tuner (scripts/lightning_tuned.py): 5 trials of 3 steps at batch sizes 2 to
-    32 with the model's Adam, the initial weights restored, then the fit. Under ``sentinel
-    run`` the restore marks the step after it (``load_state_dict``), and the early-phase
-    rules judge the fit's losses from there: judged against the trials' first losses at
-    other batch sizes, the fit's paged a critical EarlyLossRising at step 50. The stream
-    goes on (the trials' 15 steps, then the fit's 384), every fit loss the one Lightning
-    computed."""
+@pytest.mark.parametrize(("mode", "epochs", "tuner_steps", "fit_steps"),
+                         [("batch-size", "3", 15, 384), ("lr", "1", 4, 512)])
+def test_a_fit_after_lightnings_tuner_is_judged_on_its_own_losses(tmp_path: Path, mode: str, epochs: str,
+                                                                  tuner_steps: int, fit_steps: int) -> None:
+    """Lightning's tuner (scripts/lightning_tuned.py), then the fit, under ``sentinel run``.
+    The batch-size finder: 5 trials of 3 steps at batch sizes 2 to 32 with the model's Adam,
+    the initial weights restored, then the fit; the restore marks the step after it
+    (``load_state_dict``), and the early-phase rules judge the fit's losses from there:
+    judged against the trials' first losses at other batch sizes, the fit's paged a
+    critical EarlyLossRising at step 50. The lr finder (stopped after 4 steps by its noisy
+    first losses), then a fit at batch 8 whose batches' losses span 4-22: its median 1.3×
+    its start at step 56 by chance paged it too. The stream goes on (the tuner's steps,
+    then the fit's), every fit loss the one Lightning computed."""
     pytest.importorskip("lightning")
-    script = [sys.executable, str(SCRIPTS / "lightning_tuned.py")]
+    script = [sys.executable, str(SCRIPTS / "lightning_tuned.py"), mode, epochs]
     plain = subprocess.run(script, capture_output=True, text=True, timeout=240)
     assert plain.returncode == 0, plain.stderr[-4000:]
     db = tmp_path / "h.sqlite"
@@ -167,11 +172,11 @@ def test_a_fit_after_lightnings_batch_size_finder_is_judged_on_its_own_losses(tm
     assert proc.stdout == plain.stdout
     assert [ln for ln in proc.stderr.splitlines() if ln.startswith("sentinel:") and "metrics at" not in ln] == []
     theirs = {int(w[1]): float(w[2]) for w in (line.split() for line in plain.stdout.splitlines()) if w[:1] == ["loss"]}
-    assert sorted(theirs) == list(range(1, 385))
+    assert sorted(theirs) == list(range(1, fit_steps + 1))
     with sqlite3.connect(db) as con:
         runs = con.execute("SELECT steps, state FROM runs WHERE run = 'tuned'").fetchall()
-        ours = dict(con.execute("SELECT step, loss FROM samples WHERE step > 15"))
+        ours = dict(con.execute("SELECT step, loss FROM samples WHERE step > ?", (tuner_steps,)))
         fired = con.execute("SELECT alertname FROM alerts WHERE state_to = 'firing' AND severity != 'info'").fetchall()
-    assert runs == [(399, "finished")]
+    assert runs == [(tuner_steps + fit_steps, "finished")]
     assert fired == []
-    assert ours == {15 + k: v for k, v in theirs.items()}
+    assert ours == {tuner_steps + k: v for k, v in theirs.items()}

@@ -1,15 +1,16 @@
-"""Lightning's batch-size finder, then the fit, in the shape of Lightning's tuner docs: a
-LightningModule with a ``batch_size`` attribute its ``train_dataloader`` reads,
-``Tuner(trainer).scale_batch_size(model, mode="power")``, then ``trainer.fit(model)``. No
-sentinel import.
+"""Lightning's tuner, then the fit, in the shape of Lightning's tuner docs: a LightningModule
+with ``batch_size`` and ``lr`` attributes its ``train_dataloader`` and
+``configure_optimizers`` read, ``Tuner(trainer).scale_batch_size(model, mode="power")`` (or
+``Tuner(trainer).lr_find(model)``), then ``trainer.fit(model)``. No sentinel import.
 
-The finder trains ``steps_per_trial`` steps at each batch size with the model's one Adam,
-then restores the weights it began with (``load_state_dict``) for the fit: the fit's first
-losses come after the trials' at other batch sizes, in the same optimizer's count.
+The batch-size finder trains ``steps_per_trial`` steps at each batch size with the model's
+one Adam, the learning-rate finder up to 100 steps at a rising lr; each then restores the
+weights it began with (``load_state_dict``) for the fit: the fit's first losses come after
+the tuner's, in the same optimizer's count.
 
-Prints the batch size found, every fit step's loss with repr and the fit's step count.
+Prints what the tuner found, every fit step's loss with repr and the fit's step count.
 
-argv: [MAX_EPOCHS]
+argv: [batch-size|lr] [MAX_EPOCHS]
 """
 
 import sys
@@ -26,6 +27,7 @@ class LitRegressor(L.LightningModule):
     def __init__(self, batch_size: int = 8) -> None:
         super().__init__()
         self.batch_size = batch_size
+        self.lr = 1e-3
         self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -35,7 +37,7 @@ class LitRegressor(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=1e-3)
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
 
     def train_dataloader(self) -> DataLoader:
         g = torch.Generator().manual_seed(0)
@@ -56,11 +58,16 @@ class PrintLoss(Callback):
 torch.manual_seed(0)
 model = LitRegressor()
 printer = PrintLoss()
-trainer = L.Trainer(max_epochs=int(sys.argv[1]) if len(sys.argv) > 1 else 3, logger=False,
+mode = sys.argv[1] if len(sys.argv) > 1 else "batch-size"
+trainer = L.Trainer(max_epochs=int(sys.argv[2]) if len(sys.argv) > 2 else 3, logger=False,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     callbacks=[printer])
-Tuner(trainer).scale_batch_size(model, mode="power", max_trials=5, steps_per_trial=3)
-print("batch size", model.batch_size)
+if mode == "lr":
+    found = Tuner(trainer).lr_find(model, update_attr=False)
+    print("lr suggested", found.suggestion() if found is not None else None)
+else:
+    Tuner(trainer).scale_batch_size(model, mode="power", max_trials=5, steps_per_trial=3)
+    print("batch size", model.batch_size)
 printer.fitting = True
 trainer.fit(model)
 print("steps", trainer.global_step)
