@@ -104,16 +104,7 @@ def test_a_model_dropped_after_training_ends_its_stream_with_a_goodbye_not_a_cra
 def test_an_optimizer_made_anew_each_epoch_is_followed_quietly(tmp_path: Path) -> None:
     """The same model, a new SGD each epoch: one stream whose steps go on, the same output,
     and nothing on stderr but Sentinel's address (not a line an epoch)."""
-    script = [sys.executable, str(SCRIPTS / "optimizer_per_epoch.py")]
-    plain = subprocess.run(script, capture_output=True, text=True, timeout=300)
-    assert plain.returncode == 0, plain.stderr
-    history = tmp_path / "h.sqlite"
-    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
-    watched = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
-                              "127.0.0.1:0", "--", *script], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "SENTINEL_RUN": "per-epoch"})
-    assert watched.returncode == 0, watched.stderr
-    assert watched.stdout == plain.stdout
+    plain, watched, history = _plain_and_watched(tmp_path, [str(SCRIPTS / "optimizer_per_epoch.py")], "per-epoch")
     assert [ln for ln in watched.stderr.splitlines() if "metrics at" not in ln] == [], watched.stderr
     with sqlite3.connect(history) as db:
         rows = db.execute("SELECT steps, state FROM runs WHERE run = 'per-epoch'").fetchall()
@@ -128,19 +119,11 @@ def test_a_model_and_optimizer_made_per_task_are_left_alone_after_three_short_tr
     history got a row per task. Now, after three such short trainings in turn, one line says
     so and each new optimizer trains unwatched until an attach costs it little: the
     fine-tune is watched from there as a new training whose steps go on from Adam's count,
-    its losses the printed ones. The meta-optimizer keeps its own stream (it collided with the tasks'
-    before) and none of the tasks' losses: no alert fires but the configuration's note on
-    Adam's beta1 of 0."""
-    script = [sys.executable, str(SCRIPTS / "reptile_tasks.py"), "40", "5", "300", "0.03"]
-    plain = subprocess.run(script, capture_output=True, text=True, timeout=300)
-    assert plain.returncode == 0, plain.stderr
-    history = tmp_path / "h.sqlite"
-    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
-    watched = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
-                              "127.0.0.1:0", "--", *script], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "SENTINEL_RUN": "reptile"})
-    assert watched.returncode == 0, watched.stderr
-    assert watched.stdout == plain.stdout
+    its losses the printed ones. The meta-optimizer keeps its own stream (it collided with
+    the tasks' before) and none of the tasks' losses: no alert fires but the
+    configuration's note on Adam's beta1 of 0."""
+    plain, watched, history = _plain_and_watched(
+        tmp_path, [str(SCRIPTS / "reptile_tasks.py"), "40", "5", "300", "0.03"], "reptile")
     lines = [ln for ln in watched.stderr.splitlines() if "metrics at" not in ln]
     assert len(lines) == 1 and lines[0].startswith(
         "sentinel: 3 optimizers made one after the other each trained for less than 20 times what watching it "
@@ -162,3 +145,20 @@ def test_a_model_and_optimizer_made_per_task_are_left_alone_after_three_short_tr
     assert all(tuned[s] == every10[(s - 1) // 10] for s in tuned if (s - 1) % 10 == 0)
     assert [s for s, _ in meta] == list(range(1, 41))  # one stream for the meta-optimizer, every step
     assert [s for s, loss in meta if loss is not None and s > 4] == []  # the tasks' losses are not its own
+
+
+def _plain_and_watched(tmp_path: Path, args: list[str], run: str,
+                       ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:
+    """The script run plainly, then under ``sentinel run`` as ``run`` with a history: both
+    runs (each exited 0, the same stdout) and the history's path."""
+    script = [sys.executable, *args]
+    plain = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    watched = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen",
+                              "127.0.0.1:0", "--", *script], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "SENTINEL_RUN": run})
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == plain.stdout
+    return plain, watched, history
