@@ -27,11 +27,13 @@ unseen. This one judges only the samples of steps ``1..until`` and needs no base
 
 ``count`` and the levels make single noisy batches harmless: on the clean scenario runs
 the most upward jumps of 3× in 50 steps was one, and the most consecutive gradient-norm
-rises five. Weights the script set itself within the early phase (``ctx.rewrite_step``) end
-the samples judged before them: Lightning's batch-size finder trains a few steps per trial,
-then restores the initial weights for the fit, whose first losses, judged against the
-trials' (steps of other batch sizes), paged ``EarlyLossRising``. After ``until`` (the rule's ``until_steps``) the verdict is OK, so an alert
+rises five. After ``until`` (the rule's ``until_steps``) the verdict is OK, so an alert
 resolves once the early phase is over.
+
+Weights the script set itself within the early phase (``ctx.rewrite_step``) end the samples
+judged before them: Lightning's batch-size finder trains a few steps per trial, then
+restores the initial weights for the fit, whose first losses, judged against the trials'
+(steps of other batch sizes), paged ``EarlyLossRising``.
 
 Cost: only during the first ``until`` steps; one pass over at most ``until`` samples.
 """
