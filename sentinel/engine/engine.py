@@ -197,8 +197,8 @@ class Engine:
         store = self.store
         if kind == "step":
             last = self.ingestor.last_step(job, run, rank, frame.get("opt", ""))
-            if last is not None and (wire.starts_over(frame["step"], last)
-                                     or (job, run, rank, frame.get("opt", "")) in self.byes):
+            if last is not None and (wire.starts_over(frame["step"], last) or (
+                    self.byes and (job, run, rank, frame.get("opt", "")) in self.byes)):
                 self._start_over(job, run, rank, last)
         with store.lock:  # the GPU poller's thread writes the store too
             store.written.clear()
@@ -210,7 +210,7 @@ class Engine:
             if len(self.byes) > 10_000:
                 self.byes.clear()
             self.byes.add((*rk, opt))
-        elif kind in ("step", "log"):
+        elif self.byes and kind in ("step", "log"):
             self.byes.discard((*rk, opt))
         if kind == "bye" and opt and not frame.get("exc") and not frame.get("status") and self._stream_ends(rk, opt):
             self.pids.pop((*rk, opt), None)  # one optimizer of several stopped: the rank goes on with the others

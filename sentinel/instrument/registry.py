@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument import losses
 from sentinel.instrument.untraced import eager_only
 
 log = logging.getLogger("sentinel")
@@ -46,7 +47,10 @@ _by_opt: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[Any] | Non
 _held: dict[int, Any] = {}  # id -> a monitor kept until it closes
 _owner: dict[int, weakref.ref[Any]] = {}  # id(parameter) -> the monitor watching it
 _hooked = False
-_fallback: Callable[[torch.optim.Optimizer], None] | None = None
+_fallback: Callable[[torch.optim.Optimizer], Any] | None = None
+# optimizers the fallback let step unwatched (zero-code mode's series of short trainings): at
+# their next steps only it is asked again, without the look for a monitor to adopt them
+_waiting: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 _failures = 0
 _streams: list[weakref.ref[Any]] = []  # monitors of optimizers, in the order they were made
 _expected = 1  # optimizers zero-code mode found alive when it attached its first monitor
@@ -257,8 +261,10 @@ def _process_label(monitor: Any) -> str:
     return label if label not in taken else next(str(i) for i in range(len(live) + 1) if str(i) not in taken)
 
 
-def set_fallback(fn: Callable[[torch.optim.Optimizer], None] | None) -> None:
-    """What to do with an optimizer that steps no watched parameter (zero-code: attach)."""
+def set_fallback(fn: Callable[[torch.optim.Optimizer], Any] | None) -> None:
+    """What to do with an optimizer that steps no watched parameter (zero-code: attach).
+    ``fn`` returns the monitor it attached, or None to let the optimizer step unwatched and
+    be asked again at its next step."""
     global _fallback
     _fallback = fn
     if fn is not None:
@@ -304,8 +310,6 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if mon is not None:
         mon.step_post(opt, args, kwargs)
     else:  # its step took the losses since the last one: no other optimizer's step may count them
-        from sentinel.instrument import losses
-
         losses.unclaimed()
 
 
@@ -408,6 +412,10 @@ def _unwatched(opt: torch.optim.Optimizer) -> None:
     if _failures >= 3:
         return
     try:
+        if opt in _waiting and _fallback is not None:  # let wait at its first step: the fallback's alone now
+            if _fallback(opt) is not None:
+                _waiting.discard(opt)
+            return
         if shared_inner(opt) is not None:  # SAM.step(closure): its base optimizer's step is the update
             _by_opt[opt] = None
             return
@@ -415,7 +423,8 @@ def _unwatched(opt: torch.optim.Optimizer) -> None:
         if mon is not None and not getattr(mon, "closed", True):
             mon.adopt(opt)  # claims it: the step goes to it now
         elif _fallback is not None:
-            _fallback(opt)
+            if _fallback(opt) is None:
+                _waiting.add(opt)
         else:
             _by_opt[opt] = None  # nobody's: don't look again
     except Exception:
