@@ -25,8 +25,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _query(base: str, promql: str) -> list[dict[str, object]]:
-    url = f"{base}/api/v1/query?query={urllib.parse.quote(promql)}"
+def _query(base: str, promql: str, at: float | None = None) -> list[dict[str, object]]:
+    """An instant query, evaluated now or at the Unix time ``at``."""
+    url = f"{base}/api/v1/query?query={urllib.parse.quote(promql)}" + ("" if at is None else f"&time={at}")
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             body = json.load(r)
