@@ -10,10 +10,18 @@ is the loss's floor. Many losses have no such zero: PPO's clipped surrogate plus
 minus an entropy bonus sits around 0 with either sign, a Gaussian VAE's negative ELBO falls
 through 0 as it fits. There a best level near 0 made any rise "twice" it (a clean PPO run
 whose 50-step level went from -0.0085 to +0.0061, with batch-to-batch noise of 0.009, was
-"diverging"). So where the window holds a value ≤ 0, the rise is measured against
-``max(|best|, noise·σ)``, σ the median robust spread (1.4826 × MAD) of the samples within
-their chunks: the level's move is judged against the loss's own noise, not against its
-distance from an arbitrary 0. A positive series keeps the ratio.
+"diverging"). So the rise is measured against ``max(|best|, noise·σ)``, σ the median
+robust spread (1.4826 × MAD) of the samples within their chunks: the level's move is judged
+against the loss's own noise, not against its distance from an arbitrary 0.
+
+The same holds for a positive loss at its noise floor. A small regression fitted down to
+where its batches' losses are mostly noise (a sine fine-tuned by Adam at a constant lr:
+best level 0.0004, single batches spread by 0.0009) wanders between medians of 0.0004 and
+0.0011 over hundreds of steps, "2.7× its best" and yet within one batch's spread of it; it
+paged critical. Where a loss's level is well above its batches' spread (any loss still far
+from its floor), ``|best|`` is the larger and the ratio decides as before. σ is computed
+only when the ratio alone would fire (or the window holds a value ≤ 0), so a quiet
+verdict costs nothing more.
 """
 
 from __future__ import annotations
@@ -32,13 +40,13 @@ class DivergenceParams(Params):
         window: samples considered (bounded by the store's capacity).
         recent: samples whose median is the current level.
         chunk: chunk size for the best level.
-        factor: fire when current > best + (factor − 1)·|best|.
+        factor: fire when current > best + (factor − 1)·|best| (see ``noise``).
         min_samples: fewer samples than this (since warm-up / lr change) give no verdict.
         min_rise: the current level must also exceed the best by this absolute amount,
             so a loss resting at ~0 does not "double" on noise.
-        noise: where the window holds a value ≤ 0 (a loss without a floor at 0), the
-            rise is ``(factor − 1)`` times ``max(|best|, noise × σ)``, σ the robust
-            spread of the samples within their chunks.
+        noise: the rise is ``(factor − 1)`` times ``max(|best|, noise × σ)``, σ the
+            robust spread of the samples within their chunks: a loss without a floor at
+            0, or one at its noise floor, is judged against its batches' spread.
     """
 
     window: int = Field(default=400, ge=10)
@@ -82,11 +90,13 @@ def detect(window: Window, params: DivergenceParams, ctx: Context) -> Verdict | 
     rows = np.sort(older[len(older) - n :].reshape(-1, c), axis=1)
     meds = 0.5 * (rows[:, (c - 1) // 2] + rows[:, c // 2])
     best = float(meds.min())
-    scale = abs(best)
-    if params.noise > 0.0 and float(vals.min()) <= 0.0:  # no floor at 0: |best| is no scale
+    threshold = best + max((params.factor - 1.0) * abs(best), params.min_rise)
+    # no floor at 0 (|best| is no scale), or a rise the batches' spread may hold: the noise
+    # decides too. Only raises the threshold, so a positive loss below it needs no σ
+    if params.noise > 0.0 and (current > threshold or float(vals.min()) <= 0.0):
         sigma = 1.4826 * float(np.median(np.median(np.abs(rows - meds[:, None]), axis=1)))
-        scale = max(scale, params.noise * sigma)
-    threshold = best + max((params.factor - 1.0) * scale, params.min_rise)
+        scale = max(abs(best), params.noise * sigma)
+        threshold = best + max((params.factor - 1.0) * scale, params.min_rise)
     firing = current > threshold
     if best > 0:
         detail = f"{current / best:.3g}× the best level {best:.3g}"

@@ -306,6 +306,31 @@ def test_divergence_of_a_loss_that_crosses_zero(values: list[float], fires: bool
     assert v is not None and v.firing is fires, v
 
 
+def _floor(level: float, n: int, seed: int) -> list[float]:
+    """Batch losses of a regression fitted down to its noise floor: heavy-tailed above their
+    median (a sine fitted by Adam, batch 10: the 90th percentile 3-7× the median, the robust
+    spread about the median itself), here log-normal with a log-spread of 1.4."""
+    return list(level * np.exp(1.4 * np.random.default_rng(seed).standard_normal(n)))
+
+
+@pytest.mark.parametrize(
+    ("later", "fires"),
+    [
+        # the level wandering to 2.5× within the batches' spread: the sine fine-tune's
+        # 0.0004 -> 0.0011 read "2.87× the best level" and paged critical
+        (2.5, False),
+        # thrown well past the spread, and far past it
+        (5.0, True),
+        (30.0, True),
+    ],
+)
+def test_divergence_of_a_loss_at_its_noise_floor(later: float, fires: bool) -> None:
+    values = _floor(0.0004, 350, 1) + _floor(0.0004 * later, 50, 2)
+    v = DETECTORS["divergence"].fn(win(values), DivergenceParams(**_DIV_PACK), ctx())
+    assert v is not None and v.firing is fires, v
+    assert v.value / v.baseline > 4.0  # by the ratio alone, each of them "diverged"
+
+
 # -- oscillation ----------------------------------------------------------------------
 
 _OSC: dict[str, Any] = {"window": 100, "min_samples": 50, "amplitude": 0.3}
