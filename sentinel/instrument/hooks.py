@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -166,6 +167,7 @@ class Hooks:
             return None
         self.closure_done[k] = False
         measure, done, run, sums = self.measure, self.closure_done, self.boundary.run, self.losses
+        beat = measure.heartbeat
 
         def closure_then_read(*a: Any, **kw: Any) -> Any:
             out = closure(*a, **kw)
@@ -175,6 +177,11 @@ class Hooks:
                     measure.guard_grads(k, step, run("grad", measure.grad_stats, k, step))
                 if sums is not None:
                     sums.freeze()  # LBFGS re-evaluates: the first loss is the step's
+            elif beat is not None:
+                # a re-evaluation inside the step is progress: a physics-informed network's
+                # one LBFGS step of max_iter 50,000 after its Adam phase runs for many minutes,
+                # its forwards in training mode (no beat), and paged TrainingStalled
+                beat(time.perf_counter())
             return out
 
         if "closure" in kwargs:

@@ -68,7 +68,8 @@ class WatchOptions:
     """State tensors sampled for the saturation ratio at most."""
     heartbeat_seconds: float = 20.0
     """While the rank evaluates (forwards in ``eval()`` mode or with gradients off, loader
-    batches drawn with gradients off) but takes no optimizer step, a frame says so at most
+    batches drawn with gradients off; a step's closure called again, as a long LBFGS step
+    does) but takes no optimizer step, a frame says so at most
     this often, so that ``TrainingStalled`` and the status page count its silence from the
     last heartbeat, not from the last step."""
     rl: bool | None = None

@@ -228,6 +228,23 @@ def test_an_evaluation_longer_than_the_stall_limit_is_no_stall_and_a_hang_after_
         end_process(proc)
 
 
+def test_a_pinns_long_lbfgs_step_is_no_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A physics-informed network's Adam phase, then its one LBFGS step of many closure calls
+    (scripts/pinn.py): every forward in that step is a training forward, and the step, minutes
+    long in the public ports, paged TrainingStalled (critical). Here a step of 8 s or more
+    against a stall limit of 3 s, heartbeats every 0.5 s (20 s by default, for 600 s)."""
+    monkeypatch.setenv("SENTINEL_HEARTBEAT_SECONDS", "0.5")
+    cfg = _config(tmp_path, "rules:\n  TrainingStalled:\n    params: {min_seconds: 3}\n")
+    done = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                           "--", sys.executable, str(SCRIPTS / "pinn.py"), "200", "300", "0.1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    m = re.search(r"^lbfgs: ([\d.]+) s, (\d+) evaluations$", done.stdout, re.M)
+    assert m and float(m.group(1)) >= 8 and int(m.group(2)) >= 80, done.stdout  # one step, far past the limit
+    assert "sentinel: metrics at" in done.stderr  # watched: the daemon ran and said where
+    assert "TrainingStalled" not in done.stderr, done.stderr
+
+
 def test_a_seq2seq_scripts_decoder_gets_groups_of_its_own(tmp_path: Path) -> None:
     release = tmp_path / "release"
     proc, url = _start([sys.executable, str(SCRIPTS / "shapes_train.py"), "seq2seq", str(release)])

@@ -215,3 +215,63 @@ def test_no_heartbeat_leaves_while_a_cuda_graph_is_being_captured(monkeypatch: A
         assert len(_beats(sender)) == 1
     finally:
         mon.close()
+
+
+def test_an_lbfgs_steps_re_evaluations_beat() -> None:
+    """A physics-informed network in the shape of the PyTorch ports of Raissi's PINNs: an Adam
+    phase, then one ``LBFGS.step(closure)`` with a large ``max_iter`` over the same weights,
+    the closure a forward in training mode whose residual takes ``autograd.grad`` of the
+    output by its inputs. That one step runs for minutes in real scripts (max_iter 50,000),
+    every forward in it a training forward, which beats nothing: the stall rule paged
+    (TrainingStalled, critical) a healthy run. Each re-evaluation inside the step beats."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 20), torch.nn.Tanh(), torch.nn.Linear(20, 20), torch.nn.Tanh(),
+                              torch.nn.Linear(20, 1))
+    x = torch.linspace(-1.0, 1.0, 64).unsqueeze(1).requires_grad_(True)
+    edges = torch.tensor([[-1.0], [1.0]])
+    adam = torch.optim.Adam(net.parameters(), lr=1e-3)
+    lbfgs = torch.optim.LBFGS(net.parameters(), lr=1.0, max_iter=60, tolerance_grad=0.0, tolerance_change=0.0,
+                              history_size=50, line_search_fn="strong_wolfe")
+    mon, sender = make_monitor(net, [adam, lbfgs], heartbeat_seconds=EVERY)
+    calls = 0
+
+    def loss_func() -> torch.Tensor:  # the residual of u'' = -pi^2 sin(pi x), u(-1) = u(1) = 0
+        nonlocal calls
+        calls += 1
+        time.sleep(0.02)  # a real collocation set's forward and double backward
+        u = net(x)
+        u_x = torch.autograd.grad(u, x, torch.ones_like(u), create_graph=True)[0]
+        u_xx = torch.autograd.grad(u_x, x, torch.ones_like(u_x), create_graph=True)[0]
+        f = u_xx + torch.pi ** 2 * torch.sin(torch.pi * x)
+        return f.pow(2).mean() + net(edges).pow(2).mean()
+
+    try:
+        for _ in range(20):
+            adam.zero_grad()
+            loss = loss_func()
+            loss.backward()
+            adam.step()
+        assert _beats(sender) == []  # training: no beat
+        reported = len(sender.steps())
+        last = sender.steps()[-1]["step"]
+        started = time.time()
+
+        def closure() -> torch.Tensor:
+            lbfgs.zero_grad()
+            loss = loss_func()
+            loss.backward()
+            return loss
+
+        lbfgs.step(closure)
+        ended = time.time()
+        beats = _beats(sender)
+        assert calls - 20 > 60  # the one step evaluated its closure 60+ times, over 1.2 s or more
+        assert len(beats) >= 3, [(b["t"], b["beat"]) for b in beats]
+        # while the step ran, after the last step reported before it
+        assert all(b["step"] == last and started < float(b["t"]) < ended for b in beats)  # type: ignore[arg-type]
+        labels = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+        stored = sender.engine.store.last("sentinel_last_heartbeat_timestamp_seconds", labels)
+        assert stored is not None and stored[2] == float(beats[-1]["t"])  # type: ignore[arg-type]
+        assert len(sender.steps()) == reported + 1  # and the LBFGS step is reported as one step
+    finally:
+        mon.close()
