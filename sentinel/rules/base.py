@@ -61,6 +61,8 @@ class Context:
             rule's warm-up, or the last learning-rate change, whichever is later.
         reference: the latest value of the rule's ``reference`` metric (e.g. memory
             capacity), or None.
+        reference_window: the latest samples of the ``reference`` metric, for a detector
+            whose parameters ask for them (:meth:`Params.reference_samples`), else None.
         series: the labels of the evaluated series beyond job/run/rank (e.g. ``source``).
         nonfinite_groups: ``{source: [group, ...]}`` as passed by the engine.
         amp_skipped: the AMP scaler skipped a step since the previous frame of this rank.
@@ -84,6 +86,7 @@ class Context:
     now: float
     since_step: int = 0
     reference: float | None = None
+    reference_window: Window | None = None
     series: Mapping[str, str] = field(default_factory=dict)
     nonfinite_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
     amp_skipped: bool = False
@@ -104,6 +107,11 @@ class Params(BaseModel):
     def samples(self) -> int:
         """How many of the latest samples the detector needs in its window."""
         return 1
+
+    def reference_samples(self) -> int:
+        """How many of the latest samples of the rule's ``reference`` metric the detector
+        reads (``ctx.reference_window``); 0: none."""
+        return 0
 
 
 Detector = Callable[[Window, Any, Context], Verdict | None]

@@ -92,7 +92,8 @@ class Rule(BaseModel):
         name: the alert name (a contract for built-in rules).
         kind: a key of :data:`~sentinel.rules.registry.DETECTORS`.
         metric: the series read; with a list, the first one the rank reports.
-        reference: a metric of the same rank whose latest value is ``ctx.reference``.
+        reference: a metric of the same rank whose latest value is ``ctx.reference`` (and
+            whose latest samples are ``ctx.reference_window``, for a detector that asks).
         per: ``rank`` reads every series of the metric for the rank (one, or one per
             extra label such as ``source``); ``group`` reads only series with a
             ``group`` label, and the alert lists the groups; ``gpu`` reads the node's GPU

@@ -207,6 +207,8 @@ class Judge:
         cctx.lr_change_step = lr_change
         cctx.guard_skipped = ev.guard_skipped  # the step guard kept this step out
         cctx.rewrite_step = ev.rewrite
+        if c.rule.reference is not None and (n := c.params.reference_samples()) > 0:
+            cctx.reference_window = self.store.window(c.rule.reference, ev.rs.labels, n)
         if c.spec.quiet is not None:
             if memo is None:
                 memo = self._memos[(c.idx, series_labels)] = {}

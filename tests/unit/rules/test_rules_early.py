@@ -155,3 +155,37 @@ def test_a_rise_of_the_median_within_the_noise_is_no_rise() -> None:
     assert verdict(noisy, **params) is True  # the medians alone
     assert verdict(noisy, separation=0.8, **params) is False
     assert verdict(risen, separation=0.8, **params) is True
+
+
+# the PyTorch tutorial's cubic polynomial (polynomial_custom_module.py): its update ratios
+# and summed losses of steps 1-6, falling at every step
+POLY_UAR = [0.46, 0.233, 0.125, 0.083, 0.069, 0.064]
+POLY_LOSS = [295568.6, 85235.8, 40748.2, 28699.8, 23413.0, 19880.7]
+
+
+@pytest.mark.parametrize(
+    ("loss", "fires"),
+    [
+        (POLY_LOSS, False),  # each large update lowered the loss: a descent from a far start
+        ([295568.6, 85235.8, 90000.0, 28699.8, 23413.0, 19880.7], True),  # one rose: thrown
+        (None, True),  # no loss reported: the updates alone decide
+    ],
+)
+def test_large_first_updates_that_lower_the_loss_at_every_step(loss: list[float] | None, fires: bool) -> None:
+    p = EarlyParams(check="above", value=0.1, count=3, unless_falling=True)
+    assert p.reference_samples() == 101 and EarlyParams(check="above").reference_samples() == 0
+    ctx = Context(step=6, now=0.0, reference_window=None if loss is None else win(loss))
+    v = detect(win(POLY_UAR), p, ctx)
+    assert v is not None and v.firing is fires and v.value == 3.0
+
+
+@pytest.mark.parametrize("rises", [False, True])
+def test_the_default_pack_reads_the_loss_beside_the_large_first_updates(rises: bool) -> None:
+    eng, store = _engine()
+    labels = labels_of(job="j", run="r", rank=0)
+    fired = []
+    for step, (uar, loss) in enumerate(zip(POLY_UAR, POLY_LOSS), 1):
+        store.add("sentinel_loss", labels, step, float(step), 1e6 if rises and step == 3 else loss)
+        store.add("sentinel_update_mean_abs_ratio", labels, step, float(step), uar)
+        fired += [t.alertname for t in eng.evaluate("j", "r", 0, step, float(step)) if t.state_to == "firing"]
+    assert ("EarlyUpdateTooLarge" in fired) is rises, fired
