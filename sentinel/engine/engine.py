@@ -87,6 +87,8 @@ class Engine:
         # credentials), checked on tick: a rank whose process is gone without a goodbye frame
         # crashed. Per stream: a rank's streams may be processes of their own (Hogwild workers)
         self.pids: dict[tuple[str, str, int, str], int] = {}
+        # looked up at each call: a run forgotten replaces the dict
+        self.rules.process_of = lambda key: self.pids.get(key)
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
         self._scan: deque[tuple[str, str, int, str]] = deque()  # streams still to check in this sweep

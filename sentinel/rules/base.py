@@ -80,6 +80,8 @@ class Context:
             checkpoint restored: a tuner's trials undone before the fit; a rewind), or None.
         heartbeat: for the time-based rules, the Unix time of the last heartbeat of any
             rank of the run (it evaluated between steps), or None.
+        sibling_step: for the time-based rules, the Unix time of the latest step of
+            another stream of the same process (another optimizer of the rank), or None.
     """
 
     step: int
@@ -97,6 +99,7 @@ class Context:
     rewrite_step: int | None = None
     lr_change_step: int | None = None
     heartbeat: float | None = None
+    sibling_step: float | None = None
 
 
 class Params(BaseModel):

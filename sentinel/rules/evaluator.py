@@ -41,6 +41,7 @@ from sentinel.store import Store, labels_of
 
 AMP_SKIPS = "sentinel_amp_skipped_steps_total"
 HEARTBEAT = "sentinel_last_heartbeat_timestamp_seconds"
+STEP = "sentinel_step"
 NODE_JOB = "node"
 """The job of alerts about the machine rather than a training run (GPU health)."""
 NO_RANK = -1
@@ -83,6 +84,9 @@ class RuleEngine:
         self._runs: dict[tuple[str, str], set[int]] = {}
         self._ranks: dict[tuple[str, str, int, str], RankState] = {}  # (job, run, rank, stream)
         self._judge = Judge(store, self._life, refresh_steps)
+        # the process a stream reports from, (job, run, rank, stream) -> pid, where the
+        # transport knows it (the engine sets it; None: taken for one process per rank)
+        self.process_of: Callable[[tuple[str, str, int, str]], int | None] = lambda key: None
         # the step rules to consider per (gauges written, only): see _candidates
         self._cands: dict[tuple[frozenset[str] | None, tuple[str, ...] | None], list[Compiled]] = {}
 
@@ -191,12 +195,13 @@ class RuleEngine:
             for (job, run), ranks in list(self._runs.items()):
                 streams = sorted((k[2], k[3]) for k in self._ranks if k[0] == job and k[1] == run)
                 beat = self._heartbeat(job, run) if self._time_rules else None
+                siblings = self._siblings_stepped(job, run, streams) if self._time_rules else {}
                 for c in self._time_rules:
                     for rank, opt in streams:
                         rs = self._rank(job, run, rank, opt)
                         if rs.last_step < c.gate_until:
                             continue
-                        self._time_eval(c, job, run, rank, rs, now, now, beat)
+                        self._time_eval(c, job, run, rank, rs, now, now, beat, siblings.get((rank, opt)))
                     if self._life.is_open(c.rule.name, job, run):
                         out += self._life.settle(c.rule.name, job, run, now, ranks)
             out += self._life.flush(now)
@@ -311,9 +316,31 @@ class RuleEngine:
                  for last in (store.last(HEARTBEAT, rs.labels),) if last is not None]
         return max(times) if times else None
 
+    def _siblings_stepped(self, job: str, run: str, streams: list[tuple[int, str]]) -> dict[tuple[int, str], float]:
+        """Per stream of a rank with several (one per optimizer), the time of the latest
+        step of another stream of the same process: a layer-wise script (the PyTorch
+        examples' Forward-Forward: one Adam per layer, each trained in turn) or a phase
+        whose optimizer is done while the next one trains is no hang of the first."""
+        if len({rank for rank, _ in streams}) == len(streams):
+            return {}  # one stream per rank: no siblings
+        store, ranks, process_of = self.store, self._ranks, self.process_of
+        last: dict[tuple[int, str], float] = {}
+        for rank, opt in streams:
+            got = store.last(STEP, ranks[(job, run, rank, opt)].labels)
+            if got is not None:
+                last[(rank, opt)] = got[1]
+        out: dict[tuple[int, str], float] = {}
+        for rank, opt in streams:
+            pid = process_of((job, run, rank, opt))
+            times = [t for (r, o), t in last.items() if r == rank and o != opt
+                     and (pid is None or process_of((job, run, r, o)) in (None, pid))]
+            if times:
+                out[(rank, opt)] = max(times)
+        return out
+
     def _time_eval(
         self, c: Compiled, job: str, run: str, rank: int, rs: RankState, t: float, now: float,
-        beat: float | None = None,
+        beat: float | None = None, sibling: float | None = None,
     ) -> None:
         step = rs.last_step
         sel = self._judge.selection(c, job, run, rank, rs, step)
@@ -321,7 +348,7 @@ class RuleEngine:
             return
         for _, extra, series in sel.series:
             window = series.window(c.samples)
-            cctx = Context(step=step, now=t, series=dict(extra), heartbeat=beat)
+            cctx = Context(step=step, now=t, series=dict(extra), heartbeat=beat, sibling_step=sibling)
             verdict = c.spec.fn(window, c.rule.params, cctx)
             self._judge.evaluations += 1
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)

@@ -59,6 +59,7 @@ def _skips(r: Rule) -> str:
 
 
 RUN_HEARTBEAT_AGE = "time() - max by (job, run) (sentinel_last_heartbeat_timestamp_seconds)"
+RANK_STEP_AGE = "time() - max by (job, run, rank) (sentinel_last_step_timestamp_seconds)"
 """Seconds since any rank of a run last sent a heartbeat (it evaluated between steps)."""
 
 # rule name → (expr from the rule, `for`)
@@ -70,9 +71,13 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
                           'increase(sentinel_guard_skipped_total{reason="nonfinite"}[5m]) > 0)', "0m"),
     # no step for the limit, and no rank of the run evaluated within it (heartbeats): while
     # rank 0 evaluates alone, the others wait for it in a collective
+    # not while the run evaluates (its last heartbeat), nor while another optimizer of the
+    # rank steps (a layer trained before the next; the engine also tells a rank's processes
+    # apart, which Prometheus cannot: Hogwild workers are one rank here)
     "TrainingStalled": (lambda r: "time() - sentinel_last_step_timestamp_seconds > {0} unless on (job, run) "
-                        "({1} <= {0})".format(_num(float(getattr(r.params, "min_seconds", 600.0))),
-                                              RUN_HEARTBEAT_AGE), "0m"),
+                        "({1} <= {0}) unless on (job, run, rank) ({2} <= {0})".format(
+                            _num(float(getattr(r.params, "min_seconds", 600.0))), RUN_HEARTBEAT_AGE,
+                            RANK_STEP_AGE), "0m"),
     "OOMRisk": (lambda r: _memory(r, 0.8), "5m"),
     "MemoryCritical": (lambda r: _memory(r, 0.9), "2m"),
     # the seeds state these thresholds for UAR (mean|dw|/mean|w|); the L2 ratio where a run has none
@@ -208,6 +213,20 @@ def promtool_tests(pack: RulePack, rule_file: str = "../sentinel.rules.yml") -> 
                                     "rank": rank},
                      "exp_annotations": {**ann, "summary": ann["summary"].replace("{{ $labels.rank }}", rank)}}
                     for rank in ("0", "1")]}]})
+    if "TrainingStalled" in exported and "by (job, run, rank)" in exported["TrainingStalled"]["expr"]:
+        # rank 0's optimizer "0" done after 1m while its optimizer "1" steps until 20m (a layer
+        # trained before the next): quiet; both firing 10 minutes after the last step of "1"
+        ann = dict(exported["TrainingStalled"]["annotations"])
+        ann["summary"] = ann["summary"].replace("{{ $labels.run }}", "r1").replace("{{ $labels.rank }}", "0")
+        tests.append({"interval": "1m", "input_series": [
+            {"series": f'sentinel_last_step_timestamp_seconds{{{_L},optimizer="0"}}', "values": "0 60 60x40"},
+            {"series": f'sentinel_last_step_timestamp_seconds{{{_L},optimizer="1"}}', "values": "0 60+60x19 1200x21"}],
+            "alert_rule_test": [
+                {"eval_time": "19m", "alertname": "TrainingStalled", "exp_alerts": []},
+                {"eval_time": "29m", "alertname": "TrainingStalled", "exp_alerts": []},
+                {"eval_time": "31m", "alertname": "TrainingStalled", "exp_alerts": [
+                    {"exp_labels": {**exported["TrainingStalled"]["labels"], "job": "train", "run": "r1", "rank": "0",
+                                    "optimizer": opt}, "exp_annotations": ann} for opt in ("0", "1")]}]})
     if "StepsSkippedRepeatedly" in exported and " and on " in exported["StepsSkippedRepeatedly"]["expr"]:
         # the latest run of skips was long, and the guard has skipped nothing since: quiet
         # 5 minutes after the last skip, though the run's length is still there

@@ -10,6 +10,12 @@ the silence then counts from the later of the rank's last step and the run's las
 heartbeat (``ctx.heartbeat``, any rank's: the ranks that wait in a collective while rank 0
 evaluates alone are not stalled either), so an evaluation is not paged as a hang, and a
 hang after it is.
+
+An optimizer's stream whose process goes on stepping another optimizer (``ctx.sibling_step``)
+is not stalled either: a script that trains in phases, one optimizer after another (the
+PyTorch examples' Forward-Forward trains each layer by its own Adam in turn, every one kept
+alive by its layer), leaves the done ones silent while the process works. A hang stops
+every stream of the process, and pages each.
 """
 
 from __future__ import annotations
@@ -56,8 +62,13 @@ def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
     if typical is not None:
         limit = max(limit, params.factor * typical)
     since_step = max(0.0, ctx.now - times[-1])
-    silence = since_step if ctx.heartbeat is None else min(since_step, max(0.0, ctx.now - ctx.heartbeat))
-    if silence < since_step:
+    beat = since_step if ctx.heartbeat is None else min(since_step, max(0.0, ctx.now - ctx.heartbeat))
+    sibling = since_step if ctx.sibling_step is None else min(since_step, max(0.0, ctx.now - ctx.sibling_step))
+    silence = min(beat, sibling)
+    if sibling < beat:
+        detail = (f"no step for {since_step:.0f} s, another optimizer of its process stepped {sibling:.0f} s ago "
+                  f"(limit {limit:.0f} s)")
+    elif silence < since_step:
         detail = f"no step for {since_step:.0f} s, the run's last heartbeat {silence:.0f} s ago (limit {limit:.0f} s)"
     else:
         detail = f"no step for {silence:.0f} s (limit {limit:.0f} s)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Receiver, end_process, retry_gloo_exit_abort, wait_for
+from tests.helpers import Receiver, end_process, retry_gloo_exit_abort, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -242,6 +243,27 @@ def test_a_pinns_long_lbfgs_step_is_no_stall(tmp_path: Path, monkeypatch: pytest
     m = re.search(r"^lbfgs: ([\d.]+) s, (\d+) evaluations$", done.stdout, re.M)
     assert m and float(m.group(1)) >= 8 and int(m.group(2)) >= 80, done.stdout  # one step, far past the limit
     assert "sentinel: metrics at" in done.stderr  # watched: the daemon ran and said where
+    assert "TrainingStalled" not in done.stderr, done.stderr
+
+
+def test_a_layer_trained_before_the_next_one_is_no_stall(tmp_path: Path) -> None:
+    """Forward-Forward (scripts/forward_forward.py): one Adam per layer, the layers trained
+    one after the other, each optimizer kept alive by its layer. The first one's stream is
+    silent while the second trains, and paged TrainingStalled (critical) before; here the
+    second layer trains for 6 s or more against a stall limit of 3 s."""
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05},
+                       rules={"TrainingStalled": {"params": {"min_seconds": 3}}})
+    done = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                           "--", sys.executable, str(SCRIPTS / "forward_forward.py"), "200", "0.03"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with sqlite3.connect(history) as db:
+        first = db.execute("SELECT count(*), max(t) FROM samples").fetchone()
+        second = db.execute("SELECT stream, count(*), min(t), max(t) FROM stream_samples GROUP BY stream").fetchall()
+    # each layer's optimizer its own stream, 200 steps each, the second trained after the first, 6 s+
+    assert first[0] == 200 and [s[:2] for s in second] == [("1", 200)], (first, second)
+    assert second[0][2] > first[1] and second[0][3] - first[1] > 6
     assert "TrainingStalled" not in done.stderr, done.stderr
 
 

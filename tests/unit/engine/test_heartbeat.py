@@ -6,6 +6,7 @@ Real engine, real frames (wire-encoded), the engine's clock set by the test.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sentinel import wire
@@ -105,3 +106,38 @@ def test_a_heartbeat_of_one_optimizer_stream_counts_for_its_process() -> None:
     engine.tick()
     alert = _stalled(engine)
     assert alert is not None and alert["optimizers"] == ["0", "1"], alert
+
+
+def _phases(pids: tuple[int | None, int | None]) -> tuple[Engine, Clock]:
+    """Two optimizers of rank 0 trained one after the other, as the PyTorch examples'
+    Forward-Forward trains each layer by its own Adam in turn: optimizer "0" for 50 steps,
+    then "1" for 800 s (each optimizer's frames from process ``pids[i]``, None: unknown)."""
+    clock = Clock()
+    engine = Engine(clock=clock)
+    for step in range(1, 51):
+        clock.t += 0.5
+        assert engine.feed(_step(0, step, clock.t, opt="0"), pid=pids[0])
+    for step in range(1, 801):
+        clock.t += 1.0
+        assert engine.feed(_step(0, step, clock.t, opt="1"), pid=pids[1])
+        if step % 20 == 0:
+            engine.tick()
+    return engine, clock
+
+
+def test_an_optimizer_done_while_another_of_its_process_trains_is_not_stalled() -> None:
+    for pids in ((None, None), (os.getpid(), os.getpid())):  # the in-process engine knows no pid; the daemon does
+        engine, clock = _phases(pids)
+        assert _stalled(engine) is None, pids  # "0" silent for 800 s while "1" stepped
+        clock.t += 601  # then the process hangs: both streams stopped
+        engine.tick()
+        alert = _stalled(engine)
+        assert alert is not None and alert["state"] == "firing" and alert["optimizers"] == ["0", "1"], alert
+
+
+def test_an_optimizer_of_another_process_stepping_does_not_hide_a_hang() -> None:
+    # Hogwild: each worker a process of its own, both rank 0; worker "0" hung at step 50
+    engine, _ = _phases((os.getpid(), os.getppid()))
+    alert = _stalled(engine)
+    assert alert is not None and alert["optimizers"] == ["0"], alert
+    assert "no step for" in alert["summary"] and "another optimizer" not in alert["summary"]
