@@ -35,7 +35,8 @@ MAX_ALERTS = 50
 STALL_SECONDS = 30.0
 """A rank with no step for max(this, 10 × its median step time) shows as stalled, or as
 evaluating while the run's heartbeats (any rank's evaluation between steps: the others
-wait for it) are that recent."""
+wait for it) are that recent, or as idle while another optimizer's stream of its process
+steps (a layer trained after this one's)."""
 
 CHARTS: dict[str, str] = {
     "loss": "sentinel_loss",
@@ -96,7 +97,7 @@ def _thin(steps: np.ndarray, values: np.ndarray, points: int) -> list[list[float
 
 
 def _state(engine: Any, key: Key, last_time: float | None, step_times: list[float],
-           now: float, heartbeat: float | None) -> str:
+           now: float, heartbeat: float | None, sibling: float | None = None) -> str:
     if key[:3] in getattr(engine, "exited_ranks", {}):
         return "crashed"
     if key[:3] in getattr(engine, "finished", set()):
@@ -104,9 +105,25 @@ def _state(engine: Any, key: Key, last_time: float | None, step_times: list[floa
     if last_time is not None and step_times:
         limit = max(STALL_SECONDS, 10.0 * float(np.median(step_times)))
         if now - last_time > limit:
-            beating = heartbeat is not None and heartbeat > last_time and now - heartbeat <= limit
-            return "evaluating" if beating else "stalled"
+            if heartbeat is not None and heartbeat > last_time and now - heartbeat <= limit:
+                return "evaluating"
+            # its process steps another optimizer (a layer trained after this one's)
+            return "idle" if sibling is not None and now - sibling <= limit else "stalled"
     return "training"
+
+
+def _siblings(engine: Any, last: Mapping[Key, float]) -> dict[Key, float]:
+    """Per stream, the latest step of another stream of the same rank and process (the
+    engine's pids where it knows them)."""
+    pids = getattr(engine, "pids", {})
+    out: dict[Key, float] = {}
+    for key in last:
+        pid = pids.get(key)
+        times = [t for k, t in last.items() if k[:3] == key[:3] and k != key
+                 and (pid is None or pids.get(k) in (None, pid))]
+        if times:
+            out[key] = max(times)
+    return out
 
 
 def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float | None = None) -> dict[str, Any]:
@@ -148,13 +165,15 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
         beat = values.pop("last_heartbeat", None)
         if isinstance(beat, float):
             beats[key[:2]] = max(beat, beats.get(key[:2], beat))
+    last_times = {key: t for key, values in ranks.items()
+                  for t in (values.pop("last_step_time", None),) if isinstance(t, float)}
+    siblings = _siblings(engine, last_times) if len({k[:3] for k in last_times}) < len(last_times) else {}
     for key in sorted(ranks):
         values = ranks[key]
-        last_time = values.pop("last_step_time", None)
-        last_time = last_time if isinstance(last_time, float) else None
+        last_time = last_times.get(key)
         window = store.window("sentinel_step_duration_seconds", series.get(key, {}).get("step_time", ()), 50)
         step_times = [] if window is None else [float(v) for v in window.values if math.isfinite(v)]
-        state = _state(engine, key, last_time, step_times, now, beats.get(key[:2]))
+        state = _state(engine, key, last_time, step_times, now, beats.get(key[:2]), siblings.get(key))
         runs.setdefault(key[:2], []).append({
             "rank": key[2], "state": state, "values": values,
             "seconds_since_step": None if last_time is None else max(0.0, now - last_time),
@@ -178,7 +197,7 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
 
 def _run_state(ranks: list[dict[str, Any]]) -> str:
     states = {r["state"] for r in ranks}
-    for s in ("crashed", "stalled", "training", "evaluating"):
+    for s in ("crashed", "stalled", "training", "evaluating", "idle"):
         if s in states:
             return s
     return "ended"

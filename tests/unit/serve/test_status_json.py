@@ -110,3 +110,23 @@ def test_run_selection() -> None:
     assert status_json(engine, now=2001.0)["selected"] == "j/new"
     assert status_json(engine, {"run": "j/old"}, now=2001.0)["selected"] == "j/old"
     assert len(status_json(engine, {"points": "3"}, now=2001.0)["charts"]["loss"]["ranks"]["0"]) == 3
+
+
+def test_an_optimizer_done_while_another_of_its_process_trains_is_idle_not_stalled() -> None:
+    """Forward-Forward: one Adam per layer, trained in turn; the first layer's stream is
+    silent while the second's steps. A stream of another process (a Hogwild worker, also
+    rank 0) that stopped is stalled."""
+    store = Store()
+    for opt, t0 in (("0", 1000.0), ("1", 1100.0)):  # "0" stepped until 1002.0, "1" until 1102.0
+        base = labels_of(job="j", run="r", rank=0, optimizer=opt)
+        for s in range(1, 21):
+            for name, v in (("sentinel_step", s), ("sentinel_step_duration_seconds", 0.1),
+                            ("sentinel_last_step_timestamp_seconds", t0 + s * 0.1)):
+                store.add(name, base, s, t0 + s * 0.1, v)
+    engine = _Engine(store)
+    [run] = status_json(engine, now=1105.0)["runs"]
+    assert [(r["optimizer"], r["state"]) for r in run["ranks"]] == [("0", "idle"), ("1", "training")]
+    assert run["state"] == "training"
+    engine.pids = {("j", "r", 0, "0"): 11, ("j", "r", 0, "1"): 12}  # type: ignore[attr-defined]
+    assert [r["state"] for r in status_json(engine, now=1105.0)["runs"][0]["ranks"]] == ["stalled", "training"]
+    assert [r["state"] for r in status_json(_Engine(store), now=1140.0)["runs"][0]["ranks"]] == ["stalled"] * 2
