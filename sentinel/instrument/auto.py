@@ -369,7 +369,8 @@ class _Turns:
         if len(last) < SHORT_IN_TURN:
             return False
         ends = [t.began for t in last[1:]] + [time.perf_counter()]
-        return all(not t.overlapped and t.cost > COST_SHARE * (end - t.began) for t, end in zip(last, ends))
+        return (all(not t.overlapped and t.cost > COST_SHARE * (end - t.began) for t, end in zip(last, ends))
+                and not _held_by_script(last))
 
     def _begin(self) -> None:
         self.deferring = True
@@ -390,6 +391,21 @@ class _Turns:
                 log.debug("sentinel: could not close a short training's monitor", exc_info=True)
         self.turns, self.by_id = [], {}
         gc.collect()  # what the script dropped of them goes now (their monitors held it in cycles)
+
+
+def _held_by_script(turns: list[_Turn]) -> bool:
+    """Whether the script still holds an optimizer of ``turns`` (one scan of the heap's
+    references): optimizers it made up front and steps in turn, each one's first round
+    ahead of the others' (a deep ensemble's models with one Adam each, stepped one after
+    another on every batch), look like a series of short trainings until their second
+    round. A series' optimizers are left to their monitors: the script made each anew
+    and dropped the one before (its model's hooks and its monitor hold it in a cycle). A
+    frame of the script holding one (an optimizer in a local) holds it too."""
+    opts = [o for o in [t.opt() for t in turns] if o is not None]  # (no name here holds one)
+    ours = {id(m.optimizers) for m in [t.mon() for t in turns] if m is not None}
+    ours.add(id(opts))
+    here = sys._getframe()
+    return any(id(r) not in ours and r is not here for r in gc.get_referrers(*opts))
 
 
 _turns = _Turns()

@@ -147,6 +147,22 @@ def test_a_model_and_optimizer_made_per_task_are_left_alone_after_three_short_tr
     assert [s for s, loss in meta if loss is not None and s > 4] == []  # the tasks' losses are not its own
 
 
+@pytest.mark.parametrize(("shape", "members"), [("list", 5), ("locals", 4)])
+def test_optimizers_made_up_front_and_stepped_in_turn_are_each_watched_throughout(
+        tmp_path: Path, shape: str, members: int) -> None:
+    """A deep ensemble's members, or a main()'s heads, each stepped once per batch in turn: the
+    first batch attaches one monitor after another, which looked like a series of short
+    trainings (Reptile's per task), and every stream after its first step went unwatched."""
+    _, watched, history = _plain_and_watched(
+        tmp_path, [str(SCRIPTS / "ensemble.py"), shape, "120", str(members)], f"ensemble-{shape}")
+    assert "one after the other" not in watched.stderr, watched.stderr
+    with sqlite3.connect(history) as con:
+        first = con.execute("SELECT count(*), min(step), max(step) FROM samples").fetchone()
+        others = con.execute("SELECT stream, count(*), min(step), max(step) FROM stream_samples GROUP BY stream").fetchall()
+    assert first == (120, 1, 120)
+    assert others == [(str(k), 120, 1, 120) for k in range(1, members)]
+
+
 def _plain_and_watched(tmp_path: Path, args: list[str], run: str,
                        ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:
     """The script run plainly, then under ``sentinel run`` as ``run`` with a history: both
