@@ -306,7 +306,8 @@ class _Turn:
         self.mon = weakref.ref(mon)
         self.began = began  # time.perf_counter() as its monitor began to attach
         self.cost = cost  # seconds attaching its monitor took
-        self.overlapped = False  # it stepped after the next optimizer came: not a training that had ended
+        # it stepped after the next optimizer came, or the script holds it: not a training that had ended
+        self.overlapped = False
 
 
 class _Turns:
@@ -369,8 +370,13 @@ class _Turns:
         if len(last) < SHORT_IN_TURN:
             return False
         ends = [t.began for t in last[1:]] + [time.perf_counter()]
-        return (all(not t.overlapped and t.cost > COST_SHARE * (end - t.began) for t, end in zip(last, ends))
-                and not _held_by_script(last))
+        if not all(not t.overlapped and t.cost > COST_SHARE * (end - t.began) for t, end in zip(last, ends)):
+            return False
+        if _held_by_script(last):
+            for t in last:  # no series member: not looked for again (an ensemble of 50 scans 17 times)
+                t.overlapped = True
+            return False
+        return True
 
     def _begin(self) -> None:
         self.deferring = True
