@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -139,6 +140,32 @@ def run_command(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: 
         shutil.rmtree(folder, ignore_errors=True)
 
 
+_WHY = {"-I": "runs isolated (it ignores PYTHONPATH)", "-E": "ignores the PYTHON* variables (PYTHONPATH among them)",
+        "-S": "imports no site module (nor the sitecustomize Sentinel loads through)"}
+
+
+def unloadable(cmd: Sequence[str]) -> str | None:
+    """The option of a ``python`` command that keeps Sentinel out of it, or None: ``-I``
+    and ``-E`` ignore ``PYTHONPATH``, through which the launcher's shim loads; ``-S`` imports
+    no ``site``, which runs the shim."""
+    if not cmd or not re.fullmatch(r"python[\d.]*", os.path.basename(cmd[0])):
+        return None
+    args = iter(cmd[1:])
+    for arg in args:
+        if arg == "-" or not arg.startswith("-") or arg.startswith("--"):
+            return None  # the script (or stdin), or a long option
+        for i, flag in enumerate(arg[1:], 1):
+            if flag in "IES":
+                return f"-{flag}"
+            if flag in "cm":
+                return None  # what follows is the program's
+            if flag in "WX":  # its value: the rest of this argument, or the next one
+                if i == len(arg) - 1:
+                    next(args, None)
+                break
+    return None
+
+
 def _run(cmd: list[str], config: SentinelConfig, pack: RulePack, listen: str, socket_path: str,
          tags: dict[str, str], share: NodeShare | None = None) -> int:
     daemon = Daemon(config, pack, listen, socket_path)
@@ -159,6 +186,10 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
     note = run_name(cmd, os.environ)[1]
     if note:
         print(note, file=sys.stderr)
+    flag = unloadable(cmd)
+    if flag is not None:
+        print(f"sentinel: {os.path.basename(cmd[0])} {flag} {_WHY[flag]}, so Sentinel cannot load into it and "
+              f"nothing it trains is watched: drop {flag}", file=sys.stderr)
     guard = daemon.service.config.actions.guard.to_options()  # actions.guard: the zero-code monitors'
     if guard is not None and "SENTINEL_GUARD" not in os.environ:
         env["SENTINEL_GUARD"] = json.dumps(guard)
@@ -199,7 +230,7 @@ def _record_end(cmd: list[str], pid: int, status: int, others: list[int], daemon
     daemon.service.flush()
     if history is not None:
         history.run_ended(job, env["SENTINEL_RUN"], max([status, *others]))
-    if not status and share is None and engine.frames_received == 0:
+    if not status and share is None and engine.frames_received == 0 and unloadable(cmd) is None:
         # what it cannot watch: a run that would otherwise end without a word
         print(f"sentinel: {os.path.basename(cmd[0])} sent no report: it stepped no torch optimizer and changed no "
               "parameter between backward() calls (an evaluation, or gradients of the inputs alone: nothing is "

@@ -180,3 +180,24 @@ def test_a_loop_by_hand_whose_first_update_is_zero_is_watched_from_its_first_cha
     assert sorted(samples) == list(range(3, 9))  # from the third backward(), the first the look could tell
     for step, loss in samples.items():
         assert loss == pytest.approx(losses[step], rel=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["-I", "-E"])
+def test_a_python_that_ignores_pythonpath_is_said_to_be_unwatched(tmp_path: Path, flag: str) -> None:
+    """``python -I`` (isolated) and ``python -E`` ignore ``PYTHONPATH``, through which
+    Sentinel loads into the script: its training went unwatched, and the only line said it
+    had "stepped no torch optimizer and changed no parameter", which it had."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    script = str(Path(__file__).parent / "scripts" / "plain_train.py")
+    release = tmp_path / "release"
+    release.touch()
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, flag, script, "20", str(release)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["trained", "exiting"], (out.stdout, out.stderr)
+    said = [ln for ln in out.stderr.splitlines() if ln.startswith("sentinel:") and "metrics at" not in ln]
+    assert said == [f"sentinel: python {flag} " + ("runs isolated (it ignores PYTHONPATH)" if flag == "-I" else
+                                                   "ignores the PYTHON* variables (PYTHONPATH among them)")
+                    + f", so Sentinel cannot load into it and nothing it trains is watched: drop {flag}"], out.stderr
+    db = sqlite3.connect(tmp_path / "sentinel" / "history.sqlite")
+    assert db.execute("SELECT count(*) FROM samples").fetchone() == (0,)  # what the line says: nothing watched
