@@ -22,11 +22,45 @@ def initialize(shim_file: str) -> None:
         return
     _done = True
     if os.environ.get("SENTINEL_AUTO") == "1":
+        try:
+            _own_run(os.environ)
+        except Exception:
+            log.debug("sentinel: could not tell a program run by another", exc_info=True)
         if "torch" in sys.modules:
             _install()
         else:  # most Pythons a launcher starts never import torch: don't make them pay for it
             sys.meta_path.insert(0, _AfterTorch())
     _chain(shim_file)
+
+
+def _own_run(env: os._Environ[str]) -> None:
+    """A program that a watched Python ran as a process of its own (``subprocess.run([python,
+    "eval.py"])``: an evaluation that trains a linear probe) reports as a run of its own,
+    ``RUN-eval``: under its parent's name it took the parent's rank, and the history read the
+    training and each probe as restarts of one run, the last probe's loss its final one.
+    Told apart from the ranks a launcher starts (torchrun's, Lightning's: each its own
+    ``RANK``) and from ``multiprocessing``'s spawned workers (the parent's own)."""
+    spawned = "--multiprocessing-fork" in getattr(sys, "orig_argv", ())
+    rank, me = env.get("RANK", ""), str(os.getpid())
+    parent = env.get("SENTINEL_PROGRAM_PID")
+    if (not spawned and parent is not None and parent != me and rank == env.get("SENTINEL_PROGRAM_RANK", "")
+            and env.get("SENTINEL_RUN")):
+        name = _program_name()
+        if name:
+            env["SENTINEL_RUN"] = f"{env['SENTINEL_RUN']}-{name}"[:128]
+    if not spawned:  # the programs this one runs are its own
+        env["SENTINEL_PROGRAM_PID"], env["SENTINEL_PROGRAM_RANK"] = me, rank
+
+
+def _program_name() -> str:
+    """The script's name without ``.py``, or the module's of ``-m``."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    name = ""
+    if sys.argv and sys.argv[0] == "-m" and "-m" in argv[1:]:
+        name = argv[argv.index("-m", 1) + 1] if argv.index("-m", 1) + 1 < len(argv) else ""
+    elif sys.argv and sys.argv[0] not in ("", "-c", "-"):
+        name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64]
 
 
 def _install() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -265,6 +266,28 @@ def test_a_layer_trained_before_the_next_one_is_no_stall(tmp_path: Path) -> None
     assert first[0] == 200 and [s[:2] for s in second] == [("1", 200)], (first, second)
     assert second[0][2] > first[1] and second[0][3] - first[1] > 6
     assert "TrainingStalled" not in done.stderr, done.stderr
+
+
+def test_a_script_run_by_the_training_script_reports_as_a_run_of_its_own(tmp_path: Path) -> None:
+    """A training script that runs its linear evaluation as another Python process after each
+    phase (scripts/train_and_probe.py, scripts/linear_probe.py): the probe took the training's
+    run and rank, and the history read the training and the probes as four restarts of one run
+    (the training split in two, the last probe's loss the run's final one)."""
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    args = [sys.executable, str(SCRIPTS / "train_and_probe.py"), str(tmp_path / "ckpt.pt"), "2", "100"]
+    plain = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                           "--", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SENTINEL_RUN": "ssl"})
+    assert done.returncode == plain.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout  # the probes' numbers too
+    with sqlite3.connect(history) as db:
+        runs = db.execute("SELECT run, attempt, steps, samples FROM runs ORDER BY id").fetchall()
+        steps = [s for (s,) in db.execute(
+            "SELECT step FROM samples JOIN runs ON runs.id = run_id WHERE run = 'ssl' ORDER BY step")]
+    assert runs == [("ssl", 1, 200, 200), ("ssl-linear_probe", 1, 60, 60), ("ssl-linear_probe", 2, 60, 60)], runs
+    assert steps == list(range(1, 201))  # the training's steps one run, through its probes
 
 
 def test_a_seq2seq_scripts_decoder_gets_groups_of_its_own(tmp_path: Path) -> None:
