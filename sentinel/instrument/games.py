@@ -23,7 +23,9 @@ reaches the head's gradients too) never go back to the first stage.
 
 Optimizers stepped one after another after one ``backward()`` (an encoder's and a
 decoder's, a sparse table's ``SparseAdam`` and a dense head's ``Adam``) share a loss, and
-are no game. A bilevel search that alternates two optimizers over one graph (DARTS) reads as
+are no game. Nor are optimizers over shared parameters, each stepped on a loss of its own
+(a multi-task script's, each over the trunk and its task's head): both lower their own loss
+on the trunk, where a game's players each own theirs. A bilevel search that alternates two optimizers over one graph (DARTS) reads as
 one; ``WatchOptions.game`` says otherwise.
 
 A player's first round of steps goes out as a loss, before the second round shows the game:
@@ -37,6 +39,7 @@ place). Attribute reads, no sync.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 
 import torch
 
@@ -50,8 +53,10 @@ _calls_at_step = 0  # losses.backward_calls when an optimizer last stepped
 class Player:
     """One monitor's optimizers, as seen by the others (see the module docstring)."""
 
-    def __init__(self, param: torch.Tensor | None) -> None:
+    def __init__(self, param: torch.Tensor | None, params: Iterable[torch.Tensor] = ()) -> None:
         self._param = weakref.ref(param) if param is not None else None
+        self._id = id(param)
+        self._ids = frozenset(id(p) for p in params)  # all its optimizers' parameters
         self._grad: tuple[int, int] | None = None  # (id, version) of the gradient before a backward()
         self.own = 0  # its steps on a loss of its own (a backward() since any optimizer stepped)
         # the players its own losses reached (or found frozen), with their own steps' count then
@@ -85,7 +90,9 @@ class Player:
         if losses.backward_calls > _calls_at_step:  # its own loss (else: the last one's, shared)
             self.own += 1
             for other in list(_reached):
-                if other is not self:
+                # players over shared parameters (a multi-task script's optimizers, each over
+                # the trunk and its head, stepped in turn) each lower their own loss on them
+                if other is not self and other._id not in self._ids and self._id not in other._ids:
                     before = self.reached.get(other)
                     if before is not None and other.own > before:  # again, after the other's own step
                         self.adversarial = other.adversarial = True

@@ -103,7 +103,8 @@ class Monitor:
         if self._losses is not None and first is not None:  # its gradient tells a pass whose gradients were thrown away
             self._losses.watch(first)
         # its gradient tells a game's players apart (a GAN's): where each one's loss reaches
-        self._player = games.Player(first) if self.optimizers and o.game is not False else None
+        self._player = games.Player(first, (p for opt in self.optimizers for g in opt.param_groups for p in g["params"])
+                                    ) if self.optimizers and o.game is not False else None
         if self._player is not None and o.game:
             self._player.adversarial = True
         losses.install()  # counts backward() calls: which step a log() belongs to

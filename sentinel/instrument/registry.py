@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import sys
@@ -407,6 +408,23 @@ def _owner_of(opt: torch.optim.Optimizer) -> Any:
     return None
 
 
+def _replaced_still_held(mon: Any, opt: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer of ``mon`` that ``opt`` would take the place of is still held
+    by the script (one scan of the heap's references): two optimizers over a shared trunk,
+    each with its head, stepped in turn on losses of their own (a multi-task script's), are
+    two trainings side by side, not one optimizer made anew (the last one is then left to
+    its monitor). Taken for one, each step of either handed the stream to it, and one
+    stream alternated between the two losses."""
+    new = {id(p) for g in opt.param_groups for p in g["params"]}
+    olds = [o for o in getattr(mon, "optimizers", ())
+            if any(id(p) in new for g in o.param_groups for p in g["params"])]
+    if not olds:
+        return False
+    ours = {id(mon.optimizers), id(olds)}
+    here = sys._getframe()
+    return any(id(r) not in ours and r is not here for r in gc.get_referrers(*olds))
+
+
 def _unwatched(opt: torch.optim.Optimizer) -> None:
     global _failures
     if _failures >= 3:
@@ -420,7 +438,7 @@ def _unwatched(opt: torch.optim.Optimizer) -> None:
             _by_opt[opt] = None
             return
         mon = _owner_of(opt)
-        if mon is not None and not getattr(mon, "closed", True):
+        if mon is not None and not getattr(mon, "closed", True) and not _replaced_still_held(mon, opt):
             mon.adopt(opt)  # claims it: the step goes to it now
         elif _fallback is not None:
             if _fallback(opt) is None:

@@ -163,6 +163,26 @@ def test_optimizers_made_up_front_and_stepped_in_turn_are_each_watched_throughou
     assert others == [(str(k), 120, 1, 120) for k in range(1, members)]
 
 
+def test_two_optimizers_over_a_shared_trunk_are_two_streams_each_with_its_loss(tmp_path: Path) -> None:
+    """A multi-task script's optimizers, each over the trunk and its head, stepped in turn
+    (scripts/multitask_shared.py): the second, whose first parameter the first watched, was
+    taken for one made anew in its place; each step of either handed the stream over, and one
+    stream alternated between the MSE and the cross-entropy (a LossSpike and a LossOscillation
+    warning on a healthy run). Told apart, each was then taken for a game's player (each one's
+    loss changes the trunk's gradients, which the other steps), its loss no loss."""
+    plain, watched, history = _plain_and_watched(tmp_path, [str(SCRIPTS / "multitask_shared.py"), "300"], "mt")
+    with sqlite3.connect(history) as con:
+        a = dict(con.execute("SELECT step, loss FROM samples").fetchall())
+        b = dict(con.execute("SELECT step, loss FROM stream_samples WHERE stream = '1'").fetchall())
+        fired = con.execute("SELECT alertname FROM alerts WHERE state_to = 'firing' AND severity != 'info'").fetchall()
+    assert sorted(a) == sorted(b) == list(range(1, 301))
+    for line in plain.stdout.splitlines():  # every loss the stream's own, as the script printed it
+        step, loss_a, loss_b = line.split()
+        assert a[int(step) + 1] == pytest.approx(float(loss_a), rel=1e-6)
+        assert b[int(step) + 1] == pytest.approx(float(loss_b), rel=1e-6)
+    assert fired == []
+
+
 def _plain_and_watched(tmp_path: Path, args: list[str], run: str,
                        ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:
     """The script run plainly, then under ``sentinel run`` as ``run`` with a history: both

@@ -150,6 +150,35 @@ def test_optimizers_that_share_one_backward_are_no_game() -> None:
     assert not any(m._player.adversarial for m in mons)
 
 
+def test_optimizers_over_a_shared_trunk_each_on_its_own_loss_are_no_game() -> None:
+    """A multi-task script's shape: an optimizer per task over the shared trunk and the
+    task's head, stepped in turn, each on its task's loss. Each one's loss changes the
+    trunk's gradients, which the other steps, round after round, as a game's would; but both
+    lower their own loss on the trunk they share. Each stream keeps its loss."""
+    torch.manual_seed(0)
+    trunk, head_a, head_b = nn.Linear(4, 8), nn.Linear(8, 1), nn.Linear(8, 3)
+    opt_a = torch.optim.Adam([*trunk.parameters(), *head_a.parameters()], 1e-2)
+    opt_b = torch.optim.Adam([*trunk.parameters(), *head_b.parameters()], 1e-2)
+    sender, mons = _watched((nn.Sequential(trunk, head_a), opt_a), (nn.Sequential(trunk, head_b), opt_b))
+    values: list[list[float]] = [[], []]
+    try:
+        for _ in range(5):
+            x = torch.randn(16, 4)
+            for k, (opt, loss) in enumerate(((opt_a, lambda: F.mse_loss(head_a(trunk(x)), x.sum(1, keepdim=True))),
+                                            (opt_b, lambda: F.cross_entropy(head_b(trunk(x)), (x[:, 0] > 0).long())))):
+                opt.zero_grad()
+                value = loss()
+                value.backward()
+                opt.step()
+                values[k].append(float(value.detach()))
+    finally:
+        for mon in mons:
+            mon.close()
+    for k in (0, 1):
+        assert [f["scalars"].get("loss") for f in _stream(sender, k)] == pytest.approx(values[k]), f"optimizer {k}"
+    assert not any(m._player.adversarial for m in mons)
+
+
 def test_a_frozen_backbone_then_its_own_optimizer_is_no_game() -> None:
     """A fine-tuning script's stages: a head trained by its own Adam while the backbone is
     frozen, then the backbone unfrozen and trained by its own SGD, head and all, each
