@@ -409,9 +409,8 @@ def _held_by_script(turns: list[_Turn]) -> bool:
     frame of the script holding one (an optimizer in a local) holds it too."""
     opts = [o for o in [t.opt() for t in turns] if o is not None]  # (no name here holds one)
     ours = {id(m.optimizers) for m in [t.mon() for t in turns] if m is not None}
-    ours.add(id(opts))
-    here = sys._getframe()
-    return any(id(r) not in ours and r is not here for r in gc.get_referrers(*opts))
+    ours.update((id(opts), id(sys._getframe())))  # (an id: a frame in a local is a cycle)
+    return any(id(r) not in ours for r in gc.get_referrers(*opts))
 
 
 _turns = _Turns()

@@ -420,9 +420,8 @@ def _replaced_still_held(mon: Any, opt: torch.optim.Optimizer) -> bool:
             if any(id(p) in new for g in o.param_groups for p in g["params"])]
     if not olds:
         return False
-    ours = {id(mon.optimizers), id(olds)}
-    here = sys._getframe()
-    return any(id(r) not in ours and r is not here for r in gc.get_referrers(*olds))
+    ours = {id(mon.optimizers), id(olds), id(sys._getframe())}  # (an id: a frame in a local is a cycle)
+    return any(id(r) not in ours for r in gc.get_referrers(*olds))
 
 
 def _unwatched(opt: torch.optim.Optimizer) -> None:
