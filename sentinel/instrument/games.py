@@ -25,8 +25,8 @@ Optimizers stepped one after another after one ``backward()`` (an encoder's and 
 decoder's, a sparse table's ``SparseAdam`` and a dense head's ``Adam``) share a loss, and
 are no game. Nor are optimizers over shared parameters, each stepped on a loss of its own
 (a multi-task script's, each over the trunk and its task's head): both lower their own loss
-on the trunk, where a game's players each own theirs. A bilevel search that alternates two optimizers over one graph (DARTS) reads as
-one; ``WatchOptions.game`` says otherwise.
+on the trunk, where a game's players each own theirs. A bilevel search that alternates two
+optimizers over one graph (DARTS) reads as one; ``WatchOptions.game`` says otherwise.
 
 A player's first round of steps goes out as a loss, before the second round shows the game:
 the engine drops a stream's loss series when its objective arrives.

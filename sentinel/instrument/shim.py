@@ -56,8 +56,9 @@ def _program_name() -> str:
     """The script's name without ``.py``, or the module's of ``-m``."""
     argv = list(getattr(sys, "orig_argv", ()))
     name = ""
-    if sys.argv and sys.argv[0] == "-m" and "-m" in argv[1:]:
-        name = argv[argv.index("-m", 1) + 1] if argv.index("-m", 1) + 1 < len(argv) else ""
+    if sys.argv and sys.argv[0] == "-m":
+        i = argv.index("-m", 1) + 1 if "-m" in argv[1:] else len(argv)  # (not "-um": then no name)
+        name = argv[i] if i < len(argv) else ""
     elif sys.argv and sys.argv[0] not in ("", "-c", "-"):
         name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64]
