@@ -409,15 +409,21 @@ def _owner_of(opt: torch.optim.Optimizer) -> Any:
 
 
 def _replaced_still_held(mon: Any, opt: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer of ``mon`` that ``opt`` would take the place of is still held
-    by the script (one scan of the heap's references): two optimizers over a shared trunk,
-    each with its head, stepped in turn on losses of their own (a multi-task script's), are
-    two trainings side by side, not one optimizer made anew (the last one is then left to
-    its monitor). Taken for one, each step of either handed the stream to it, and one
-    stream alternated between the two losses."""
+    """Whether the optimizer of ``mon`` that ``opt`` would take the place of steps parameters
+    ``opt`` does not and is still held by the script (one scan of the heap's references):
+    two optimizers over a shared trunk, each with its head, stepped in turn on losses of
+    their own (a multi-task script's), are two trainings side by side, not one optimizer
+    made anew (the last one is then left to its monitor). Taken for one, each step of
+    either handed the stream to it, and one stream alternated between the two losses. One
+    over all of the old one's parameters takes its place, held or not: an optimizer made
+    anew each epoch, a fine-tuning script's once it unfreezes the backbone, a
+    physics-informed network's LBFGS after its Adam phase (one stream goes on)."""
     new = {id(p) for g in opt.param_groups for p in g["params"]}
-    olds = [o for o in getattr(mon, "optimizers", ())
-            if any(id(p) in new for g in o.param_groups for p in g["params"])]
+    olds = []
+    for o in getattr(mon, "optimizers", ()):
+        theirs = {id(p) for g in o.param_groups for p in g["params"]}
+        if theirs & new and not theirs <= new:
+            olds.append(o)
     if not olds:
         return False
     ours = {id(mon.optimizers), id(olds), id(sys._getframe())}  # (an id: a frame in a local is a cycle)

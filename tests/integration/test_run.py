@@ -245,6 +245,8 @@ def test_a_pinns_long_lbfgs_step_is_no_stall(tmp_path: Path, monkeypatch: pytest
     assert m and float(m.group(1)) >= 8 and int(m.group(2)) >= 80, done.stdout  # one step, far past the limit
     assert "sentinel: metrics at" in done.stderr  # watched: the daemon ran and said where
     assert "TrainingStalled" not in done.stderr, done.stderr
+    # the LBFGS over the Adam's parameters takes its place in one stream (as two, the LBFGS's
+    # first step, this long one, had no step before it to beat from, and the Adam's paged)
 
 
 def test_a_layer_trained_before_the_next_one_is_no_stall(tmp_path: Path) -> None:
