@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument.gcscan import live
+from sentinel.instrument.gcscan import held_beyond, live
 from sentinel.instrument.naming import holders
 from sentinel.instrument.readback import Readback
 from sentinel.instrument.untraced import eager_only
@@ -407,10 +407,8 @@ def _held_by_script(turns: list[_Turn]) -> bool:
     round. A series' optimizers are left to their monitors: the script made each anew
     and dropped the one before (its model's hooks and its monitor hold it in a cycle). A
     frame of the script holding one (an optimizer in a local) holds it too."""
-    opts = [o for o in [t.opt() for t in turns] if o is not None]  # (no name here holds one)
-    ours = {id(m.optimizers) for m in [t.mon() for t in turns] if m is not None}
-    ours.update((id(opts), id(sys._getframe())))  # (an id: a frame in a local is a cycle)
-    return any(id(r) not in ours for r in gc.get_referrers(*opts))
+    opts = [o for o in [t.opt() for t in turns] if o is not None]
+    return held_beyond(opts, [m.optimizers for m in [t.mon() for t in turns] if m is not None])
 
 
 _turns = _Turns()

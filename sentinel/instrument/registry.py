@@ -26,7 +26,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import multiprocessing
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from sentinel.instrument import losses
+from sentinel.instrument.gcscan import held_beyond
 from sentinel.instrument.untraced import eager_only
 
 log = logging.getLogger("sentinel")
@@ -424,10 +424,7 @@ def _replaced_still_held(mon: Any, opt: torch.optim.Optimizer) -> bool:
         theirs = {id(p) for g in o.param_groups for p in g["params"]}
         if theirs & new and not theirs <= new:
             olds.append(o)
-    if not olds:
-        return False
-    ours = {id(mon.optimizers), id(olds), id(sys._getframe())}  # (an id: a frame in a local is a cycle)
-    return any(id(r) not in ours for r in gc.get_referrers(*olds))
+    return bool(olds) and held_beyond(olds, [mon.optimizers])
 
 
 def _unwatched(opt: torch.optim.Optimizer) -> None:

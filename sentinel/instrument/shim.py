@@ -12,6 +12,10 @@ from types import ModuleType
 
 log = logging.getLogger("sentinel")
 _done = False
+PROGRAM_PID = "SENTINEL_PROGRAM_PID"
+"""The environment's name for the pid of the watched Python whose children it names."""
+PROGRAM_RANK = "SENTINEL_PROGRAM_RANK"
+"""... and for that Python's ``RANK`` ("" when it had none)."""
 
 
 def initialize(shim_file: str) -> None:
@@ -42,14 +46,14 @@ def _own_run(env: os._Environ[str]) -> None:
     ``RANK``) and from ``multiprocessing``'s spawned workers (the parent's own)."""
     spawned = "--multiprocessing-fork" in getattr(sys, "orig_argv", ())
     rank, me = env.get("RANK", ""), str(os.getpid())
-    parent = env.get("SENTINEL_PROGRAM_PID")
-    if (not spawned and parent is not None and parent != me and rank == env.get("SENTINEL_PROGRAM_RANK", "")
+    parent = env.get(PROGRAM_PID)
+    if (not spawned and parent is not None and parent != me and rank == env.get(PROGRAM_RANK, "")
             and env.get("SENTINEL_RUN")):
         name = _program_name()
         if name:
             env["SENTINEL_RUN"] = f"{env['SENTINEL_RUN']}-{name}"[:128]
     if not spawned:  # the programs this one runs are its own
-        env["SENTINEL_PROGRAM_PID"], env["SENTINEL_PROGRAM_RANK"] = me, rank
+        env[PROGRAM_PID], env[PROGRAM_RANK] = me, rank
 
 
 def _program_name() -> str:

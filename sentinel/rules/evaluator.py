@@ -37,6 +37,7 @@ from sentinel.rules.config import RulePack
 from sentinel.rules.ingested import Ingested
 from sentinel.rules.judge import Evaluation, Judge
 from sentinel.rules.lifecycle import Lifecycle, Transition
+from sentinel.rules.stall import siblings_stepped
 from sentinel.store import Store, labels_of
 
 AMP_SKIPS = "sentinel_amp_skipped_steps_total"
@@ -318,25 +319,16 @@ class RuleEngine:
 
     def _siblings_stepped(self, job: str, run: str, streams: list[tuple[int, str]]) -> dict[tuple[int, str], float]:
         """Per stream of a rank with several (one per optimizer), the time of the latest
-        step of another stream of the same process: a layer-wise script (the PyTorch
-        examples' Forward-Forward: one Adam per layer, each trained in turn) or a phase
-        whose optimizer is done while the next one trains is no hang of the first."""
+        step of another stream of the same process (:func:`~sentinel.rules.stall.siblings_stepped`):
+        a layer-wise script (the PyTorch examples' Forward-Forward: one Adam per layer, each
+        trained in turn) or a phase whose optimizer is done while the next one trains is no
+        hang of the first."""
         if len({rank for rank, _ in streams}) == len(streams):
             return {}  # one stream per rank: no siblings
         store, ranks, process_of = self.store, self._ranks, self.process_of
-        last: dict[tuple[int, str], float] = {}
-        for rank, opt in streams:
-            got = store.last(STEP, ranks[(job, run, rank, opt)].labels)
-            if got is not None:
-                last[(rank, opt)] = got[1]
-        out: dict[tuple[int, str], float] = {}
-        for rank, opt in streams:
-            pid = process_of((job, run, rank, opt))
-            times = [t for (r, o), t in last.items() if r == rank and o != opt
-                     and (pid is None or process_of((job, run, r, o)) in (None, pid))]
-            if times:
-                out[(rank, opt)] = max(times)
-        return out
+        last = {(rank, opt): got[1] for rank, opt in streams
+                for got in (store.last(STEP, ranks[(job, run, rank, opt)].labels),) if got is not None}
+        return siblings_stepped(last, lambda k: process_of((job, run, *k)))
 
     def _time_eval(
         self, c: Compiled, job: str, run: str, rank: int, rs: RankState, t: float, now: float,

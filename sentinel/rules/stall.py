@@ -20,6 +20,9 @@ every stream of the process, and pages each.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping
+from typing import TypeVar
+
 from pydantic import Field
 
 from sentinel.rules.base import Context, Params, Verdict, median
@@ -73,3 +76,22 @@ def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
     else:
         detail = f"no step for {silence:.0f} s (limit {limit:.0f} s)"
     return Verdict(silence > limit, silence, limit, baseline=typical, detail=detail)
+
+
+K = TypeVar("K", bound=tuple[Hashable, ...])
+
+
+def siblings_stepped(last: Mapping[K, float], process_of: Callable[[K], int | None]) -> dict[K, float]:
+    """Per stream, the time of the latest step of another stream of the same rank and
+    process: ``last`` holds each stream's latest step time under a key whose last element
+    names the stream (the optimizer) and whose others the rank; ``process_of`` gives a
+    stream's pid where it is known (None: taken for the rank's one process). Streams of a
+    rank with a single stream get none."""
+    out: dict[K, float] = {}
+    for key in last:
+        pid = process_of(key)
+        times = [t for k, t in last.items() if k[:-1] == key[:-1] and k != key
+                 and (pid is None or process_of(k) in (None, pid))]
+        if times:
+            out[key] = max(times)
+    return out

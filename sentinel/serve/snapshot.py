@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sentinel.rules.stall import siblings_stepped
 from sentinel.store import Labels, Store
 
 MAX_RUNS = 8
@@ -112,20 +113,6 @@ def _state(engine: Any, key: Key, last_time: float | None, step_times: list[floa
     return "training"
 
 
-def _siblings(engine: Any, last: Mapping[Key, float]) -> dict[Key, float]:
-    """Per stream, the latest step of another stream of the same rank and process (the
-    engine's pids where it knows them)."""
-    pids = getattr(engine, "pids", {})
-    out: dict[Key, float] = {}
-    for key in last:
-        pid = pids.get(key)
-        times = [t for k, t in last.items() if k[:3] == key[:3] and k != key
-                 and (pid is None or pids.get(k) in (None, pid))]
-        if times:
-            out[key] = max(times)
-    return out
-
-
 def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float | None = None) -> dict[str, Any]:
     """The status document (see the module docstring).
 
@@ -167,7 +154,9 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
             beats[key[:2]] = max(beat, beats.get(key[:2], beat))
     last_times = {key: t for key, values in ranks.items()
                   for t in (values.pop("last_step_time", None),) if isinstance(t, float)}
-    siblings = _siblings(engine, last_times) if len({k[:3] for k in last_times}) < len(last_times) else {}
+    # a stream silent while another of its rank and process steps (the engine's pids where known)
+    siblings = (siblings_stepped(last_times, getattr(engine, "pids", {}).get)
+                if len({k[:3] for k in last_times}) < len(last_times) else {})
     for key in sorted(ranks):
         values = ranks[key]
         last_time = last_times.get(key)

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.instrument.shim import PROGRAM_PID, PROGRAM_RANK
+
 HOOKS = Path(__file__).resolve().parents[3] / "hooks"
-SHOW = "import os; print(os.environ['SENTINEL_RUN'], os.environ['SENTINEL_PROGRAM_PID'] == str(os.getpid()))"
+SHOW = f"import os; print(os.environ['SENTINEL_RUN'], os.environ['{PROGRAM_PID}'] == str(os.getpid()))"
 
 
 def _run(tmp_path: Path, args: list[str], **env: str) -> str:
@@ -28,13 +30,13 @@ def _run(tmp_path: Path, args: list[str], **env: str) -> str:
 
 @pytest.mark.parametrize(("args", "env", "seen"), [
     (["linear_probe.py"], {}, "ssl True"),  # the first program: the run's own
-    (["linear_probe.py"], {"SENTINEL_PROGRAM_PID": "1", "SENTINEL_PROGRAM_RANK": ""}, "ssl-linear_probe True"),
-    (["-m", "linear_probe"], {"SENTINEL_PROGRAM_PID": "1", "SENTINEL_PROGRAM_RANK": ""}, "ssl-linear_probe True"),
+    (["linear_probe.py"], {PROGRAM_PID: "1", PROGRAM_RANK: ""}, "ssl-linear_probe True"),
+    (["-m", "linear_probe"], {PROGRAM_PID: "1", PROGRAM_RANK: ""}, "ssl-linear_probe True"),
     # a rank of a launcher that had none (torchrun's worker), and one run by rank 1
-    (["linear_probe.py"], {"SENTINEL_PROGRAM_PID": "1", "SENTINEL_PROGRAM_RANK": "", "RANK": "1"}, "ssl True"),
-    (["linear_probe.py"], {"SENTINEL_PROGRAM_PID": "1", "SENTINEL_PROGRAM_RANK": "1", "RANK": "1"},
+    (["linear_probe.py"], {PROGRAM_PID: "1", PROGRAM_RANK: "", "RANK": "1"}, "ssl True"),
+    (["linear_probe.py"], {PROGRAM_PID: "1", PROGRAM_RANK: "1", "RANK": "1"},
      "ssl-linear_probe True"),
-    (["-c", SHOW], {"SENTINEL_PROGRAM_PID": "1", "SENTINEL_PROGRAM_RANK": ""}, "ssl True"),  # no name to give it
+    (["-c", SHOW], {PROGRAM_PID: "1", PROGRAM_RANK: ""}, "ssl True"),  # no name to give it
 ])
 def test_a_program_run_by_a_watched_one_is_a_run_of_its_own(tmp_path: Path, args: list[str], env: dict[str, str],
                                                              seen: str) -> None:
@@ -43,7 +45,7 @@ def test_a_program_run_by_a_watched_one_is_a_run_of_its_own(tmp_path: Path, args
 
 def test_a_spawned_multiprocessing_worker_keeps_the_run(tmp_path: Path) -> None:
     code = ("import multiprocessing as mp, os\n"
-            "def show(q): q.put((os.environ['SENTINEL_RUN'], os.environ['SENTINEL_PROGRAM_PID']))\n"
+            f"def show(q): q.put((os.environ['SENTINEL_RUN'], os.environ['{PROGRAM_PID}']))\n"
             "if __name__ == '__main__':\n"
             "    q = mp.get_context('spawn').Queue(); p = mp.get_context('spawn').Process(target=show, args=(q,))\n"
             "    p.start(); run, pid = q.get(); p.join()\n"
