@@ -25,16 +25,21 @@ Samples before ``ctx.since_step`` (warm-up, the last learning-rate change) are n
 the baseline, so an lr decay or the first steps' fast fall never form a baseline that a
 later sample seems to "spike" from.
 
-Cost: a full evaluation sorts the baseline. It leaves the sorted baseline in ``ctx.memo``,
-and until a sample could be a spike :func:`quiet` answers from it without the window: ``k``
-samples later the baseline has lost and gained at most ``k`` samples, so its median is at
-least the sorted old baseline's element ``k`` places below the middle, and a value under
-``factor`` times that cannot reach the threshold.
+Cost: a full evaluation sorts the baseline. It leaves the sorted baseline in ``ctx.memo``
+with the same samples in order and the latest, and :func:`quiet` answers from them without
+the window. For the next sample it moves the baseline on by one exactly (the latest in, the
+oldest out: a bisection each) and compares the sample with the threshold a full evaluation
+would take, so only a sample at or above it costs a full evaluation. For a sample ``k``
+later (samples the rule did not judge: a grace period) the baseline has lost and gained at
+most ``k`` samples, so its median is at least the sorted old baseline's element ``k``
+places below the middle, and a value under ``factor`` times that cannot reach the
+threshold.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right, insort
 from typing import Any
 
 from pydantic import Field
@@ -85,18 +90,17 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
     last = float(vals[-1])
     if not math.isfinite(last):
         return None
-    base = vals[-params.window - 1 : -1].tolist()
-    if not math.isfinite(sum(base)):  # rare: a NaN/Inf among them (or an overflowing sum)
-        base = [x for x in base if math.isfinite(x)]
+    ring = vals[-params.window - 1 : -1].tolist()
+    base = ring if math.isfinite(sum(ring)) else [x for x in ring if math.isfinite(x)]  # rare: a NaN/Inf among them
     if len(base) < params.min_samples:
         return None
-    base.sort()
+    base = sorted(base)
+    if ctx.memo is not None:  # for quiet(): the baseline sorted and in order, the latest, where it started
+        ctx.memo.update(base=base, ring=ring, latest=last, since=ctx.since_step, step=int(window.steps[-1]))
     baseline = quantile(base, 0.5)
     if baseline == 0.0 and base[0] >= 0.0:  # resting at its floor of 0: the scale is its largest
         return _at_floor(last, base, params)
     threshold = baseline + (params.factor - 1.0) * abs(baseline)
-    if ctx.memo is not None:  # for quiet(): the sorted baseline and where it started
-        ctx.memo["base"], ctx.memo["since"] = base, ctx.since_step
     if last < params.min_value:
         return Verdict(False, last, max(threshold, params.min_value), baseline=baseline)
     if last < threshold:  # the common case: no need for the spread (nor the detail)
@@ -134,15 +138,45 @@ def _at_floor(last: float, base: list[float], params: SpikeParams) -> Verdict | 
 
 
 def quiet(value: float, params: SpikeParams, memo: dict[str, Any], appended: int) -> bool:
-    """True when ``value`` cannot be a spike, judged from the sorted baseline that
-    :func:`detect` left in ``memo`` ``appended`` samples ago (see the module docstring).
+    """True when ``value`` cannot be a spike, judged from the baseline that :func:`detect`
+    left in ``memo`` ``appended`` samples ago, or that this function moved on since (see
+    the module docstring).
 
-    Only for a positive baseline (the threshold is then ``factor ×`` the median); a value
-    that is not finite is the non-finite rule's, so it is quiet here too."""
+    For the next sample (``appended`` 1) the answer is exact, and the memo moves on by that
+    sample when it is quiet. Later ones get the bound, for a positive baseline only (the
+    threshold is then ``factor ×`` the median). A value that is not finite is the
+    non-finite rule's, so it is quiet here too."""
     base = memo.get("base")
     if not base:
         return False
+    if appended == 1:
+        return _next(value, params, memo, base)
     i = (len(base) - 1) // 2 - appended
     if i < 0 or base[i] <= 0.0:
         return False
     return not value >= params.factor * base[i] or not math.isfinite(value)
+
+
+def _next(value: float, params: SpikeParams, memo: dict[str, Any], base: list[float]) -> bool:
+    """:func:`quiet` for the sample after ``memo["latest"]``: the baseline moved on by one
+    exactly (a window of samples before ``value``, the non-finite left out), then the
+    comparisons :func:`detect` makes before it would need the spread: True where it would
+    give no verdict or one under its threshold."""
+    ring = memo["ring"]
+    latest = memo["latest"]
+    ring.append(latest)
+    if math.isfinite(latest):
+        insort(base, latest)
+    if len(ring) > params.window:
+        old = ring.pop(0)
+        if math.isfinite(old):
+            del base[bisect_left(base, old)]
+    memo["latest"] = value
+    memo["count"] += 1
+    if not math.isfinite(value) or len(base) < params.min_samples:
+        return True  # detect() gives no verdict
+    baseline = quantile(base, 0.5)
+    if baseline == 0.0 and base[0] >= 0.0:  # at its floor of 0: against the samples above it, as _at_floor()
+        i = bisect_right(base, 0.0)
+        return len(base) - i < 5 or not value >= max(params.factor * quantile(base[i:], 0.5), params.min_value)
+    return value < params.min_value or value < baseline + (params.factor - 1.0) * abs(baseline)

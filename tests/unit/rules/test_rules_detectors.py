@@ -654,9 +654,41 @@ def test_spike_quiet_never_hides_a_firing_verdict(values: list[float], ahead: in
     memo: dict[str, Any] = {}
     detect = DETECTORS["spike"].fn
     detect(win(values[: j + 1]), p, Context(step=j, now=0.0, memo=memo))
+    memo["count"] = j + 1  # as the engine's full verdict leaves it
     later = detect(win(values), p, Context(step=len(values) - 1, now=0.0))
     if quiet(values[-1], p, memo, ahead):
         assert later is None or not later.firing
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.floats(0.5, 2.0), st.floats(5.0, 50.0), st.just(0.0), st.just(math.nan),
+                              st.just(math.inf)), min_size=40, max_size=120),
+    factor=st.floats(1.5, 5.0),
+    min_value=st.sampled_from([-math.inf, 3.0]),
+)
+def test_spike_quiet_from_one_sample_to_the_next_is_exact(values: list[float], factor: float,
+                                                           min_value: float) -> None:
+    """Carried from each sample to the next as the engine carries it (a full verdict renews
+    the memo whenever quiet() defers), quiet() answers exactly: "quiet" where detect() gives
+    no verdict or one under its threshold, "judge in full" where the value reaches it (that
+    of the samples above 0 when the baseline rests at 0)."""
+    from sentinel.rules.spike import quiet
+
+    p = SpikeParams(window=20, min_samples=5, factor=factor, z=3.0, min_value=min_value)
+    detect = DETECTORS["spike"].fn
+    memo: dict[str, Any] = {}
+    for n in range(8, len(values) + 1):
+        full = detect(win(values[:n]), p, Context(step=n - 1, now=0.0))
+        if memo.get("base") and quiet(values[n - 1], p, memo, 1):
+            assert full is None or full.value < full.threshold
+            continue
+        if memo.get("base"):  # deferred: the value reaches the threshold
+            assert full is not None and full.value >= full.threshold
+        memo.pop("base", None)  # as the engine's full verdict does
+        memo["count"] = n
+        again = detect(win(values[:n]), p, Context(step=n - 1, now=0.0, memo=memo))
+        assert again == full
 
 
 def test_spike_quiet_answers_for_a_steady_series_and_defers_near_the_threshold() -> None:
@@ -668,6 +700,7 @@ def test_spike_quiet_answers_for_a_steady_series_and_defers_near_the_threshold()
     memo: dict[str, Any] = {}
     values = [1.0 + 0.01 * (i % 5) for i in range(30)]
     DETECTORS["spike"].fn(win(values), p, Context(step=29, now=0.0, memo=memo))
+    memo["count"] = 30
     assert quiet(1.02, p, memo, 1) and quiet(1.02, p, memo, 5)
     assert not quiet(3.5, p, memo, 1)  # past 3x the baseline: only a full evaluation can tell
     assert not quiet(1.02, p, memo, 20)  # the old baseline says nothing any more
