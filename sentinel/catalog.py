@@ -61,7 +61,8 @@ CATALOG: dict[str, Spec] = {
     "sentinel_nonfinite_detected": Spec(G, "1 when the last report of this source held a NaN or Inf, else 0.",
                                ("source",)),
     "sentinel_nonfinite_total": Spec(
-        C, "Steps at which the loss, a gradient or a parameter was NaN or Inf (a counter: a NaN between two "
+        C, "Steps at which the loss, a gradient or a parameter was NaN or Inf, and for the loss also the "
+           "backward() passes with a NaN or Inf loss whose step the script skipped (a counter: a NaN between two "
            "scrapes is still seen).",
                                      ("source",)),
     "sentinel_step": Spec(G, "Completed optimizer steps (the step of the latest report)."),

@@ -70,6 +70,10 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
 ``short_batch``?   ``[size, batch size]``: the step's batch was its ``DataLoader``'s
                    short last one (``drop_last=False``), less than half a batch: its
                    gradient norm and loss are a few samples', not a batch's
+``skipped_nonfinite``? times so far (a running count) that the script threw away the
+                   gradients of ``backward()`` passes whose loss was not finite and took
+                   no step with them: it skipped its step on a NaN or Inf loss (captured
+                   losses only; a ``GradScaler``'s skips are ``amp``'s)
 ``rewrite``?       ``"load_state_dict"`` or ``"prune"``: the script set the watched
                    weights itself since the last step (a rewind, a roll-back, a pruning
                    mask); the engine restarts the loss's baselines as at a warm restart
@@ -258,6 +262,7 @@ class Frame(Struct, kw_only=True):
     dropped: Count | UnsetType = UNSET
     beat: Count | UnsetType = UNSET
     short_batch: Annotated[list[Count], Meta(min_length=2, max_length=2)] | UnsetType = UNSET
+    skipped_nonfinite: Count | UnsetType = UNSET
     rewrite: Rewrite | UnsetType = UNSET
     guard: GuardNote | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET

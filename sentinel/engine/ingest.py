@@ -106,8 +106,16 @@ class Ingestor:
             self._step(f, r, ctx)
         elif "beat" in f:  # working between steps (an evaluation): TrainingStalled counts from here
             add("sentinel_last_heartbeat_timestamp_seconds", t)
+        skipped = self._skipped(f.get("skipped_nonfinite"), r)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
-            self._scalars(f["scalars"], r, ctx)
+            self._scalars(f["scalars"], r, ctx, skipped)
+        if skipped:
+            if "loss" not in (f.get("scalars") or ()):
+                self._nonfinite("loss", True, r, skipped)
+            ctx.nonfinite_groups["loss"] = []
+            total = r.totals["skipped_nonfinite"]
+            ctx.note = (f"the script skipped its step after {total} backward() pass{'es' if total > 1 else ''} "
+                        f"with a non-finite loss so far")
         if "guard" in f:  # the step guard's note (issue 21)
             ingest_guard(self.store, f, add, base, ctx)
         if info is not None:
@@ -182,16 +190,27 @@ class Ingestor:
             r.totals[name] = total
             self.store.set_counter(name, r.base, float(total))
 
-    def _nonfinite(self, source: str, bad: bool, r: _Rank) -> None:
+    def _nonfinite(self, source: str, bad: bool, r: _Rank, times: int = 1) -> None:
         r.add("sentinel_nonfinite_detected", 1.0 if bad else 0.0, source=source)
         # inc by 0 too, so the counter exists (at 0) from the first report
         labels = r.nonfinite.get(source)
         if labels is None or bad:
             if labels is None:
                 labels = r.nonfinite[source] = tuple(sorted(r.base + (("source", source),)))
-            self.store.inc("sentinel_nonfinite_total", labels, float(bad))
+            self.store.inc("sentinel_nonfinite_total", labels, float(times if bad else 0))
 
-    def _scalars(self, scalars: dict[str, Any], r: _Rank, ctx: Ingested) -> None:
+    @staticmethod
+    def _skipped(total: Any, r: _Rank) -> int:
+        """How many more times than the stream's last frame said the script threw away a
+        non-finite loss's gradients and took no step (the frame's ``skipped_nonfinite``, a
+        running count; a smaller one is a process that started again)."""
+        if not isinstance(total, int) or isinstance(total, bool):
+            return 0
+        last = r.totals.get("skipped_nonfinite", 0)
+        r.totals["skipped_nonfinite"] = total
+        return total - last if total >= last else total
+
+    def _scalars(self, scalars: dict[str, Any], r: _Rank, ctx: Ingested, skipped: int = 0) -> None:
         add = r.add
         for name, value in scalars.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -199,8 +218,9 @@ class Ingestor:
             if name == "loss":
                 add("sentinel_loss", float(value))
                 r.loss_seen = True
-                self._nonfinite("loss", not math.isfinite(value), r)
-                if not math.isfinite(value):
+                bad = not math.isfinite(value)
+                self._nonfinite("loss", bad or skipped > 0, r, int(bad) + skipped)
+                if bad:
                     ctx.nonfinite_groups["loss"] = []
             else:  # the engine's admission caps the names (engine/validate.py)
                 add("sentinel_scalar", float(value), name=str(name))

@@ -27,6 +27,8 @@ class Report:
         health_total: per optimizer figure, its sampled total (``opt_health``'s totals).
         trust_count: per group, LAMB parameters in it (``trust_ratio``'s divisors).
         scalars: ``{name: [host sum, count]}`` (:meth:`~sentinel.instrument.scalars.Scalars.meta`).
+        unless_skipped: a report only of passes thrown away (``skipped``): sent only when
+            some had a non-finite loss.
     """
 
     frame: Frame
@@ -35,6 +37,7 @@ class Report:
     health_total: dict[str, int] | None = None
     trust_count: list[int] | None = None
     scalars: dict[str, list[float]] | None = None
+    unless_skipped: bool = False
 
 
 def assemble(report: Report, values: dict[str, list[float]], n_groups: int, sharded: bool) -> Frame:
@@ -53,6 +56,8 @@ def assemble(report: Report, values: dict[str, list[float]], n_groups: int, shar
         frame.amp = Amp(scale=values["amp_scale"][0])
     if report.scalars is not None:
         frame.scalars = means(report.scalars, values)
+    if values.get("skipped") and values["skipped"][0] > 0:  # losses.LossSum.skipped, a running count
+        frame.skipped_nonfinite = int(values["skipped"][0])
     if frame.kind != "step":
         return frame
     g = n_groups

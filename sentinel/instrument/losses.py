@@ -65,7 +65,12 @@ class LossSum:
     Unless the gradient the step finds is not the one the last ``backward()`` left: then the
     script made it itself, from what it kept of every pass (gradient surgery: PCGrad takes
     each task's gradients in a ``backward()`` of its own between resets, and sets the
-    projected combination), and the step's loss is the sum over all of them."""
+    projected combination), and the step's loss is the sum over all of them.
+
+    Passes thrown away whose loss was not finite are counted (:attr:`skipped`): a script
+    that skips its step on a NaN loss (``loss.backward()``, then ``if not
+    torch.isfinite(loss): continue``) leaves nothing else to see, as no step reports it.
+    Losses a ``GradScaler`` scaled are not counted: the scaler reports its skipped steps."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
@@ -79,6 +84,11 @@ class LossSum:
         self._dropped: tuple[torch.Tensor, int] | None = None  # the losses of passes whose gradients were reset
         # once passes were reset: the watched parameter, and the gradient the last backward() left it (or None)
         self._left: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor] | None] | None = None
+        self.skipped: torch.Tensor | None = None
+        """Resets that threw away passes with a non-finite loss, so far: a running count on
+        the losses' device (a small kernel or two per such reset; never read here)."""
+        self._bad: torch.Tensor | None = None  # this step's resets that threw away a non-finite loss
+        self._scaled = False  # a GradScaler scaled a loss of the passes since the last reset
         install()
         _sums.add(self)
 
@@ -87,7 +97,8 @@ class LossSum:
         gradients are thrown away (reset before the next) by this parameter's gradient."""
         self._param = weakref.ref(param) if param is not None else None
 
-    def add(self, loss: torch.Tensor) -> None:
+    def add(self, loss: torch.Tensor, scaled: bool = False) -> None:
+        """A ``backward()``'s loss (``scaled``: a ``GradScaler`` scaled it)."""
         if self.frozen:
             return
         p = self._param() if self._param is not None else None
@@ -98,12 +109,15 @@ class LossSum:
                         d = self._dropped
                         self._dropped = (self.total, self.count) if d is None else (
                             d[0] + self.total.to(d[0].device), d[1] + self.count)
-                    self.total, self.count, self.filled = None, 0, False
+                        if not self._scaled:  # a GradScaler's skipped steps are its own to report (amp)
+                            self._bad = _nonfinite(self.total, self._bad)
+                    self.total, self.count, self.filled, self._scaled = None, 0, False, False
                 self._filling = True
             else:  # set: by an earlier pass of this step, or left from the last step's
                 self.filled = True
         self.total = loss if self.total is None else self.total + loss.to(self.total.device)
         self.count += 1
+        self._scaled = self._scaled or scaled
 
     def after(self) -> None:
         """After a backward(): whether it filled the watched gradient, and, once a pass was
@@ -130,7 +144,11 @@ class LossSum:
             p = left[0]()  # the parameter watched then (a zero-code monitor watches its own from its first step)
             if p is not None and p.grad is not None and (left[1] is None or left[1]() is not p.grad):
                 total, count = dropped[0] + total.to(dropped[0].device), dropped[1] + count
-        self.total, self.taken, self.count, self.frozen = None, count, 0, False
+                dropped = None  # the step applies them
+        if dropped is not None:
+            self._count_skipped()
+        self._bad = None
+        self.total, self.taken, self.count, self.frozen, self._scaled = None, count, 0, False, False
         self.filled = self._filling = False
         self._dropped = self._left = None
         return total
@@ -158,9 +176,43 @@ class LossSum:
         frozen: a closure's re-evaluations of this step are under way)."""
         if not self.frozen:
             self.total, self.count, self.filled, self._dropped, self._left = None, 0, False, None, None
+            self._bad, self._scaled = None, False
+
+    @property
+    def pending_skips(self) -> bool:
+        """Passes were thrown away since the last step (their losses' check is on the device)."""
+        return self._bad is not None
+
+    def thrown_away(self, end: bool = True) -> bool:
+        """No step came for the passes thrown away so far (a script that skips its steps on
+        a NaN loss, for longer than a step takes): count them in :attr:`skipped`. With
+        ``end`` (the script ends) the passes since the last reset too, and start over.
+        Whether any were pending."""
+        pending = self._bad is not None
+        if end and self.total is not None and not self._scaled:
+            self._bad = _nonfinite(self.total, self._bad)
+            pending = True
+        self._count_skipped()
+        self._bad = None
+        if end:
+            self.total, self.count, self.filled, self._dropped, self._left = None, 0, False, None, None
+            self._scaled = False
+        return pending
+
+    def _count_skipped(self) -> None:
+        """Add this step's resets that threw away a non-finite loss to :attr:`skipped`."""
+        if self._bad is not None:
+            self.skipped = self._bad if self.skipped is None else self.skipped + self._bad.to(self.skipped.device)
 
     def close(self) -> None:
         _sums.discard(self)
+
+
+def _nonfinite(total: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+    """``count`` plus 1 if ``total`` (a sum of losses: not finite when one of them is not)
+    is not finite, on the device: no read-back."""
+    bad = torch.isfinite(total).logical_not().to(torch.float32)
+    return bad if count is None else count + bad.to(count.device)
 
 
 def unclaimed() -> None:
@@ -191,11 +243,13 @@ def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
     if not _sums or _failures >= 3:
         return
     try:
-        value = _loss_of((root,) if tensors is None else tensors, grads)
+        tensors = (root,) if tensors is None else tensors
+        value = _loss_of(tensors, grads)
         if value is None:
             return
+        scaled = _scaled is not None and any(_scaled() is t for t in tensors)
         for s in list(_sums):
-            s.add(value)
+            s.add(value, scaled)
     except Exception:  # never into training
         _failures += 1
         if _failures == 1:

@@ -271,6 +271,8 @@ class Monitor:
             self.boundary.run("report", self._finalize)
         if self.reporter.waiting is not None:
             self.boundary.run("report", self.reporter.submit_open)
+        if self._losses is not None and self._losses.pending_skips:  # passes thrown away, no step since
+            self.boundary.run("report", self.reporter.thrown_away, self.steps)
 
     def replay_first(self, params: Sequence[torch.Tensor], norms: torch.Tensor,
                      clip: tuple[torch.Tensor, float] | None = None) -> None:

@@ -122,6 +122,7 @@ class Reporter:
         self.step_warned = False  # said once that a log(step=) named no step of ours
         self.first_count: int | None = None  # backward() calls of the first step with a captured loss
         self.player: games.Player | None = None  # the monitor's place in a game (a GAN's), if it can be in one
+        self.held_at = self.skips_sent_at = time.monotonic()  # the last step's report; the last report of skips
 
     @property
     def frames_dropped(self) -> int:
@@ -177,7 +178,9 @@ class Reporter:
             if captured is not None and "loss" not in scalars and name not in scalars:
                 scalars.add(name, captured)
                 loss_in = True
+            self._add_skipped(segs)
         logged_last = bool(scalars) and self.backwards_at_log == losses.backward_calls
+        self.held_at = time.monotonic()
         self.waiting = (report, segs, scalars)
         self.backwards_at_step = losses.backward_calls
         # send it now when nothing more is coming: zero-code mode, the loss in (captured at
@@ -271,6 +274,13 @@ class Reporter:
             said = self.options.rl = True
         return bool(said)
 
+    def _add_skipped(self, segs: Segs) -> None:
+        """The count of passes thrown away with a non-finite loss (:attr:`LossSum.skipped`),
+        read back with the report, once there was a reset."""
+        skipped = self.losses.skipped if self.losses is not None else None
+        if skipped is not None:
+            segs.setdefault(skipped.device, {})["skipped"] = skipped.reshape(1)
+
     def _add_amp_scale(self, segs: Segs) -> None:
         """The GradScaler's scale tensor, read back with the report (``get_scale()`` would sync)."""
         scale = getattr(self.scaler, "_scale", None)
@@ -290,6 +300,8 @@ class Reporter:
 
     def _emit(self, report: Report, values: dict[str, list[float]]) -> None:
         frame = assemble(report, values, len(self.layout.groups), self.layout.sharded)
+        if report.unless_skipped and frame.skipped_nonfinite is wire.UNSET:
+            return  # the passes thrown away at the end had finite losses: nothing to say
         frame.errors = self.boundary.errors
         frame.dropped = self.frames_dropped
         self.send(frame)
@@ -323,6 +335,7 @@ class Reporter:
         sender's backlog; then the engine stops and its last alerts reach ``on_alert``."""
         run = self.boundary.run
         run("report", self.submit_open)
+        run("report", self.thrown_away, steps, True)
         run("emit", self.emit_ready, True)
         bye = self.frame("bye", steps, time.time())
         if exc is not None:
@@ -332,6 +345,26 @@ class Reporter:
         if self.engine is not None:
             run("engine", self.engine.stop)
             run("messages", self.messages)  # the last alerts reach on_alert too
+
+    def thrown_away(self, steps: int, end: bool = False) -> None:
+        """Passes thrown away and no step since (``end``: the script ends, and the passes no
+        step took are thrown away too): a frame at the last step says so if one of them had
+        a non-finite loss, for a script that skips its steps on a NaN loss for good. While
+        it goes on, at most once per ``heartbeat_seconds``, once no step came for as long."""
+        if self.losses is None:
+            return
+        now = time.monotonic()
+        if not end and (now - self.held_at < self.options.heartbeat_seconds
+                        or now - self.skips_sent_at < self.options.heartbeat_seconds):
+            return
+        if not self.losses.thrown_away(end):
+            return
+        self.skips_sent_at = now
+        segs: Segs = {}
+        self._add_skipped(segs)
+        if segs:
+            self.readback.submit(Report(self.frame("log", steps, time.time()), unless_skipped=True), segs)
+            self.emit_ready(False)
 
     # -- replies --------------------------------------------------------------------------
 

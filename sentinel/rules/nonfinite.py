@@ -54,4 +54,7 @@ def detect(window: Window, params: NonFiniteParams, ctx: Context) -> Verdict | N
     groups: tuple[str, ...] = ()
     if bad:
         groups = tuple(ctx.nonfinite_groups.get(source, ()))[: params.max_groups]
-    return Verdict(bad, 1.0 if bad else 0.0, 0.0, detail=source or "value", groups=groups)
+    detail = source or "value"
+    if bad and source == "loss" and ctx.note:  # a loss the script threw away, skipping its step (engine/ingest.py)
+        detail += f" ({ctx.note})"
+    return Verdict(bad, 1.0 if bad else 0.0, 0.0, detail=detail, groups=groups)

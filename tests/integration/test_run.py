@@ -249,6 +249,33 @@ def test_a_pinns_long_lbfgs_step_is_no_stall(tmp_path: Path, monkeypatch: pytest
     # first step, this long one, had no step before it to beat from, and the Adam's paged)
 
 
+@pytest.mark.parametrize("bad_until", [41, 10_000])
+def test_a_script_that_skips_its_step_on_a_nan_loss_is_told_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               bad_until: int) -> None:
+    """scripts/nan_skip.py skips its step when the loss is not finite: for two corrupt
+    batches (steps go on), or from iteration 40 to its end (no step comes again). Sentinel
+    said nothing of either before (no step reported the NaN losses); now TrainingNonFinite
+    says the script skipped its step, while it goes on (heartbeats every 0.5 s here), and
+    the script's output and exit status are its own."""
+    monkeypatch.setenv("SENTINEL_HEARTBEAT_SECONDS", "0.5")
+    argv = [str(SCRIPTS / "nan_skip.py"), "120", "40", str(bad_until), "0.02"]
+    plain = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0",
+                           "--", sys.executable, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == plain.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout
+    skipped = 2 if bad_until < 120 else 81
+    assert f"{120 - skipped} steps, {skipped} skipped" in done.stdout
+    firing = [line for line in done.stderr.splitlines() if "[FIRING] critical TrainingNonFinite" in line]
+    assert len(firing) == 1, done.stderr
+    assert "the script skipped its step after" in firing[0]
+    if bad_until > 120:  # paged at the last step while the script still skipped, not only as it ended
+        m = re.search(r"after (\d+) backward\(\) passes .* at step 39 on rank 0", firing[0])
+        assert m and int(m.group(1)) < 81, firing[0]
+    else:  # at the step after the two skipped iterations
+        assert "after 2 backward() passes with a non-finite loss so far) at step 40 on rank 0" in firing[0]
+
+
 def test_a_layer_trained_before_the_next_one_is_no_stall(tmp_path: Path) -> None:
     """Forward-Forward (scripts/forward_forward.py): one Adam per layer, the layers trained
     one after the other, each optimizer kept alive by its layer. The first one's stream is
