@@ -115,7 +115,7 @@ class Ingestor:
             ctx.nonfinite_groups["loss"] = []
             total = r.totals["skipped_nonfinite"]
             ctx.note = (f"the script skipped its step after {total} backward() pass{'es' if total > 1 else ''} "
-                        f"with a non-finite loss so far")
+                        f"with a non-finite loss or gradient norm so far")
         if "guard" in f:  # the step guard's note (issue 21)
             ingest_guard(self.store, f, add, base, ctx)
         if info is not None:

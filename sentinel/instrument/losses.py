@@ -67,9 +67,10 @@ class LossSum:
     each task's gradients in a ``backward()`` of its own between resets, and sets the
     projected combination), and the step's loss is the sum over all of them.
 
-    Passes thrown away whose loss was not finite are counted (:attr:`skipped`): a script
-    that skips its step on a NaN loss (``loss.backward()``, then ``if not
-    torch.isfinite(loss): continue``) leaves nothing else to see, as no step reports it.
+    Passes thrown away whose loss, or the gradient norm ``clip_grad_norm_`` took of them,
+    was not finite are counted (:attr:`skipped`): a script that skips its step on a NaN
+    (``loss.backward()``, then ``if not torch.isfinite(loss): continue``, or the same test
+    of the clipped norm) leaves nothing else to see, as no step reports it.
     Losses a ``GradScaler`` scaled are not counted: the scaler reports its skipped steps."""
 
     def __init__(self) -> None:
@@ -85,10 +86,11 @@ class LossSum:
         # once passes were reset: the watched parameter, and the gradient the last backward() left it (or None)
         self._left: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor] | None] | None = None
         self.skipped: torch.Tensor | None = None
-        """Resets that threw away passes with a non-finite loss, so far: a running count on
+        """Resets that threw away passes with a non-finite loss or norm, so far: a running count on
         the losses' device (a small kernel or two per such reset; never read here)."""
         self._bad: torch.Tensor | None = None  # this step's resets that threw away a non-finite loss
         self._scaled = False  # a GradScaler scaled a loss of the passes since the last reset
+        self._norm: torch.Tensor | None = None  # the gradient norm clip_grad_norm_ took since the last reset
         install()
         _sums.add(self)
 
@@ -110,8 +112,8 @@ class LossSum:
                         self._dropped = (self.total, self.count) if d is None else (
                             d[0] + self.total.to(d[0].device), d[1] + self.count)
                         if not self._scaled:  # a GradScaler's skipped steps are its own to report (amp)
-                            self._bad = _nonfinite(self.total, self._bad)
-                    self.total, self.count, self.filled, self._scaled = None, 0, False, False
+                            self._bad = _nonfinite(self.total, self._norm, self._bad)
+                    self.total, self.count, self.filled, self._scaled, self._norm = None, 0, False, False, None
                 self._filling = True
             else:  # set: by an earlier pass of this step, or left from the last step's
                 self.filled = True
@@ -147,7 +149,7 @@ class LossSum:
                 dropped = None  # the step applies them
         if dropped is not None:
             self._count_skipped()
-        self._bad = None
+        self._bad = self._norm = None
         self.total, self.taken, self.count, self.frozen, self._scaled = None, count, 0, False, False
         self.filled = self._filling = False
         self._dropped = self._left = None
@@ -176,7 +178,12 @@ class LossSum:
         frozen: a closure's re-evaluations of this step are under way)."""
         if not self.frozen:
             self.total, self.count, self.filled, self._dropped, self._left = None, 0, False, None, None
-            self._bad, self._scaled = None, False
+            self._bad, self._scaled, self._norm = None, False, None
+
+    def note_norm(self, norm: torch.Tensor) -> None:
+        """The total gradient norm ``clip_grad_norm_`` took of the passes since the last reset:
+        a script that skips its step on a non-finite norm throws them away too."""
+        self._norm = norm
 
     @property
     def pending_skips(self) -> bool:
@@ -190,13 +197,13 @@ class LossSum:
         Whether any were pending."""
         pending = self._bad is not None
         if end and self.total is not None and not self._scaled:
-            self._bad = _nonfinite(self.total, self._bad)
+            self._bad = _nonfinite(self.total, self._norm, self._bad)
             pending = True
         self._count_skipped()
         self._bad = None
         if end:
             self.total, self.count, self.filled, self._dropped, self._left = None, 0, False, None, None
-            self._scaled = False
+            self._scaled, self._norm = False, None
         return pending
 
     def _count_skipped(self) -> None:
@@ -208,11 +215,14 @@ class LossSum:
         _sums.discard(self)
 
 
-def _nonfinite(total: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+def _nonfinite(total: torch.Tensor, norm: torch.Tensor | None, count: torch.Tensor | None) -> torch.Tensor:
     """``count`` plus 1 if ``total`` (a sum of losses: not finite when one of them is not)
-    is not finite, on the device: no read-back."""
-    bad = torch.isfinite(total).logical_not().to(torch.float32)
-    return bad if count is None else count + bad.to(count.device)
+    or the gradient ``norm`` clipping took of them is not finite, on the device: no read-back."""
+    bad = torch.isfinite(total).logical_not()
+    if norm is not None:
+        bad = bad | torch.isfinite(norm.detach().reshape(())).logical_not().to(bad.device)
+    out = bad.to(torch.float32)
+    return out if count is None else count + out.to(count.device)
 
 
 def unclaimed() -> None:

@@ -316,6 +316,8 @@ class Monitor:
         coming step's report, never here. Never raises."""
         if self.active:
             self.boundary.run("clip", self.measure.note_clip, total_norm, max_norm)
+            if self._losses is not None:  # a step skipped on a non-finite norm throws these passes away
+                self._losses.note_norm(total_norm)
 
     def adopt(self, opt: torch.optim.Optimizer) -> None:
         """Follow ``opt``, a new optimizer over parameters this monitor watches (one

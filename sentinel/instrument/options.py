@@ -72,8 +72,8 @@ class WatchOptions:
     does) but takes no optimizer step, a frame says so at most
     this often, so that ``TrainingStalled`` and the status page count its silence from the
     last heartbeat, not from the last step. Also how long passes thrown away with a
-    non-finite loss wait for a step before a frame tells them (a script that skips its
-    steps on a NaN loss), and then how often."""
+    non-finite loss or gradient norm wait for a step before a frame tells them (a script
+    that skips its steps on a NaN), and then how often."""
     rl: bool | None = None
     """Reinforcement learning: the loss (a temporal-difference loss against the target
     network's own estimates, a critic's, a policy-gradient surrogate) measures no progress,

@@ -275,7 +275,7 @@ class Reporter:
         return bool(said)
 
     def _add_skipped(self, segs: Segs) -> None:
-        """The count of passes thrown away with a non-finite loss (:attr:`LossSum.skipped`),
+        """The count of passes thrown away with a non-finite loss or norm (:attr:`LossSum.skipped`),
         read back with the report, once there was a reset."""
         skipped = self.losses.skipped if self.losses is not None else None
         if skipped is not None:

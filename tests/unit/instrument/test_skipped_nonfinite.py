@@ -65,7 +65,7 @@ def test_a_skipped_step_is_counted_in_the_next_steps_frame_and_pages() -> None:
     assert all(math.isfinite(f["scalars"]["loss"]) for f in steps)  # no NaN in the loss series
     fired = _nonfinite_alerts(sender)
     assert len(fired) == 1 and fired[0]["started_step"] == 6 and fired[0]["last_step"] == 10
-    assert "the script skipped its step after 3 backward() passes with a non-finite loss" in fired[0]["summary"]
+    assert "the script skipped its step after 3 backward() passes with a non-finite loss or gradient norm" in fired[0]["summary"]
     labels = (("job", steps[0]["job"]), ("rank", "0"), ("run", steps[0]["run"]), ("source", "loss"))
     assert sender.engine.store.counter("sentinel_nonfinite_total", tuple(sorted(labels))) == 3.0
 
@@ -147,3 +147,33 @@ def test_a_gradscalers_skipped_steps_are_not_counted() -> None:
         mon.close()
     assert len(sender.steps()) == 10
     assert not [f for f in sender.frames if "skipped_nonfinite" in f]
+
+
+def test_a_step_skipped_on_a_nonfinite_clipped_norm_is_counted() -> None:
+    """The loss is finite, the gradients overflowed (as bf16 or fp16 without a scaler
+    can): the script tests what ``clip_grad_norm_`` returned and skips the step."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    skipped = []
+    try:
+        for i in range(1, 13):
+            x, y = _batch(i)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            if i in (5, 9):
+                model.head.weight.grad[0, 0] = math.inf
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if not torch.isfinite(norm):
+                skipped.append(i)
+                continue
+            opt.step()
+    finally:
+        mon.close()
+    assert skipped == [5, 9]
+    counts = [f.get("skipped_nonfinite") for f in sender.steps()]
+    assert counts == [None] * 4 + [1] * 3 + [2] * 3
+    fired = _nonfinite_alerts(sender)
+    assert len(fired) == 1 and fired[0]["started_step"] == 5
