@@ -123,6 +123,7 @@ class Reporter:
         self.first_count: int | None = None  # backward() calls of the first step with a captured loss
         self.player: games.Player | None = None  # the monitor's place in a game (a GAN's), if it can be in one
         self.held_at = self.skips_sent_at = time.monotonic()  # the last step's report; the last report of skips
+        self.started = False  # a step frame was made
 
     @property
     def frames_dropped(self) -> int:
@@ -139,9 +140,11 @@ class Reporter:
         o = self.options
         frame = self.frame("step", steps, now)
         frame.groups, frame.lr = groups, lrs
-        if o.tags and (steps == 1 or steps % o.tags_every == 0):
+        first = steps == 1 or not self.started  # a training's first step; a resumed one's first in this process
+        self.started = True
+        if o.tags and (first or steps % o.tags_every == 0):
             frame.tags = o.tags
-        if steps == 1:  # the history's record of what ran (engine side)
+        if first:  # the history's record of what ran (engine side)
             frame.cmd = command_line()[:1000]
         return frame
 

@@ -39,8 +39,11 @@ def test_a_resumed_run_goes_on_from_the_checkpoints_step(tmp_path: Path) -> None
     assert sorted(logged) == list(range(21, 36))  # the script's iter 20 is its 21st step
 
     db = sqlite3.connect(tmp_path / "state" / "sentinel" / "history.sqlite")
-    runs = db.execute("SELECT id, steps, state FROM runs ORDER BY id").fetchall()
-    assert [(steps, state) for _, steps, state in runs] == [(20, "finished"), (35, "finished")]
+    runs = db.execute("SELECT id, steps, state, command FROM runs ORDER BY id").fetchall()
+    assert [(steps, state) for _, steps, state, _ in runs] == [(20, "finished"), (35, "finished")]
+    # each attempt records what ran
+    assert runs[0][3].endswith("resume_train.py " + str(tmp_path / "out") + " 20")
+    assert runs[1][3].endswith("resume_train.py " + str(tmp_path / "out") + " 15 --resume")
     samples = dict(db.execute("SELECT step, loss FROM samples WHERE run_id = ?", (runs[1][0],)).fetchall())
     assert sorted(samples) == sorted(logged)
     for step, loss in logged.items():

@@ -35,3 +35,36 @@ def test_the_command_line_is_as_typed_and_a_spawned_workers_is_its_scripts(tmp_p
     main, worker = out.stdout.splitlines()
     assert main == f"{sys.executable} -W ignore {script} --lr 3e-4"
     assert worker == f"{Path(sys.executable).name} {script} --lr 3e-4"
+
+
+def test_a_resumed_trainings_first_report_records_it_too() -> None:
+    """A process that resumes from a checkpoint (its optimizer's count goes on: its first
+    step is 4 here) records its command with its first report, as step 1 does: a restarted
+    job's attempt (``torchrun --max-restarts``) is a new history row that nothing else names."""
+    import torch
+
+    from tests.helpers import MLP, make_monitor
+
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).square().mean().backward()
+        opt.step()
+    state = opt.state_dict()
+    resumed = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    resumed.load_state_dict(state)
+    mon, sender = make_monitor(model, resumed)
+    try:
+        for _ in range(3):
+            resumed.zero_grad()
+            loss = model(torch.randn(4, 16)).square().mean()
+            loss.backward()
+            resumed.step()
+            mon.log(loss)
+    finally:
+        mon.close()
+    steps = sender.steps()
+    assert [f["step"] for f in steps] == [4, 5, 6]
+    assert [("cmd" in f) for f in steps] == [True, False, False]
