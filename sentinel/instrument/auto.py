@@ -420,9 +420,13 @@ def monitors() -> list[Any]:
 
 
 def _keep(mon: Any) -> None:
-    """Remember a monitor made here, to close it at exit if it is still alive then."""
+    """Remember a monitor made here, to close it at exit if it is still alive then; the
+    Python programs this process runs from now on are runs of their own (shim.watched)."""
+    from sentinel.instrument import shim
+
     _monitors[:] = [r for r in _monitors if r() is not None]
     _monitors.append(weakref.ref(mon))
+    shim.watched()
 
 
 def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:

@@ -16,6 +16,7 @@ PROGRAM_PID = "SENTINEL_PROGRAM_PID"
 """The environment's name for the pid of the watched Python whose children it names."""
 PROGRAM_RANK = "SENTINEL_PROGRAM_RANK"
 """... and for that Python's ``RANK`` ("" when it had none)."""
+_rank = ""  # this Python's RANK at start-up, for the programs it runs once it trains (watched)
 
 
 def initialize(shim_file: str) -> None:
@@ -38,12 +39,17 @@ def initialize(shim_file: str) -> None:
 
 
 def _own_run(env: os._Environ[str]) -> None:
-    """A program that a watched Python ran as a process of its own (``subprocess.run([python,
-    "eval.py"])``: an evaluation that trains a linear probe) reports as a run of its own,
-    ``RUN-eval``: under its parent's name it took the parent's rank, and the history read the
-    training and each probe as restarts of one run, the last probe's loss its final one.
-    Told apart from the ranks a launcher starts (torchrun's, Lightning's: each its own
-    ``RANK``) and from ``multiprocessing``'s spawned workers (the parent's own)."""
+    """A program that a Python which trained ran as a process of its own
+    (``subprocess.run([python, "eval.py"])`` after training: an evaluation that trains a
+    linear probe) reports as a run of its own, ``RUN-eval``: under its parent's name it took
+    the parent's rank, and the history read the training and each probe as restarts of one
+    run, the last probe's loss its final one. Told apart from the ranks a launcher starts
+    (torchrun's, Lightning's: each its own ``RANK``), from ``multiprocessing``'s spawned
+    workers (the parent's own), and from the program a launcher that trains nothing starts
+    (``accelerate launch``'s single process: its CLI imports torch; a sweep script's
+    ``subprocess.run`` of each trial): the parent names its programs only once it trains
+    (:func:`watched`)."""
+    global _rank
     spawned = "--multiprocessing-fork" in getattr(sys, "orig_argv", ())
     rank, me = env.get("RANK", ""), str(os.getpid())
     parent = env.get(PROGRAM_PID)
@@ -52,8 +58,20 @@ def _own_run(env: os._Environ[str]) -> None:
         name = _program_name()
         if name:
             env["SENTINEL_RUN"] = f"{env['SENTINEL_RUN']}-{name}"[:128]
-    if not spawned:  # the programs this one runs are its own
-        env[PROGRAM_PID], env[PROGRAM_RANK] = me, rank
+    if not spawned:  # the programs this one runs keep its run until it trains
+        _rank = rank
+        env.pop(PROGRAM_PID, None)
+        env.pop(PROGRAM_RANK, None)
+
+
+def watched() -> None:
+    """This Python trains (zero-code mode watches a model of it): the Python programs it runs
+    from now on are programs of their own (:func:`_own_run`). Never raises."""
+    try:
+        if os.environ.get("SENTINEL_AUTO") == "1" and "--multiprocessing-fork" not in getattr(sys, "orig_argv", ()):
+            os.environ[PROGRAM_PID], os.environ[PROGRAM_RANK] = str(os.getpid()), _rank
+    except Exception:
+        log.debug("sentinel: could not mark this process as training", exc_info=True)
 
 
 def _program_name() -> str:

@@ -117,6 +117,24 @@ def test_sentinel_run_exports_the_frameworks_values(case: str, tmp_path: Path) -
     assert not bad, "\n".join(bad)
 
 
+def test_a_script_started_by_accelerate_launch_keeps_the_run(tmp_path: Path) -> None:
+    """``sentinel run -- accelerate launch script.py``: the CLI imports torch and runs the
+    script as a process of its own; the training is the run (it was reported as a program
+    the CLI ran, ``RUN-accelerate_launched``, beside an empty run of 0 steps)."""
+    launch = str(Path(sys.executable).with_name("accelerate"))
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "SENTINEL_RUN": "acc", "HF_HUB_OFFLINE": "1"}
+    args = [launch, "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", str(SCRIPTS / "accelerate_launched.py"), "40"]
+    plain = subprocess.run(args, capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--", *args],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == plain.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout == plain.stdout and proc.stdout.startswith("done: ")
+    db = sqlite3.connect(tmp_path / "state" / "sentinel" / "history.sqlite")
+    rows = db.execute("SELECT run, steps, state FROM runs").fetchall()
+    assert rows == [("acc", 40, "finished")], rows
+
+
 def test_importing_sentinel_imports_no_framework() -> None:
     code = ("import sys, sentinel, sentinel.integrations; sentinel.watch; "
             "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') "
