@@ -143,7 +143,7 @@ def quiet(value: float, params: SpikeParams, memo: dict[str, Any], appended: int
     the module docstring).
 
     For the next sample (``appended`` 1) the answer is exact, and the memo moves on by that
-    sample when it is quiet. Later ones get the bound, for a positive baseline only (the
+    sample (a full verdict renews it where the answer is no). Later ones get the bound, for a positive baseline only (the
     threshold is then ``factor ×`` the median). A value that is not finite is the
     non-finite rule's, so it is quiet here too."""
     base = memo.get("base")
