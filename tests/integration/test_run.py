@@ -249,7 +249,7 @@ def test_a_pinns_long_lbfgs_step_is_no_stall(tmp_path: Path, monkeypatch: pytest
     # first step, this long one, had no step before it to beat from, and the Adam's paged)
 
 
-@pytest.mark.parametrize("bad_until", [41, 10_000])
+@pytest.mark.parametrize("bad_until", [pytest.param(41, marks=pytest.mark.slow), 10_000])  # 41: make test-slow
 def test_a_script_that_skips_its_step_on_a_nan_loss_is_told_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                bad_until: int) -> None:
     """scripts/nan_skip.py skips its step when the loss is not finite: for two corrupt
