@@ -179,7 +179,8 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802
                 n = int(self.headers.get("Content-Length", "0"))
                 doc = json.loads(self.rfile.read(n) or b"{}")
-                if 200 <= outer.status < 300:
+                status = outer.status  # read once: a test that flips it mid-request must get what it counted
+                if 200 <= status < 300:
                     outer.bodies.append(doc)
                     outer.requests.append((self.path, self.headers.get("Authorization", "")))
                     outer.arrivals.append(time.monotonic())
@@ -188,7 +189,7 @@ class Receiver:
                     outer.refused += 1
                 if outer.hold_on in str(doc):
                     time.sleep(outer.hold)
-                self.send_response(outer.status)
+                self.send_response(status)
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:
