@@ -82,8 +82,9 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    ``max_consecutive`` outcome, or the first judged step), sent
                    before that step's report
 ``status``?        on ``"bye"`` only: the exit status a launcher saw (``sentinel run``
-                   attached to a node's daemon), ``128 + N`` for signal ``N``; ``exc``
-                   then says who ended and why, in words
+                   attached to a node's daemon), ``128 + N`` for signal ``N``, or the
+                   one a training process leaves with by ``sys.exit(N)``; ``exc``
+                   then says who ended and why, in words (``SystemExit(1) at train.py:62``)
 =================  ==========================================================
 
 Sums of squares rather than norms travel so that sharded ranks can be added up where

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument import leaving
 from sentinel.instrument.gcscan import held_beyond, live
 from sentinel.instrument.naming import holders
 from sentinel.instrument.readback import Readback
@@ -89,6 +90,7 @@ def install() -> bool:
     _installed = True
     _own_lines()
     atexit.register(close_all)
+    leaving.install()
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from sentinel.instrument import losses, preclip, registry
@@ -500,13 +502,12 @@ def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
 
 
 def close_all() -> None:
-    """Close every auto-attached monitor (registered with atexit by the shim's initializer).
-
-    After an uncaught exception the interpreter has set ``sys.last_value`` by the time
-    atexit runs, so the goodbye frames say the script raised."""
-    error = getattr(sys, "last_value", None)
+    """Close every auto-attached monitor (registered with atexit by the shim's initializer):
+    their goodbye frames say how the script leaves (:func:`.leaving.error`: an uncaught
+    exception, a non-zero ``sys.exit``)."""
+    error = leaving.error()
     for mon in monitors():
         try:
-            mon.close(error if isinstance(error, BaseException) else None)
+            mon.close(error)
         except Exception:
             pass

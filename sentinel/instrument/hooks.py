@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from sentinel.instrument import leaving
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.losses import LossSum
 from sentinel.instrument.measure import Measure
@@ -25,7 +26,7 @@ StepHook = Callable[[torch.optim.Optimizer, Any, Any], Any]
 class _Closable(Protocol):
     auto: bool
 
-    def close(self) -> None: ...
+    def close(self, error: BaseException | None = None) -> None: ...
 
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -48,6 +49,7 @@ def close_at_exit(mon: _Closable) -> None:
     if not _exit_hooked:
         _exit_hooked = True
         atexit.register(_close_live)
+        leaving.install()
     _live.add(mon)
 
 
@@ -76,9 +78,10 @@ def _close_worker() -> None:
 
 
 def _close_live() -> None:
+    error = leaving.error()  # an uncaught exception, a non-zero sys.exit: the goodbye says so
     for mon in list(_live):
         try:
-            mon.close()
+            mon.close(error)
         except Exception:  # at exit: nothing may raise
             pass
 

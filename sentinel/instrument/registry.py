@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import losses
+from sentinel.instrument import leaving, losses
 from sentinel.instrument.gcscan import held_beyond
 from sentinel.instrument.untraced import eager_only
 
@@ -307,6 +307,7 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if outer is not None and outer is not opt:
         return  # an inner optimizer's step ended (its start was left out too)
     _now.stepping = None
+    leaving.stepped()  # a sys.exit before this step did not end the script
     mon = monitor_of(opt)
     if mon is not None:
         mon.step_post(opt, args, kwargs)

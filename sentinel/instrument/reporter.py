@@ -332,10 +332,11 @@ class Reporter:
     def _count_drop(self) -> None:
         self.report_drops += 1
 
-    def close(self, steps: int, exc: str | None) -> None:
+    def close(self, steps: int, exc: str | None, status: int | None = None) -> None:
         """The last reports, the goodbye frame (``exc``: the type of the exception that ended
-        training and the script's line it came through, if one did: :mod:`.raised`), the
-        sender's backlog; then the engine stops and its last alerts reach ``on_alert``."""
+        training and the script's line it came through, if one did: :mod:`.raised`;
+        ``status``: the exit status a ``sys.exit`` asked for), the sender's backlog; then
+        the engine stops and its last alerts reach ``on_alert``."""
         run = self.boundary.run
         run("report", self.submit_open)
         run("report", self.thrown_away, steps, True)
@@ -343,6 +344,8 @@ class Reporter:
         bye = self.frame("bye", steps, time.time())
         if exc is not None:
             bye.exc = exc
+        if status is not None:
+            bye.status = status
         run("emit", self.send, bye)
         run("emit", self.sender.close)  # delivers any backlog while the engine still listens
         if self.engine is not None:

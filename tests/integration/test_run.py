@@ -85,26 +85,59 @@ def test_exit_status_passes_through(code: str, expected: int) -> None:
 
 
 _TRAINED_THEN_EXIT = """
-import sys, torch
+import atexit, os, sys
+if sys.argv[1] == "teardown":
+    atexit.register(os._exit, 3)  # before torch's import: it runs after Sentinel's goodbye
+import torch
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for _ in range(5):
     opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
 print("trained", flush=True)
-sys.exit(3)
+if sys.argv[1] == "exit":
+    sys.exit(3)
 """
 
 
-def test_a_failure_after_the_script_ended_says_training_had_ended() -> None:
-    """docs/instrumenting.md: the ranks said a clean goodbye, then the command failed (here a
-    ``sys.exit(3)`` at the end; torch's gloo exit abort looks the same from outside): the
-    crash line says the script had ended and it failed as it exited, after training."""
+def test_a_failure_after_the_script_ended_says_training_had_ended(tmp_path: Path) -> None:
+    """docs/instrumenting.md: the ranks said a clean goodbye, then the command failed as its
+    Python exited (here an atexit handler's ``os._exit(3)``; torch's gloo exit abort looks
+    the same from outside): the crash line says the script had ended and it failed as it
+    exited, after training."""
+    script = tmp_path / "train.py"
+    script.write_text(_TRAINED_THEN_EXIT)
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
-                          sys.executable, "-c", _TRAINED_THEN_EXIT], capture_output=True, text=True, timeout=120)
+                          sys.executable, str(script), "teardown"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 3 and out.stdout == "trained\n", out.stderr
     [line] = [line for line in out.stderr.splitlines() if "TrainingCrashed" in line]
     assert "Training crashed on rank 0 at step 5: exited with status 3" in line, line
     assert "after the script had ended cleanly (its goodbye came first): it failed as it exited, after training" in line
+
+
+@pytest.mark.parametrize("mode", ["exit", pytest.param("deit", marks=pytest.mark.slow),
+                                  pytest.param("hydra", marks=pytest.mark.slow)])
+def test_a_script_that_stops_itself_with_sys_exit_is_told_where(mode: str, tmp_path: Path) -> None:
+    """A ``sys.exit(N)`` is no clean end that failed in teardown: the crash line names the
+    code and the script's line that called it (docs/instrumenting.md). ``exit``: at the end
+    of the script; ``deit``: DeiT's, MAE's and DETR's check of the loss before
+    ``backward()``, ``if not math.isfinite(loss_value): ... sys.exit(1)``, mid-training;
+    ``hydra``: ``main()`` raised, and the wrapper around it printed the error and called
+    ``sys.exit(1)``: the line names the error it was handling too."""
+    if mode == "exit":
+        script = tmp_path / "train.py"
+        script.write_text(_TRAINED_THEN_EXIT)
+        cmd, status, step, said = [str(script), "exit"], 3, 5, "SystemExit(3) at train.py:12"
+    else:
+        cmd = [str(SCRIPTS / "stop_on_nan.py"), mode, "40", "31"]
+        status, step = 1, 30
+        said = ("SystemExit(1) at stop_on_nan.py:39" if mode == "deit" else
+                "SystemExit(1) at stop_on_nan.py:52, handling FloatingPointError at stop_on_nan.py:37")
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, *cmd], capture_output=True, text=True, timeout=120)
+    assert out.returncode == status, out.stderr
+    [line] = [line for line in out.stderr.splitlines() if "TrainingCrashed" in line]
+    assert f"Training crashed on rank 0 at step {step}: exited with status {status}; {said}; last values" in line, line
+    assert "ended cleanly" not in line and "loss is inf" not in line, line  # never the error's message
 
 
 @retry_gloo_exit_abort

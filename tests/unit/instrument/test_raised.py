@@ -4,6 +4,7 @@ its type and the script's line it came through, never its message."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from sentinel import wire
@@ -56,6 +57,26 @@ def test_an_error_with_no_frame_of_the_script_is_its_type() -> None:
         assert tb is not None and tb.tb_next is not None
         exc.__traceback__ = tb.tb_next  # without this file's frame, only the library's are left
         assert raised(exc) == "JSONDecodeError"
+
+
+def test_a_sys_exit_names_its_code_and_the_error_it_was_handling(tmp_path: Path) -> None:
+    """hydra's wrapper, and many scripts' own, print the error and call ``sys.exit(1)``."""
+    error = _caught(tmp_path, 5)
+    try:
+        try:
+            raise error
+        except RuntimeError:
+            sys.exit(1)
+    except SystemExit as leaving:
+        assert raised(leaving).startswith("SystemExit(1) at test_raised.py:")  # its traceback says where
+        leaving.__traceback__ = None  # as Python 3.11 leaves it at exit: the sys.exit call's frame alone
+        word = raised(leaving, "train.py:40")  # where leaving.py saw sys.exit called
+    assert word == "SystemExit(1) at train.py:40, handling RuntimeError at train.py:6", word
+
+
+def test_a_sys_exit_with_a_message_never_says_it() -> None:
+    assert raised(SystemExit("token-3f9a8c1d2e7b6a5f4e3d2c1b"), "train.py:9") == "SystemExit at train.py:9"
+    assert raised(SystemExit(None)) == "SystemExit"
 
 
 def test_a_long_name_still_fits_the_goodbye_frame(tmp_path: Path) -> None:

@@ -1,0 +1,97 @@
+"""How the script leaves, for its goodbye frames as the interpreter exits (``atexit``).
+
+An uncaught exception is in ``sys.last_value`` by the time ``atexit`` runs. A
+``sys.exit(1)`` leaves no trace there: the interpreter takes the ``SystemExit``'s code and
+runs ``atexit`` as after a clean end. Yet scripts stop themselves that way when training
+goes wrong: the training engines of DeiT, MAE, DETR and their many copies check
+``if not math.isfinite(loss_value): print("Loss is nan, stopping training"); sys.exit(1)``
+before ``backward()``, and hydra's ``@hydra.main`` prints an error and calls
+``sys.exit(1)``. Their goodbye said the script had ended cleanly, and the crash alert that
+the training "failed as it exited, after training".
+
+:func:`install` wraps ``sys.exit`` (the same call, and pickled by the same name): a
+non-zero exit the main thread asks for is kept, with its traceback, until the next
+optimizer step (a script that caught the ``SystemExit`` and trained on left by another
+way), and :func:`error` hands it to the goodbye. ``raise SystemExit(1)`` and the
+``exit()`` builtin are not seen: they do not go through ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from sentinel.instrument.raised import called_from
+
+_installed = False
+_exiting: SystemExit | None = None  # the main thread's last non-zero sys.exit, no step since
+_place: str | None = None  # the script's line that called it
+_real_exit = sys.exit  # what sys.exit was before install()
+
+
+def install() -> None:
+    """Wrap ``sys.exit`` once per process."""
+    global _installed, _real_exit
+    if _installed:
+        return
+    _installed = True
+    _real_exit = sys.exit
+    sys.exit = exit  # type: ignore[assignment]
+
+
+def exit(*args: Any) -> None:  # noqa: A001  (it is sys.exit)
+    try:
+        _real_exit(*args)
+    except SystemExit as leaving:
+        try:
+            _keep(leaving)
+        except Exception:  # noqa: S110  (nothing of Sentinel's may change how the script leaves)
+            pass
+        raise
+
+
+exit.__doc__ = _real_exit.__doc__
+exit.__module__ = "sys"  # pickle finds it as sys.exit, the name it stands for
+exit.__qualname__ = "exit"
+
+
+def _keep(leaving: SystemExit) -> None:
+    global _exiting, _place
+    if threading.current_thread() is threading.main_thread() and exit_status(leaving):
+        _exiting, _place = leaving, called_from(sys._getframe(2))  # the caller of sys.exit
+
+
+def place(error: BaseException | None) -> str | None:
+    """The script's line that called ``sys.exit`` for ``error``, when :func:`error` is it."""
+    return _place if error is not None and error is _exiting else None
+
+
+def stepped() -> None:
+    """An optimizer stepped: a ``sys.exit`` before it was caught, and the script went on."""
+    global _exiting, _place
+    _exiting = _place = None
+
+
+def error() -> BaseException | None:
+    """What the process leaves by, for the goodbye (call at exit): the uncaught exception,
+    or the main thread's last non-zero ``sys.exit`` with no optimizer step since; None for
+    a clean end."""
+    last = getattr(sys, "last_value", None)
+    if isinstance(last, BaseException):
+        return last
+    return _exiting
+
+
+def exit_status(error: BaseException) -> int:
+    """The status a process leaving by ``error`` exits with, as the interpreter turns it
+    into one: a ``SystemExit``'s code (None: 0; an int: its low byte, what the system
+    keeps; anything else is printed, and the status is 1); 1 for any other exception."""
+    if not isinstance(error, SystemExit):
+        return 1
+    code = error.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1

@@ -1,0 +1,118 @@
+"""How a script leaves, for its goodbye (``sentinel.instrument.leaving``): ``sys.exit`` is
+the same call, wrapped; the main thread's non-zero exit is what the goodbye names, with its
+code and the script's line, until an optimizer steps after it."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from sentinel.instrument import hooks, leaving
+from tests.helpers import MLP, make_monitor, train_steps
+
+SCRIPT = '''
+import sys
+
+def check(loss_value):
+    if loss_value != loss_value:
+        print("Loss is nan, stopping training")
+        sys.exit(1)
+'''
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    leaving.install()
+    monkeypatch.delattr(sys, "last_value", raising=False)  # pytest keeps a failed test's there
+    leaving.stepped()
+    yield
+    leaving.stepped()
+
+
+def _exits(tmp_path: Path) -> SystemExit:
+    """The script's check, run from its file: it calls sys.exit(1) at train.py:7."""
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    scope: dict[str, object] = {"__name__": "train"}
+    exec(compile(SCRIPT, str(path), "exec"), scope)
+    with pytest.raises(SystemExit) as caught:
+        scope["check"](float("nan"))  # type: ignore[operator]
+    return caught.value
+
+
+def test_sys_exit_is_the_same_call() -> None:
+    assert sys.exit is leaving.exit
+    for args, code in [((), None), ((3,), 3), (("bad config",), "bad config"), ((None,), None)]:
+        with pytest.raises(SystemExit) as caught:
+            sys.exit(*args)
+        assert caught.value.code == code and caught.value.args == (() if code is None else args)
+    with pytest.raises(TypeError):
+        sys.exit(1, 2)  # type: ignore[call-arg]
+    # a program that pickles sys.exit (a multiprocessing target) gets the name, not Sentinel's function
+    assert b"sentinel" not in pickle.dumps(sys.exit) and pickle.loads(pickle.dumps(sys.exit)) is sys.exit
+
+
+def test_a_non_zero_exit_is_what_the_goodbye_names_with_its_code_and_line(tmp_path: Path) -> None:
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt)
+    train_steps(model, opt, 6, mon)
+    error = _exits(tmp_path)
+    assert leaving.error() is error and leaving.place(error) == "train.py:7"
+    mon.close(leaving.error())  # as atexit does
+    [bye] = [f for f in sender.frames if f["kind"] == "bye"]
+    assert bye["status"] == 1 and bye["exc"] == "SystemExit(1) at train.py:7", bye
+    [alert] = [a for a in sender.engine.alerts_json() if a["alertname"] == "TrainingCrashed"]
+    assert "exited with status 1; SystemExit(1) at train.py:7;" in alert["summary"], alert
+
+
+def test_an_exit_caught_before_an_optimizer_step_is_forgotten(tmp_path: Path) -> None:
+    _exits(tmp_path)  # caught: the script goes on
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model, opt)
+    train_steps(model, opt, 3, mon)
+    assert leaving.error() is None
+    mon.close(leaving.error())
+    [bye] = [f for f in sender.frames if f["kind"] == "bye"]
+    assert "exc" not in bye and "status" not in bye, bye
+
+
+@pytest.mark.parametrize("code", [0, None, False, 256])
+def test_an_exit_with_status_0_is_a_clean_end(code: object) -> None:
+    with pytest.raises(SystemExit):
+        sys.exit(code)
+    assert leaving.error() is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_another_threads_exit_ends_only_that_thread() -> None:
+    def worker() -> None:
+        sys.exit(2)  # ends the thread, silently; the script goes on
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert leaving.error() is None
+
+
+def test_a_watched_script_that_raises_says_so_in_its_goodbye(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sentinel.watch`` without ``with``: its monitor is closed at exit; after an uncaught
+    exception (``sys.last_value``, as the interpreter leaves it) the goodbye names it."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model, opt)
+    train_steps(model, opt, 3, mon)
+    try:
+        raise KeyError("token-3f9a8c1d")
+    except KeyError as exc:
+        monkeypatch.setattr(sys, "last_value", exc, raising=False)
+    hooks._close_live()
+    [bye] = [f for f in sender.frames if f["kind"] == "bye"]
+    assert bye["exc"].startswith("KeyError at test_leaving.py:") and "status" not in bye, bye
