@@ -125,6 +125,7 @@ class Hooks:
         self.posts: dict[int, StepHook] = {}
         self.states: dict[int, Any] = {}  # each optimizer's state dict, to see a load_state_dict
         self.closure_done: dict[int, bool] = {}
+        self.unread: set[int] = set()  # optimizers whose next step's gradients a wrapper changed already
 
     def hook(self, opt: torch.optim.Optimizer, pre: StepHook, post: StepHook) -> list[Any]:
         """Hand ``opt``'s steps to ``pre`` and ``post``; the handles that stop it."""
@@ -164,6 +165,9 @@ class Hooks:
         ``step()``: the gradients the optimizer applies. The plain loop pays nothing."""
         # torch passes step()'s own arguments, the optimizer first: (opt, closure?)
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
+        if self.unread and k in self.unread:  # a wrapper scaled them before this step (outerstep.py)
+            self.unread.discard(k)
+            return None
         if not callable(closure):
             m = self.measure
             m.guard_grads(k, step, m.grad_stats(k, step))

@@ -394,6 +394,13 @@ class Monitor:
         self.measure.layout = self.layout
         self._record.due = True
 
+    def unread(self, opt: torch.optim.Optimizer) -> None:
+        """The gradients at ``opt``'s coming step are not the loss's: the wrapper whose step
+        called it has scaled them (:mod:`.outerstep`); that step reports no gradient."""
+        for k, o in enumerate(self.optimizers):
+            if o is opt:
+                self.hooks.unread.add(k)
+
     def _relayout(self) -> None:
         self._new_layout()
         self.reporter.layout = self.layout

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import leaving, losses
+from sentinel.instrument import leaving, losses, outerstep
 from sentinel.instrument.gcscan import held_beyond
 from sentinel.instrument.untraced import eager_only
 
@@ -57,6 +57,8 @@ _streams: list[weakref.ref[Any]] = []  # monitors of optimizers, in the order th
 _expected = 1  # optimizers zero-code mode found alive when it attached its first monitor
 _before: dict[int, frozenset[int]] = {}  # per monitor: the live monitors that had reported when it was made
 _now = threading.local()  # .stepping: the watched optimizer whose step() runs in this thread (None: none)
+# .early: the optimizer whose step a wrapper's step() began (outerstep), its own pre-hook to skip
+_looked: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # looked for a wrapper at their first step
 # an optimizer that steps inside another's step() -> that outer one (ZeroRedundancyOptimizer's local optimizer)
 _inner_of: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[torch.optim.Optimizer]] = (
     weakref.WeakKeyDictionary())
@@ -92,8 +94,9 @@ def unwrap(obj: Any) -> torch.optim.Optimizer:
     """The ``torch.optim.Optimizer`` that really steps, inside any wrappers.
 
     Accelerate's ``AcceleratedOptimizer`` (an ``Optimizer`` subclass that never ran
-    ``Optimizer.__init__``), Lightning's ``LightningOptimizer``, DeepSpeed-style wrappers:
-    anything that keeps the real one as ``.optimizer`` or ``._optimizer``; and an
+    ``Optimizer.__init__``), Lightning's ``LightningOptimizer``, DeepSpeed-style wrappers,
+    apex's ``LARC``: anything that keeps the real one as ``.optimizer``, ``._optimizer``
+    or ``.optim`` (:data:`.outerstep.INNER`); and an
     optimizer whose inner optimizer steps the same parameter groups (SAM's
     ``base_optimizer``: :func:`shared_inner`).
 
@@ -102,15 +105,9 @@ def unwrap(obj: Any) -> torch.optim.Optimizer:
     """
     seen = {id(obj)}
     for _ in range(8):
-        inner = None
-        for attr in ("optimizer", "_optimizer"):
-            try:
-                cand = getattr(obj, attr, None)
-            except Exception:
-                cand = None
-            if isinstance(cand, torch.optim.Optimizer) and id(cand) not in seen:
-                inner = cand
-                break
+        inner = outerstep.inner_of(obj)
+        if inner is not None and id(inner) in seen:
+            inner = None
         if inner is None:
             cand = shared_inner(obj)
             inner = cand if cand is not None and id(cand) not in seen else None
@@ -285,8 +282,19 @@ def _hook() -> None:
 _UNSEEN: Any = object()
 
 
+def begins(opt: torch.optim.Optimizer) -> None:
+    """A wrapper's ``step()`` begins ``opt``'s step (:mod:`.outerstep`): its pre-hook runs
+    now, before the wrapper changes the gradients, and not again at ``opt``'s own step."""
+    _now.early = None
+    _on_step(opt, (opt,), {})
+    _now.early = opt
+
+
 @eager_only
 def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+    if getattr(_now, "early", None) is opt:
+        _now.early = None
+        return None  # begun by the wrapper whose step called it
     outer = getattr(_now, "stepping", None)
     if outer is not None and outer is not opt and _steps_inside(opt, outer):
         return None  # part of the outer optimizer's step, which its monitor measures whole
@@ -297,6 +305,11 @@ def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         mon = monitor_of(opt)
     if mon is not None:
         _now.stepping = opt
+        if opt not in _looked:  # its first watched step: called by a wrapper that changes its gradients?
+            _looked.add(opt)
+            wrapper = outerstep.caller_of(opt)
+            if wrapper is not None and outerstep.follow(wrapper, begins):
+                mon.unread(opt)  # this step's gradients are the wrapper's already
         return mon.step_pre(opt, args, kwargs)  # never raises (the monitor's boundary)
     return None
 

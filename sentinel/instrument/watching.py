@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import registry
+from sentinel.instrument import outerstep, registry
 from sentinel.instrument.monitor import Monitor
 from sentinel.instrument.options import from_kwargs
 
@@ -55,7 +55,7 @@ def watch(model: torch.nn.Module | None,
     global unsupported_total
     opts = from_kwargs(options)
     try:
-        many = not isinstance(optimizer, torch.optim.Optimizer) and not hasattr(optimizer, "optimizer")
+        many = not isinstance(optimizer, torch.optim.Optimizer) and outerstep.inner_of(optimizer) is None
         given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
         optimizers = [registry.unwrap(o) for o in given]
         if not optimizers:

@@ -48,6 +48,9 @@ class Program:
             scalar ``objective``, not as a loss (they step only coefficients, play a game
             against another optimizer, as a GAN's, or the program trains an agent: it imports
             Gymnasium).
+        first_unread: its first step reports no gradient norm: an optimizer's stand-in
+            (apex's LARC) scaled the gradients before calling the optimizer's step, whose
+            hooks found it (``sentinel/instrument/outerstep.py``); later steps read them first.
     """
 
     id: str
@@ -62,6 +65,7 @@ class Program:
     spawns: int = 0
     opt: str = ""
     objective: tuple[int, ...] = ()
+    first_unread: bool = False
 
 
 @dataclass
