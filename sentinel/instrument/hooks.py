@@ -10,14 +10,14 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from sentinel.instrument import leaving
+from sentinel.instrument import leaving, outerstep
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.losses import LossSum
-from sentinel.instrument.measure import Measure
+from sentinel.instrument.measure import GradRead, Measure
 from sentinel.instrument.staterecord import StateRecord
 
 StepHook = Callable[[torch.optim.Optimizer, Any, Any], Any]
@@ -91,6 +91,14 @@ def hook_body(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compiler.disable(torch.no_grad()(fn))
 
 
+class _Ahead(NamedTuple):
+    step: int
+    grouped: Any  # the layout's tensors of the optimizer when read
+    grads: tuple[torch.Tensor | None, ...]  # the gradient tensors read
+    read: GradRead
+    stand_in: type
+
+
 class _Unhook:
     """Stops handing an optimizer's steps to its monitor."""
 
@@ -125,7 +133,8 @@ class Hooks:
         self.posts: dict[int, StepHook] = {}
         self.states: dict[int, Any] = {}  # each optimizer's state dict, to see a load_state_dict
         self.closure_done: dict[int, bool] = {}
-        self.unread: set[int] = set()  # optimizers whose next step's gradients a wrapper changed already
+        self.unread: set[int] = set()  # optimizers whose next step's gradients a stand-in changed already
+        self.ahead: dict[int, _Ahead] = {}  # per optimizer, its gradients read as a stand-in's step began
 
     def hook(self, opt: torch.optim.Optimizer, pre: StepHook, post: StepHook) -> list[Any]:
         """Hand ``opt``'s steps to ``pre`` and ``post``; the handles that stop it."""
@@ -159,18 +168,41 @@ class Hooks:
         if fn is not None:
             fn(opt, args, kwargs)
 
+    def read_ahead(self, k: int, step: int, opt: torch.optim.Optimizer, stand_in: type) -> None:
+        """Read optimizer ``k``'s gradients as a stand-in's step begins (:mod:`.outerstep`),
+        with the tensors they are in, for its step to take."""
+        grads = tuple(p.grad for g in opt.param_groups for p in g["params"])
+        self.ahead[k] = _Ahead(step, self.measure.layout.tensors[k], grads, self.measure.grad_read(k, step), stand_in)
+
+    def _ahead(self, k: int, step: int, opt: torch.optim.Optimizer) -> GradRead | None:
+        """The gradients read as the stand-in's step began, when the parameters hold the
+        same tensors (scaled in place); None: read them now, and the stand-in, which makes
+        its gradients in its step, reads nothing ahead any more."""
+        got = self.ahead.pop(k, None)
+        if got is None:
+            return None
+        if got.step != step or self.measure.layout.tensors[k] is not got.grouped:
+            return None  # a new report or a new layout began in between: read them now
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if (len(params) == len(got.grads) and all(a is p.grad for a, p in zip(got.grads, params))
+                and any(a is not None for a in got.grads)):
+            return got.read  # the same tensors (a parameter without one still has none)
+        outerstep.stop(got.stand_in)
+        return None
+
     def closure_aware(self, k: int, step: int, args: Any, kwargs: Any) -> Any:
         """Read the gradients now, or, when ``step`` was given a closure (Lightning's
         automatic optimization, LBFGS), right after the closure's first call inside
         ``step()``: the gradients the optimizer applies. The plain loop pays nothing."""
         # torch passes step()'s own arguments, the optimizer first: (opt, closure?)
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 else None)
-        if self.unread and k in self.unread:  # a wrapper scaled them before this step (outerstep.py)
+        if self.unread and k in self.unread:  # a stand-in scaled them before this step (outerstep.py)
             self.unread.discard(k)
             return None
         if not callable(closure):
             m = self.measure
-            m.guard_grads(k, step, m.grad_stats(k, step))
+            read = self._ahead(k, step, args[0]) if self.ahead else None
+            m.guard_grads(k, step, m.grad_stats(k, step, read))
             return None
         self.closure_done[k] = False
         measure, done, run, sums = self.measure, self.closure_done, self.boundary.run, self.losses

@@ -17,6 +17,9 @@ from sentinel.instrument.layout import Layout
 from sentinel.instrument.stats import device_index
 from sentinel.instrument.timing import BusyClock, Heartbeat
 
+GradRead = tuple[dict[torch.device, torch.Tensor], dict[torch.device, torch.Tensor], int]
+"""The gradients' sums of squares and L1 sums per device, and how many elements the L1 sums took."""
+
 
 class HandUpdated:
     """The parameters of a script that updates them by hand, as the one param group the
@@ -67,12 +70,17 @@ class Measure:
             segs = self.segs.setdefault(dev, {})
             segs[name] = segs[name] + t if name in segs else t
 
-    def grad_stats(self, k: int, step: int) -> dict[torch.device, torch.Tensor]:
-        """Add optimizer ``k``'s gradient sums (and, when due, their L1 sums); the sums."""
+    def grad_read(self, k: int, step: int) -> GradRead:
+        """Optimizer ``k``'s gradient sums (and, when due, their L1 sums), not added yet."""
         grouped = self.layout.tensors[k]
         sums, l1, count = grouped.grad_sums(l1=self.cadence.health_due(step))
         if not sums:  # read, and no parameter has a gradient: a norm of 0, said so
             sums = {torch.device("cpu"): torch.zeros(max(1, grouped.n_groups))}
+        return sums, l1, count
+
+    def grad_stats(self, k: int, step: int, read: GradRead | None = None) -> dict[torch.device, torch.Tensor]:
+        """Add optimizer ``k``'s gradient sums (``read`` when they were read already); the sums."""
+        sums, l1, count = self.grad_read(k, step) if read is None else read
         self.add("grad_sumsq", sums)
         if count:
             self.add("grad_l1", {d: t.sum().reshape(1) for d, t in l1.items()})

@@ -394,6 +394,13 @@ class Monitor:
         self.measure.layout = self.layout
         self._record.due = True
 
+    def read_ahead(self, opt: torch.optim.Optimizer, stand_in: type) -> None:
+        """The step of a stand-in that will scale ``opt``'s gradients before stepping it
+        begins: read them now (:mod:`.outerstep`). Never raises."""
+        for k, o in enumerate(self.optimizers):
+            if o is opt:
+                self.boundary.run("grad", self.hooks.read_ahead, k, self.steps + 1, opt, stand_in)
+
     def unread(self, opt: torch.optim.Optimizer) -> None:
         """The gradients at ``opt``'s coming step are not the loss's: the wrapper whose step
         called it has scaled them (:mod:`.outerstep`); that step reports no gradient."""

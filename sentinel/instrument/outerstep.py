@@ -1,23 +1,28 @@
-"""Wrappers that are no ``torch.optim.Optimizer`` and step one inside: their step begins
-the watched step.
+"""Optimizer stand-ins that are no ``torch.optim.Optimizer`` and scale the gradients in
+their own ``step()`` before stepping the one inside: the gradients are read as that step
+begins.
 
 apex's ``LARC`` (SwAV, VISSL and the self-supervised recipes that copy them) and
-torchlars' ``LARS`` keep an optimizer as ``.optim`` and, in their own ``step()``, scale
-every parameter's gradient by its trust ratio in place before calling the inner
-optimizer's ``step()``. Read at the inner step, as the step hooks read them, the gradients
-were the wrapper's: a contrastive model under LARC reported a gradient norm of 0.0139 at
-every step (the trust coefficient times the weights' norm) while its loss's gradients fell
-from 2.7 to 0.06, and no spike or vanishing gradient could ever show.
+torchlars' ``LARS`` keep an optimizer as ``.optim``, show its ``param_groups`` as their
+own and, in their ``step()``, multiply every parameter's gradient by its trust ratio in
+place before calling the inner optimizer's ``step()``. Read at the inner step, as the step
+hooks read them, the gradients were the stand-in's: a contrastive model under LARC
+reported a gradient norm of 0.0139 at every step (the trust coefficient times the
+weights' norm) while its loss's gradients fell from 2.7 to 0.06, and no spike or
+vanishing gradient could ever show.
 
-So the step of such a wrapper begins the watched step, as an optimizer's own step does:
-:func:`follow` wraps its class's ``step`` to hand the step's start to the registry
-(:func:`sentinel.instrument.registry.begins`) before the wrapper's body, and the inner
-optimizer's own pre-hook then leaves it. The class is wrapped, never the object, so
-nothing of Sentinel's is pickled with it. A wrapper is known when handed to
-``sentinel.watch``; in zero-code mode it is found at the inner optimizer's first step,
-from the frame that called it (:func:`caller_of`): the gradients of that one step are
-already the wrapper's, so that step reports none. A ``step`` called with arguments (a
-closure) is left as it is: its inner optimizer reads the gradients inside its own step.
+So :func:`follow` wraps the stand-in's class's ``step`` (the class, never the object, so
+nothing of Sentinel's is pickled with it) to read the gradients as it begins
+(:func:`sentinel.instrument.registry.reads_ahead`); the inner step's hooks take that read
+when the parameters still hold the same gradient tensors, changed in place. Stand-ins that
+*make* the gradients in their ``step()`` (mixed-precision ones that copy the model's
+gradients to fp32 master weights, unscale them and assign them, as DeepSpeed's
+``FP16_Optimizer`` does) hold other tensors, or none, when their step begins: the inner
+step reads them as before, and the class is no longer followed (:func:`stop`).
+
+The stand-in is found at its optimizer's first step, from the frame that called it
+(:func:`caller_of`): that step's gradients are the stand-in's already, so it reports none.
+A ``step`` called with arguments (a closure) is left as it is.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ INNER = ("optimizer", "_optimizer", "optim")
 """The attributes a wrapper keeps its optimizer in (Lightning's and Accelerate's
 ``optimizer``, DeepSpeed's ``_optimizer``, LARC's and torchlars' ``optim``)."""
 
-_followed: weakref.WeakSet[type] = weakref.WeakSet()  # the classes whose step begins the watched step
+_followed: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()  # class -> its step reads ahead
 _SKIP = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(torch.__file__)))
 
 
@@ -84,39 +89,47 @@ def caller_of(opt: torch.optim.Optimizer) -> Any:
         return None
 
 
-def follow(wrapper: Any, begins: Callable[[torch.optim.Optimizer], None]) -> bool:
-    """Make each argument-free ``step()`` of ``wrapper``'s class call ``begins(inner)``
-    first (once per class). False when its ``step`` is no plain function or its class
-    cannot be changed (left as it is). Never raises."""
+def follow(wrapper: Any, ahead: Callable[[torch.optim.Optimizer, type], None]) -> bool:
+    """Make each argument-free ``step()`` of ``wrapper``'s class call ``ahead(inner,
+    class)`` first (once per class). False when its ``step`` is no plain function, its
+    class cannot be changed or it was stopped. Never raises."""
     try:
-        return _follow(type(wrapper), begins)
+        return _follow(type(wrapper), ahead)
     except Exception:
         return False
 
 
-def _follow(cls: type, begins: Callable[[torch.optim.Optimizer], None]) -> bool:
+def stop(cls: type) -> None:
+    """``cls``'s steps read nothing ahead any more: its gradients were not the ones its
+    inner optimizer was given."""
+    for k in cls.__mro__:
+        if k in _followed:
+            _followed[k] = False
+
+
+def _follow(cls: type, ahead: Callable[[torch.optim.Optimizer, type], None]) -> bool:
     if cls in _followed:
-        return True
+        return _followed[cls]
     owner = next((k for k in cls.__mro__ if "step" in k.__dict__), None)
     if owner is not None and owner in _followed:  # a subclass of a class followed already
-        _followed.add(cls)
-        return True
+        _followed[cls] = _followed[owner]
+        return _followed[cls]
     original = None if owner is None else owner.__dict__["step"]
     if owner is None or not inspect.isfunction(original) or owner.__module__ == "builtins":
         return False
 
     @functools.wraps(original)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not args and not kwargs:
+        if not args and not kwargs and _followed.get(owner):
             inner = inner_of(self)
             if inner is not None:
-                begins(inner)  # raises only what a step's hooks raise: the stop action's TrainingHalted
+                ahead(inner, owner)  # never raises
         return original(self, *args, **kwargs)
 
     try:
         owner.step = step  # type: ignore[attr-defined]
     except Exception:  # a class that takes no new attribute: left as it is
         return False
-    _followed.update((cls, owner))
-    log.debug("sentinel: %s.step begins the watched step of its inner optimizer", owner.__qualname__)
+    _followed[owner] = _followed[cls] = True
+    log.debug("sentinel: %s.step reads the gradients before it changes them", owner.__qualname__)
     return True

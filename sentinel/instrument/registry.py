@@ -57,7 +57,6 @@ _streams: list[weakref.ref[Any]] = []  # monitors of optimizers, in the order th
 _expected = 1  # optimizers zero-code mode found alive when it attached its first monitor
 _before: dict[int, frozenset[int]] = {}  # per monitor: the live monitors that had reported when it was made
 _now = threading.local()  # .stepping: the watched optimizer whose step() runs in this thread (None: none)
-# .early: the optimizer whose step a wrapper's step() began (outerstep), its own pre-hook to skip
 _looked: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # looked for a wrapper at their first step
 # an optimizer that steps inside another's step() -> that outer one (ZeroRedundancyOptimizer's local optimizer)
 _inner_of: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[torch.optim.Optimizer]] = (
@@ -282,19 +281,17 @@ def _hook() -> None:
 _UNSEEN: Any = object()
 
 
-def begins(opt: torch.optim.Optimizer) -> None:
-    """A wrapper's ``step()`` begins ``opt``'s step (:mod:`.outerstep`): its pre-hook runs
-    now, before the wrapper changes the gradients, and not again at ``opt``'s own step."""
-    _now.early = None
-    _on_step(opt, (opt,), {})
-    _now.early = opt
+@eager_only
+def reads_ahead(opt: torch.optim.Optimizer, stand_in: type) -> None:
+    """A stand-in's ``step()`` begins (:mod:`.outerstep`): ``opt``'s monitor reads the
+    gradients now, before the stand-in scales them. Never raises."""
+    mon = monitor_of(opt)
+    if mon is not None:
+        mon.read_ahead(opt, stand_in)
 
 
 @eager_only
 def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
-    if getattr(_now, "early", None) is opt:
-        _now.early = None
-        return None  # begun by the wrapper whose step called it
     outer = getattr(_now, "stepping", None)
     if outer is not None and outer is not opt and _steps_inside(opt, outer):
         return None  # part of the outer optimizer's step, which its monitor measures whole
@@ -308,7 +305,7 @@ def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         if opt not in _looked:  # its first watched step: called by a wrapper that changes its gradients?
             _looked.add(opt)
             wrapper = outerstep.caller_of(opt)
-            if wrapper is not None and outerstep.follow(wrapper, begins):
+            if wrapper is not None and outerstep.follow(wrapper, reads_ahead):
                 mon.unread(opt)  # this step's gradients are the wrapper's already
         return mon.step_pre(opt, args, kwargs)  # never raises (the monitor's boundary)
     return None

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from sentinel.instrument import registry
+from sentinel.instrument import outerstep, registry
 from tests.helpers import MLP, make_monitor
 
 
@@ -117,9 +117,8 @@ def test_a_trainer_class_with_its_own_step_is_no_stand_in() -> None:
     assert [got[s] for s in range(1, 6)] == pytest.approx(trainer.norms, rel=1e-5)
 
 
-def test_the_stop_action_halts_at_the_stand_ins_step_before_it_changes_anything() -> None:
-    """``actions.stop_on``: the next step raises ``TrainingHalted``; with a stand-in, as its
-    ``step()`` begins, so neither its scaling nor its optimizer's update is applied."""
+def test_the_stop_action_halts_the_stand_ins_step_before_the_weights_change() -> None:
+    """``actions.stop_on``: the next step raises ``TrainingHalted``, with a stand-in too."""
     from sentinel import TrainingHalted
 
     model = MLP()
@@ -129,10 +128,44 @@ def test_the_stop_action_halts_at_the_stand_ins_step_before_it_changes_anything(
     mon.request_stop("TrainingNonFinite fired")
     model.zero_grad()
     model(torch.randn(16, 16)).pow(2).mean().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
     weights = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(TrainingHalted):
         stand_in.step()
-    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
     assert all(torch.equal(p.detach(), w) for p, w in zip(model.parameters(), weights))
     mon.close()
+
+
+class Unscaling:
+    """A mixed-precision stand-in's shape (DeepSpeed's ``FP16_Optimizer``): its ``step()``
+    makes the gradients the optimizer is given (new tensors, here the loss's unscaled),
+    so what the parameters held as it began is not what is applied."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scale: float = 1024.0) -> None:
+        self.optimizer, self.scale = optimizer, scale
+        self.applied: list[float] = []
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def step(self) -> None:
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for p in params:
+            p.grad = p.grad / self.scale
+        self.applied.append(math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params)))
+        self.optimizer.step()
+
+
+def test_a_stand_in_that_makes_its_gradients_in_its_step_is_read_at_its_optimizers_step() -> None:
+    model = MLP()
+    stand_in = Unscaling(torch.optim.SGD(model.parameters(), lr=0.01))
+    mon, sender = make_monitor(model, stand_in.optimizer)
+    for _ in range(6):
+        model.zero_grad()
+        (model(torch.randn(16, 16)).pow(2).mean() * stand_in.scale).backward()
+        stand_in.step()
+    mon.close()
+    got = _grad_norms(sender.frames)
+    assert got[1] is None  # found at its first step
+    assert [got[s] for s in range(2, 7)] == pytest.approx(stand_in.applied[1:], rel=1e-5)
+    assert outerstep._followed[Unscaling] is False  # it read nothing ahead after its second step
