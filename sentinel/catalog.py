@@ -128,6 +128,10 @@ CATALOG: dict[str, Spec] = {
     "sentinel_optimizer_sgd_clip_max_norm": Spec(
         G, "An SGD-family optimizer: the max_norm its gradients were last clipped to (0: never).",
         ("class", "index")),
+    "sentinel_optimizer_adaptive": Spec(
+        G, "1 when every optimizer of the stream scales each update by its gradients' own size (Adam and its "
+           "kin, RMSprop, Adagrad, Adadelta, Rprop, Adafactor, Lion, LAMB, Sophia): a large but steady gradient "
+           "norm does not make its updates large; 0 otherwise (SGD, LBFGS)."),
     "sentinel_optimizer_health_ratio": Spec(
         G, "A sampled health figure of the optimizer (0-1): adafactor_saturation (second moment above the "
            "threshold), lion_sign_agreement (gradient sign = momentum sign), sophia_clip_fraction "

@@ -12,7 +12,10 @@ its class, and ``index``, its position):
   parameters, hence fp16 state) and ``sentinel_optimizer_decoupled_weight_decay``
   (weight decay of AdamW-style optimizers), ``sentinel_optimizer_sgd_clip_max_norm`` (the
   ``max_norm`` an SGD-family optimizer's gradients were last clipped to, 0 when they
-  never were).
+  never were);
+- ``sentinel_optimizer_adaptive`` (no optimizer label): 1 when every optimizer scales its
+  updates by its gradients' own size, so that a large gradient norm is no large update
+  (``GradientExplosion`` reads it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ from collections.abc import Callable
 from typing import Any
 
 NAMES = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum")
+
+
+_ADAPTIVE = ("Adagrad", "Adadelta", "RMSprop", "Rprop", "Adafactor", "Lion", "Lamb", "LAMB", "SophiaG", "Sophia")
+
+
+def _adaptive(cls: str, nums: dict[str, float]) -> bool:
+    """Each update is scaled by the gradients' own size (a second moment, or their sign):
+    anything with a ``beta2`` (Adam and its many kin), and the classes of :data:`_ADAPTIVE`."""
+    return "beta2" in nums or cls in _ADAPTIVE
 
 
 def _sgd_family(cls: str, nums: dict[str, float]) -> bool:
@@ -36,8 +48,10 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
     """
     if not isinstance(optim, list):
         return
+    adaptive = True
     for i, o in enumerate(optim[:8]):
         if not isinstance(o, dict) or not isinstance(o.get("class"), str):
+            adaptive = False
             continue
         name, idx = o["class"][:64], str(i)
         dtype = o.get("dtype") if isinstance(o.get("dtype"), str) else "none"
@@ -60,6 +74,9 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
         if _sgd_family(name, nums):
             add("sentinel_optimizer_sgd_clip_max_norm",  # inf: the norm read, nothing clipped
                 clip_max if clip_max and math.isfinite(clip_max) else 0.0, index=idx, **{"class": name})
+        adaptive = adaptive and _adaptive(name, nums)
+    if optim:
+        add("sentinel_optimizer_adaptive", 1.0 if adaptive else 0.0)
 
 
 RATIO_FIGURES = ("adafactor_saturation", "lion_sign_agreement", "sophia_clip_fraction")

@@ -29,6 +29,9 @@ class ThresholdParams(Params):
         skip_zero: an exact 0.0 gives no verdict. For per-group gradient norms an exact
             zero means "no gradient reached this group" (frozen or unused parameters),
             which is not a vanishing gradient.
+        unless_reference: the value holds (does not fail) while the rule's ``reference``
+            metric's latest sample equals this: ``GradientExplosion`` for a stream whose
+            optimizers are all adaptive (``sentinel_optimizer_adaptive`` 1).
     """
 
     op: Op = ">"
@@ -36,6 +39,7 @@ class ThresholdParams(Params):
     reduce: Literal["last", "mean", "median", "min", "max"] = "last"
     window: PositiveInt = 1
     skip_zero: bool = False
+    unless_reference: float | None = None
 
     def samples(self) -> int:
         return 1 if self.reduce == "last" else self.window
@@ -52,7 +56,7 @@ def compare(value: float, op: Op, threshold: float) -> bool:
     return value <= threshold
 
 
-def check(value: float, params: ThresholdParams) -> Verdict | None:
+def check(value: float, params: ThresholdParams, reference: float | None = None) -> Verdict | None:
     """The verdict for one already reduced value; None for NaN or a skipped zero.
 
     NaN gives no verdict: non-finite values are the ``nonfinite`` detector's to report,
@@ -60,7 +64,10 @@ def check(value: float, params: ThresholdParams) -> Verdict | None:
     """
     if math.isnan(value) or (params.skip_zero and value == 0.0):
         return None
-    return Verdict(compare(value, params.op, params.value), value, params.value)
+    firing = compare(value, params.op, params.value)
+    if firing and params.unless_reference is not None and reference == params.unless_reference:
+        return Verdict(False, value, params.value, detail="holds: the reference says it does not apply")
+    return Verdict(firing, value, params.value)
 
 
 def idle(value: float, params: ThresholdParams) -> bool:
@@ -79,7 +86,7 @@ def detect(window: Window, params: ThresholdParams, ctx: Context) -> Verdict | N
     if len(window) == 0:
         return None
     if params.reduce == "last":
-        return check(float(window.values[-1]), params)
+        return check(float(window.values[-1]), params, ctx.reference)
     vals = [v for v in window.values[-params.window :].tolist() if not math.isnan(v)]
     if not vals:
         return None
@@ -91,4 +98,4 @@ def detect(window: Window, params: ThresholdParams, ctx: Context) -> Verdict | N
         value = min(vals)
     else:
         value = max(vals)
-    return check(value, params)
+    return check(value, params, ctx.reference)

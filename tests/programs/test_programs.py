@@ -5,7 +5,7 @@ adversarial training, the HF examples' logging set-up, the neural style transfer
 CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket scripts, CycleGAN,
 YOLOv5's trainer, a small DDPM, a sparse mixture of experts, Hugging Face's re-entrant
 gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn,
-ULMFiT's gradual unfreezing, PCGrad's gradient surgery, SwAV's LARC), each run plainly, under ``sentinel run`` (zero-code) and,
+ULMFiT's gradual unfreezing, PCGrad's gradient surgery, SwAV's LARC, fast neural style), each run plainly, under ``sentinel run`` (zero-code) and,
 where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -96,6 +96,7 @@ PROGRAMS = [
     Program("gradual_unfreeze", "gradual_unfreeze.py", watch=True, opt="AdamW"),
     Program("pcgrad", "pcgrad.py", watch=True, opt="Adam"),
     Program("swav", "swav.py", watch=True, opt="SGD", first_unread=True),
+    Program("fast_style", "fast_style.py", watch=True, opt="Adam"),
     Program("zero_torchrun", "zero.py", ranks=2, slow=True, opt="ZeroRedundancyOptimizer"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
