@@ -74,6 +74,10 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    gradients of ``backward()`` passes whose loss was not finite and took
                    no step with them: it skipped its step on a NaN or Inf loss (captured
                    losses only; a ``GradScaler``'s skips are ``amp``'s)
+``no_gradient``?   steps in a row, this one included, at which an optimizer of the
+                   stream stepped and none of its parameters that require a gradient
+                   had one: the loss does not reach them. Sent while it lasts, and a 0
+                   at the first step with gradients again
 ``rewrite``?       ``"load_state_dict"`` or ``"prune"``: the script set the watched
                    weights itself since the last step (a rewind, a roll-back, a pruning
                    mask); the engine restarts the loss's baselines as at a warm restart
@@ -264,6 +268,7 @@ class Frame(Struct, kw_only=True):
     beat: Count | UnsetType = UNSET
     short_batch: Annotated[list[Count], Meta(min_length=2, max_length=2)] | UnsetType = UNSET
     skipped_nonfinite: Count | UnsetType = UNSET
+    no_gradient: Count | UnsetType = UNSET
     rewrite: Rewrite | UnsetType = UNSET
     guard: GuardNote | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET

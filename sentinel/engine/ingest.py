@@ -268,6 +268,8 @@ class Ingestor:
                 mean_abs, mean_sq = f["grad_l1"] / n, total / n
                 std = _sqrt(mean_sq - mean_abs * mean_abs)
                 add("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan"))
+        if "no_gradient" in f:  # steps in a row whose optimizer's parameters got no gradient
+            add("sentinel_steps_without_gradient", float(f["no_gradient"]))
         opt = f.get("opt", "")
         ctx.crossrank = self.crossrank.observe(f, lambda rank: self._base(f["job"], f["run"], rank, opt), norm)
         psq = f.get("param_sumsq")

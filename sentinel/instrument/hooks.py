@@ -172,7 +172,10 @@ class Hooks:
         """Read optimizer ``k``'s gradients as a stand-in's step begins (:mod:`.outerstep`),
         with the tensors they are in, for its step to take."""
         grads = tuple(p.grad for g in opt.param_groups for p in g["params"])
-        self.ahead[k] = _Ahead(step, self.measure.layout.tensors[k], grads, self.measure.grad_read(k, step), stand_in)
+        m = self.measure
+        was = m.gradless
+        self.ahead[k] = _Ahead(step, m.layout.tensors[k], grads, m.grad_read(k, step), stand_in)
+        m.gradless = was  # a read taken had gradients (_ahead); one left, the step's own read says
 
     def _ahead(self, k: int, step: int, opt: torch.optim.Optimizer) -> GradRead | None:
         """The gradients read as the stand-in's step began, when the parameters hold the

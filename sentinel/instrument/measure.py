@@ -63,6 +63,8 @@ class Measure:
         self.grad_count = 0
         self.clip_max: float | None = None
         self.meta_groups: set[int] = set()
+        self.gradless = False  # an optimizer of this step had no gradient on any parameter that wants one
+        self.gradless_run = 0  # steps in a row with such an optimizer
 
     def add(self, name: str, per_device: dict[torch.device, torch.Tensor]) -> None:
         """Add ``per_device`` to the step's segment ``name`` (summed with what it holds)."""
@@ -76,6 +78,8 @@ class Measure:
         sums, l1, count = grouped.grad_sums(l1=self.cadence.health_due(step))
         if not sums:  # read, and no parameter has a gradient: a norm of 0, said so
             sums = {torch.device("cpu"): torch.zeros(max(1, grouped.n_groups))}
+            if any(p.requires_grad for g in self.optimizers[k].param_groups for p in g["params"]):
+                self.gradless = True  # it steps parameters the loss never reached
         return sums, l1, count
 
     def grad_stats(self, k: int, step: int, read: GradRead | None = None) -> dict[torch.device, torch.Tensor]:
@@ -155,6 +159,9 @@ class Measure:
         if self.meta_groups:
             report.delta_groups = sorted(self.meta_groups)
             self.meta_groups = set()
+        if self.gradless or self.gradless_run:  # while it lasts, and the 0 that ends it
+            self.gradless_run = self.gradless_run + 1 if self.gradless else 0
+            frame.no_gradient, self.gradless = self.gradless_run, False
 
     def take(self) -> Segs:
         """The step's segments; the next step's start empty."""

@@ -201,6 +201,20 @@ def test_sigkill_fires_training_crashed_and_run_exits_with_its_status(tmp_path: 
         receiver.close()
 
 
+def test_an_optimizer_that_no_gradient_reaches_pages_gradients_missing() -> None:
+    """The model built again after its optimizer was made: the optimizer steps parameters
+    the loss never reaches. Nothing trains, and the on-call person hears it at step 20,
+    with what to check first."""
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0",
+                          "--", sys.executable, str(SCRIPTS / "rebuilt_model.py"), "40"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("trained 40 steps"), out.stderr
+    [line] = [line for line in out.stderr.splitlines() if "GradientsMissing" in line and "[FIRING]" in line]
+    assert line.startswith("sentinel: [FIRING] critical GradientsMissing — run "), line
+    assert ("since step 20: No gradient reached the parameters of rank 0's optimizer for 20 steps in a row at "
+            "step 20: it steps, and nothing trains") in line, line
+
+
 def test_an_exception_fires_training_crashed_with_exit_status_1() -> None:
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0",
                           "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "5", "raise"],

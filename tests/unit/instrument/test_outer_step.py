@@ -169,3 +169,40 @@ def test_a_stand_in_that_makes_its_gradients_in_its_step_is_read_at_its_optimize
     assert got[1] is None  # found at its first step
     assert [got[s] for s in range(2, 7)] == pytest.approx(stand_in.applied[1:], rel=1e-5)
     assert outerstep._followed[Unscaling] is False  # it read nothing ahead after its second step
+
+
+class Master:
+    """DeepSpeed's ``FP16_Optimizer`` in its bones: the optimizer holds fp32 master copies of
+    the model's weights, whose gradients the stand-in's ``step()`` assigns from the model's
+    (None until then: they were set to None after the last step)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.masters = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+        self.optimizer = torch.optim.SGD(self.masters, lr=0.01)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def step(self) -> None:
+        for m, p in zip(self.masters, self.model.parameters()):
+            m.grad = p.grad.detach().clone()
+        self.optimizer.step()
+        for m, p in zip(self.masters, self.model.parameters()):
+            m.grad = None
+            p.data.copy_(m.data)
+
+
+def test_a_stand_in_whose_gradients_come_in_its_step_is_no_step_without_gradients() -> None:
+    model = MLP()
+    stand_in = Master(model)
+    mon, sender = make_monitor(None, stand_in.optimizer)
+    for _ in range(25):
+        model.zero_grad()
+        model(torch.randn(16, 16)).pow(2).mean().backward()
+        stand_in.step()
+    mon.close()
+    steps = [f for f in sender.frames if f["kind"] == "step"]
+    assert len(steps) == 25 and not any("no_gradient" in f for f in steps), [f.get("no_gradient") for f in steps]
+    assert all("grad_sumsq" in f and sum(f["grad_sumsq"]) > 0 for f in steps[1:])

@@ -26,7 +26,9 @@ BUILTIN = [
     "GradientSpike",
     # the step guard's (issue 21), judged only where actions.guard is on
     "StepSkipped", "StepsSkippedRepeatedly", "GuardExhausted",
-    "GradientExplosion", "GradientVanishing", "GradientNoiseHigh",
+    "GradientExplosion", "GradientVanishing",
+    "GradientsMissing",  # an optimizer that no gradient reaches (public-shape review, Dec 2026)
+    "GradientNoiseHigh",
     "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
     "MemoryCritical", "CudaOOM", "CudaAllocRetries",
     "OptimizerEpsTooSmallFp16", "OptimizerBeta2TooLong", "OptimizerBeta1Low", "AdamWWithoutWeightDecay",
