@@ -33,6 +33,9 @@ CATALOG: dict[str, Spec] = {
     "sentinel_grad_norm_preclip": Spec(
         G, "Global L2 norm of the gradients as clip_grad_norm_ computed it, before clipping."),
     "sentinel_grad_clip_max_norm": Spec(G, "The max_norm passed to clip_grad_norm_."),
+    "sentinel_learning_rate_vanished_steps": Spec(
+        G, "Steps since the learning rate fell below a millionth of its peak (every group's), while it stays "
+           "there; 0 once it is back."),
     "sentinel_steps_without_gradient": Spec(
         G, "Steps in a row at which an optimizer stepped and none of its parameters that require a gradient "
            "had one (0 when gradients came back; written only around such steps)."),

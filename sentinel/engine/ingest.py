@@ -20,6 +20,8 @@ from sentinel.rules.ingested import Ingested
 from sentinel.store import Labels, Plan, PlanKey, Store, labels_of
 
 ENV_INFO = "sentinel_environment_info"
+VANISHED = 1e-6
+"""A schedule fraction (lr over its peak) below which the weights no longer move."""
 
 
 class _Rank:
@@ -71,6 +73,7 @@ class Ingestor:
         self._sched_last: dict[Labels, float] = {}
         self._sched_in: dict[Labels, tuple[list[Any], Any, float | None]] = {}  # the last report's lr, lr_peak, fraction
         self._env: dict[Labels, Labels] = {}  # the info series of each rank
+        self._vanished: dict[Labels, int] = {}  # the step each rank's lr fell below VANISHED of its peak
 
     def ingest(self, f: dict[str, Any]) -> Ingested:
         """Record a decoded frame.
@@ -129,7 +132,8 @@ class Ingestor:
         """Drop what is kept per rank of a run that ended (the label caches are bounded
         on their own)."""
         pairs = (("job", job), ("run", run))
-        for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self.rewrite_step, self._scale_last):
+        for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self.rewrite_step, self._scale_last,
+                      self._vanished):
             for base in [b for b in table if all(p in b for p in pairs)]:
                 del table[base]
         gone = [b for b in self.schedule.keys() if isinstance(b, tuple) and all(p in b for p in pairs)]
@@ -150,7 +154,7 @@ class Ingestor:
         for key in [k for k in self._ranks if k[:3] == (job, run, rank)]:
             base = self._ranks.pop(key).base
             for table in (self._lr_last, self.lr_change_step, self.lr_restart_step, self.rewrite_step,
-                          self._scale_last, self._sched_last, self._sched_in, self._env):
+                          self._scale_last, self._sched_last, self._sched_in, self._env, self._vanished):
                 table.pop(base, None)
             self.schedule.forget([base])
             self._gvr.forget(base)
@@ -298,7 +302,12 @@ class Ingestor:
             add("sentinel_optimizer_state_saturation_ratio", float(sat[0]) / float(sat[1]))
         self._lr(f.get("lr"), add, base, step)
         ctx.lr_change_step = self.lr_change_step.get(base)
-        ctx.lr_fraction = self._schedule(f, add, base, step)
+        ctx.lr_fraction = frac = self._schedule(f, add, base, step)
+        if frac is not None and frac < VANISHED:  # a millionth of its peak: the weights no longer move
+            add("sentinel_learning_rate_vanished_steps", float(step - self._vanished.setdefault(base, step) + 1))
+        elif self._vanished and base in self._vanished:  # back: said once
+            del self._vanished[base]
+            add("sentinel_learning_rate_vanished_steps", 0.0)
         if "rewrite" in f:  # weights the script set itself (a rewind, a pruning): the loss starts anew there
             self.lr_restart_step[base] = self.rewrite_step[base] = step
         ctx.lr_restart_step = self.lr_restart_step.get(base)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import PositiveInt
+from pydantic import Field, PositiveInt
 
 from sentinel.rules.base import Context, Params, Verdict, median
 from sentinel.store import Window
@@ -32,6 +32,8 @@ class ThresholdParams(Params):
         unless_reference: the value holds (does not fail) while the rule's ``reference``
             metric's latest sample equals this: ``GradientExplosion`` for a stream whose
             optimizers are all adaptive (``sentinel_optimizer_adaptive`` 1).
+        step_share: with ``>`` or ``>=``, the threshold is at least this share of the step
+            number: a count of steps that must be long next to the run so far.
     """
 
     op: Op = ">"
@@ -40,6 +42,7 @@ class ThresholdParams(Params):
     window: PositiveInt = 1
     skip_zero: bool = False
     unless_reference: float | None = None
+    step_share: float = Field(default=0.0, ge=0.0)
 
     def samples(self) -> int:
         return 1 if self.reduce == "last" else self.window
@@ -56,18 +59,21 @@ def compare(value: float, op: Op, threshold: float) -> bool:
     return value <= threshold
 
 
-def check(value: float, params: ThresholdParams, reference: float | None = None) -> Verdict | None:
-    """The verdict for one already reduced value; None for NaN or a skipped zero.
+def check(value: float, params: ThresholdParams, reference: float | None = None, step: int = 0) -> Verdict | None:
+    """The verdict for one already reduced value (at ``step``); None for NaN or a skipped zero.
 
     NaN gives no verdict: non-finite values are the ``nonfinite`` detector's to report,
     and a NaN must neither fire nor resolve a threshold rule. ±inf compares normally.
     """
     if math.isnan(value) or (params.skip_zero and value == 0.0):
         return None
-    firing = compare(value, params.op, params.value)
+    threshold = params.value
+    if params.step_share and params.op in (">", ">="):
+        threshold = max(threshold, params.step_share * step)
+    firing = compare(value, params.op, threshold)
     if firing and params.unless_reference is not None and reference == params.unless_reference:
-        return Verdict(False, value, params.value, detail="holds: the reference says it does not apply")
-    return Verdict(firing, value, params.value)
+        return Verdict(False, value, threshold, detail="holds: the reference says it does not apply")
+    return Verdict(firing, value, threshold)
 
 
 def idle(value: float, params: ThresholdParams) -> bool:
@@ -86,7 +92,7 @@ def detect(window: Window, params: ThresholdParams, ctx: Context) -> Verdict | N
     if len(window) == 0:
         return None
     if params.reduce == "last":
-        return check(float(window.values[-1]), params, ctx.reference)
+        return check(float(window.values[-1]), params, ctx.reference, ctx.step)
     vals = [v for v in window.values[-params.window :].tolist() if not math.isnan(v)]
     if not vals:
         return None
@@ -98,4 +104,4 @@ def detect(window: Window, params: ThresholdParams, ctx: Context) -> Verdict | N
         value = min(vals)
     else:
         value = max(vals)
-    return check(value, params, ctx.reference)
+    return check(value, params, ctx.reference, ctx.step)

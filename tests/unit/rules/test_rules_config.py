@@ -29,7 +29,9 @@ BUILTIN = [
     "GradientExplosion", "GradientVanishing",
     "GradientsMissing",  # an optimizer that no gradient reaches (public-shape review, Dec 2026)
     "GradientNoiseHigh",
-    "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow", "OptimizerStateSaturated", "OOMRisk",
+    "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow",
+    "LearningRateVanished",  # a schedule that stopped the training (public-shape review, Dec 2026)
+    "OptimizerStateSaturated", "OOMRisk",
     "MemoryCritical", "CudaOOM", "CudaAllocRetries",
     "OptimizerEpsTooSmallFp16", "OptimizerBeta2TooLong", "OptimizerBeta1Low", "AdamWWithoutWeightDecay",
     "SGDWithoutClipping", "LossScaleCollapse", "TrainingStalled",
