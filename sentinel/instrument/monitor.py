@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from sentinel import wire
-from sentinel.instrument import games, loaders, losses, preclip, registry, rewrites
+from sentinel.instrument import games, leaving, loaders, losses, preclip, registry, rewrites
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
@@ -26,7 +26,6 @@ from sentinel.instrument.frames import Report
 from sentinel.instrument.guard import make_guard
 from sentinel.instrument.hooks import Hooks, StepHook, close_at_exit
 from sentinel.instrument.layout import Layout
-from sentinel.instrument.leaving import exit_status, place
 from sentinel.instrument.link import connect
 from sentinel.instrument.losses import LossSum
 from sentinel.instrument.measure import HandUpdated, Measure
@@ -254,9 +253,9 @@ class Monitor:
             self._player.leave()
         if self.guard is not None:  # the guard: the last verdicts reach the engine
             self.boundary.run("guard", self.guard.flush)
-        status = 0 if error is None or isinstance(error, TrainingHalted) else exit_status(error)
+        status = 0 if error is None or isinstance(error, TrainingHalted) else leaving.exit_status(error)
         # a sys.exit's status is the process's own (sys.exit(3): 3); any other exception's is 1
-        self.reporter.close(self.steps, raised(error, place(error)) if status and error is not None else None,
+        self.reporter.close(self.steps, raised(error, leaving.place(error)) if status and error is not None else None,
                             status if status and isinstance(error, SystemExit) else None)
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
 
