@@ -276,7 +276,7 @@ class Engine:
                 rank of the run that reported, goodbye or not, since the job failed
                 anyway (rank 0 when none ever reported: it died before its first step). A
                 rank that had said a clean goodbye is said to have ended its script first:
-                the command failed at its processes' exit, after training.
+                the command failed at its processes' exit.
             who: what ended, for the message (e.g. ``"torchrun (pid 4242)"``).
 
         Returns:
@@ -298,9 +298,9 @@ class Engine:
                 said = who
                 if rank is None and (job, run, r) in self.finished:  # its goodbye came first: a failure at exit
                     said = (f"{who}, " if who else "") + (
-                        "after the script had ended cleanly (its goodbye came first): it failed as it exited, after "
-                        "training (a non-zero sys.exit at the end, an atexit handler, or a native abort in teardown "
-                        "such as torch's gloo exit race)")
+                        "after the script had ended without an error (its goodbye came first): it failed as it "
+                        "exited (a raise SystemExit(N), which Sentinel does not see, an atexit handler, or a native "
+                        "abort in teardown such as torch's gloo exit race)")
                 out += self._record_exit((job, run, r), status, now, said)
             out += self.rules.tick(now)  # fire now rather than after the group wait
             self._publish(out)

@@ -12,14 +12,19 @@ the training "failed as it exited, after training".
 :func:`install` wraps ``sys.exit`` (the same call, and pickled by the same name): a
 non-zero exit the main thread asks for is kept, with its traceback, until the next
 optimizer step (a script that caught the ``SystemExit`` and trained on left by another
-way), and :func:`error` hands it to the goodbye. ``raise SystemExit(1)`` and the
-``exit()`` builtin are not seen: they do not go through ``sys.exit``.
+way), and :func:`error` hands it to the goodbye. The ``exit()`` and ``quit()`` builtins
+(``site``'s, which scripts call as often: ``print("NaN loss"); exit(1)``) are kept the same
+way: their class's ``__call__`` is wrapped, so the objects, their repr and their pickling
+stay the interpreter's. ``raise SystemExit(1)`` is not seen: it calls nothing.
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sentinel.instrument.raised import called_from
@@ -31,13 +36,16 @@ _real_exit = sys.exit  # what sys.exit was before install()
 
 
 def install() -> None:
-    """Wrap ``sys.exit`` once per process."""
+    """Wrap ``sys.exit`` and the ``exit()``/``quit()`` builtins' call once per process."""
     global _installed, _real_exit
     if _installed:
         return
     _installed = True
     _real_exit = sys.exit
     sys.exit = exit  # type: ignore[assignment]
+    quitter = type(getattr(builtins, "exit", None))
+    if quitter.__module__ == "_sitebuiltins":  # absent under python -S; left alone if replaced
+        quitter.__call__ = _quitting(quitter.__call__)  # type: ignore[method-assign]
 
 
 def exit(*args: Any) -> None:  # noqa: A001  (it is sys.exit)
@@ -56,10 +64,31 @@ exit.__module__ = "sys"  # pickle finds it as sys.exit, the name it stands for
 exit.__qualname__ = "exit"
 
 
+def _quitting(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``site``'s ``Quitter.__call__`` (``exit(1)``, ``quit()``), keeping the exit it raises."""
+
+    @functools.wraps(call)
+    def __call__(self: object, *args: Any) -> None:  # noqa: N807  (it is the class's __call__)
+        try:
+            call(self, *args)
+        except SystemExit as leaving:
+            try:
+                _keep(leaving)
+            except Exception:  # noqa: S110  (as in exit above)
+                pass
+            raise
+
+    return __call__
+
+
 def _keep(leaving: SystemExit) -> None:
     global _exiting, _place
-    if threading.current_thread() is threading.main_thread() and exit_status(leaving):
+    if threading.current_thread() is not threading.main_thread():
+        return  # it ends only its thread
+    if exit_status(leaving):
         _exiting, _place = leaving, called_from(sys._getframe(2))  # the caller of sys.exit
+    else:  # a clean end, whatever a caught exit before it said
+        _exiting = _place = None
 
 
 def place(error: BaseException | None) -> str | None:

@@ -94,8 +94,8 @@ def test_a_command_failing_after_its_ranks_goodbye_says_it_failed_at_exit(goodby
     alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
     assert alert["state"] == "firing" and alert["ranks"] == [0, 1]
     s = alert["summary"]
-    said = ("torchrun (pid 7), after the script had ended cleanly (its goodbye came first): it failed as it "
-            "exited, after training")
+    said = ("torchrun (pid 7), after the script had ended without an error (its goodbye came first): it failed "
+            "as it exited (a raise SystemExit(N)")
     assert (said in s) is goodbye and "exited with status 1" in s and "last values (step 19" in s, s
     assert s.count("exited with status 1") == 1, s  # the ranks' words are the same: said once
 

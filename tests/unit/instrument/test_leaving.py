@@ -46,6 +46,26 @@ def _exits(tmp_path: Path) -> SystemExit:
     return caught.value
 
 
+@pytest.mark.parametrize("name", ["exit", "quit"])
+def test_the_exit_builtins_are_kept_as_sys_exit_is(name: str, tmp_path: Path) -> None:
+    """``print("NaN loss"); exit(1)``: site's ``exit()`` and ``quit()`` are the same objects,
+    and their non-zero exit is named with the script's line."""
+    call = getattr(__import__("builtins"), name)
+    assert type(call).__module__ == "_sitebuiltins" and repr(call).startswith(f"Use {name}() or ")
+    assert pickle.loads(pickle.dumps(type(call))) is type(call)
+    path = tmp_path / "train.py"
+    path.write_text(f"def check():\n    {name}(2)\n")
+    scope: dict[str, object] = {"__name__": "train"}
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    with pytest.raises(SystemExit) as caught:
+        scope["check"]()  # type: ignore[operator]
+    assert caught.value.code == 2 and caught.value.args == (2,)
+    assert leaving.error() is caught.value and leaving.place(caught.value) == "train.py:2"
+    with pytest.raises(SystemExit) as caught:
+        call()
+    assert caught.value.code is None and leaving.error() is None  # a clean end, after the caught exit(2)
+
+
 def test_sys_exit_is_the_same_call() -> None:
     assert sys.exit is leaving.exit
     for args, code in [((), None), ((3,), 3), (("bad config",), "bad config"), ((None,), None)]:
