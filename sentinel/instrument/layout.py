@@ -2,10 +2,20 @@
 
 A layout is built at ``watch()`` and built again when what the optimizers step changes:
 a param group added with ``add_param_group``, a parameter that starts (or stops)
-requiring grad, an optimizer re-created mid-run. :meth:`Layout.changed` tells, at a cost
+requiring grad, an optimizer re-created mid-run. :meth:`Layout.changed_at` tells, at a cost
 of a few attribute reads per step: the number of param groups and of parameters per
 optimizer, the ``requires_grad`` flags of the parameters that were frozen (none in most
 runs), and now and then those of the trainable ones (a script that freezes more later).
+
+Each optimizer's parameters are judged at that optimizer's own step (:meth:`Layout.changed_at`):
+a script with several optimizers may turn the others' ``requires_grad`` off for each one's
+step and on again for theirs (Lightning's ``toggle_optimizer`` in manual optimization,
+pix2pix's and WGAN's ``set_requires_grad``). At the first optimizer's step the second's
+parameters are frozen, and only for that moment: a layout built then keeps what each other
+optimizer's parameters were at its own last step (``known``), so the discriminator's
+gradients are read at its step. A change an optimizer other than the step's first shows is
+taken into a new layout at the next step's first (the layout's groups must not change
+within a step).
 """
 
 from __future__ import annotations
@@ -39,20 +49,28 @@ class Layout:
 
     def __init__(self, names: dict[int, str], optimizers: Sequence[torch.optim.Optimizer], rank: int,
                  group_depth: int | str, max_groups: int, snapshot_bytes: int,
-                 loose: set[int] | frozenset[int] = frozenset()) -> None:
+                 loose: set[int] | frozenset[int] = frozenset(),
+                 known: Sequence[dict[int, bool] | None] = ()) -> None:
         per_opt: list[list[tuple[str, torch.Tensor]]] = []
         self.frozen: list[torch.Tensor] = []
         self.trainable: list[torch.Tensor] = []
+        self._frozen_of: list[list[torch.Tensor]] = []
+        self._trainable_of: list[list[torch.Tensor]] = []
         for k, opt in enumerate(optimizers):
             plist = []
+            wants = known[k] if k < len(known) else None  # requires_grad by id at its own last step
+            frozen: list[torch.Tensor] = []
             for gi, group in enumerate(opt.param_groups):
                 for pi, p in enumerate(group["params"]):
-                    if p.requires_grad:
+                    if p.requires_grad if wants is None else wants.get(id(p), p.requires_grad):
                         plist.append((names.get(id(p), f"optimizer{k}.group{gi}.{pi}"), p))
-                        self.trainable.append(p)
                     else:
-                        self.frozen.append(p)
+                        frozen.append(p)
             per_opt.append(plist)
+            self._trainable_of.append([p for _, p in plist])
+            self._frozen_of.append(frozen)
+            self.trainable += self._trainable_of[-1]
+            self.frozen += frozen
         self._signatures = [_signature(opt) for opt in optimizers]
         all_names = [n for plist in per_opt for n, _ in plist]
         self.groups, assignment = assign_groups(all_names, group_depth, max_groups)
@@ -81,19 +99,29 @@ class Layout:
         """Every parameter the optimizers step, trainable or not."""
         return self.trainable + self.frozen
 
-    def changed(self, optimizers: Sequence[torch.optim.Optimizer], full: bool) -> bool:
-        """Whether the optimizers now step other parameters than this layout holds.
+    @property
+    def count(self) -> int:
+        """How many optimizers it holds."""
+        return len(self._signatures)
+
+    def changed_at(self, k: int, opt: torch.optim.Optimizer, full: bool) -> bool:
+        """Whether optimizer ``k``, at its step, steps other parameters than this layout
+        holds for it.
 
         A frozen parameter that starts requiring grad is seen at once, so its first
-        gradient counts; with ``full``, also a trainable one that was frozen since (its
+        gradient counts (at once for the step's first optimizer; from the next step for
+        the others); with ``full``, also a trainable one that was frozen since (its
         gradient is None from then on and counts nowhere anyway; only the parameter norms
         still include it until this check).
         """
-        if len(optimizers) != len(self._signatures):
+        if k >= len(self._signatures) or _signature(opt) != self._signatures[k]:
             return True
-        for opt, sig in zip(optimizers, self._signatures):
-            if _signature(opt) != sig:
-                return True
-        if any(p.requires_grad for p in self.frozen):
+        if any(p.requires_grad for p in self._frozen_of[k]):
             return True
-        return full and not all(p.requires_grad for p in self.trainable)
+        return full and not all(p.requires_grad for p in self._trainable_of[k])
+
+    def known(self, k: int) -> dict[int, bool]:
+        """Optimizer ``k``'s parameters' ``requires_grad`` as this layout took them, by id."""
+        if k >= len(self._signatures):
+            return {}
+        return {**{id(p): False for p in self._frozen_of[k]}, **{id(p): True for p in self._trainable_of[k]}}

@@ -78,7 +78,8 @@ class Measure:
         sums, l1, count = grouped.grad_sums(l1=self.cadence.health_due(step))
         if not sums:  # read, and no parameter has a gradient: a norm of 0, said so
             sums = {torch.device("cpu"): torch.zeros(max(1, grouped.n_groups))}
-            if any(p.requires_grad for g in self.optimizers[k].param_groups for p in g["params"]):
+            params = [p for g in self.optimizers[k].param_groups for p in g["params"]]
+            if any(p.requires_grad for p in params) and all(p.grad is None for p in params):
                 self.gradless = True  # it steps parameters the loss never reached
         return sums, l1, count
 

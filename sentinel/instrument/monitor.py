@@ -122,6 +122,9 @@ class Monitor:
         # (and from the other modules the optimizers step parameters of: a seq2seq's decoder)
         # (and the loose tensors no module holds: an optimized image, SAC's log_alpha)
         self._names_by_id, self._loose = parameter_names(inner, self.optimizers)
+        # requires_grad by parameter id, as an optimizer showed it at its own step, when it
+        # no longer matched the layout: taken into the next one (layout.py)
+        self._seen: dict[int, dict[int, bool]] = {}
         self.capture = InputCapture(outer, lambda: self.steps, self.rank, self.boundary)  # hooks once armed
         self._new_layout()
         if sender is None:
@@ -383,11 +386,19 @@ class Monitor:
         registry.claim(self, opt, [p for g in opt.param_groups for p in g["params"]])
         return handles
 
-    def _new_layout(self) -> None:
+    def _new_layout(self, stepping: int | None = None) -> None:
+        """A layout of what the optimizers step now; at optimizer ``stepping``'s step, the
+        others' parameters as they were at their own last step (layout.py)."""
         o = self.options
         stepped: list[Any] = list(self.optimizers) or ([self._hand] if self._hand is not None else [])
+        known: list[dict[int, bool] | None] = []
+        if stepping is not None:
+            old = self.layout
+            known = [None if j == stepping else {**old.known(j), **self._seen.get(j, {})}
+                     for j in range(len(stepped))]
+        self._seen.clear()
         self.layout = Layout(self._names_by_id, stepped, self.rank, o.group_depth, o.max_groups,
-                             o.update_snapshot_bytes, self._loose)
+                             o.update_snapshot_bytes, self._loose, known)
         self.groups, self.sharded, self.devices = self.layout.groups, self.layout.sharded, self.layout.devices
         self.param_bytes = self.layout.param_bytes
         self.measure.layout = self.layout
@@ -407,12 +418,21 @@ class Monitor:
             if o is opt:
                 self.hooks.unread.add(k)
 
-    def _relayout(self) -> None:
-        self._new_layout()
+    def _relayout(self, stepping: int | None = None) -> None:
+        self._new_layout(stepping)
         self.reporter.layout = self.layout
         if self.hooks.opt_handles:  # parameters added to an optimizer are watched ones now
             for opt in self.optimizers:
                 registry.claim(self, opt, [p for g in opt.param_groups for p in g["params"]])
+
+    def _layout_due(self, k: int, opt: torch.optim.Optimizer, full: bool, first: bool) -> bool:
+        """Whether to build the layout anew at optimizer ``k``'s step: what it steps changed
+        (kept in :attr:`_seen`), or another optimizer's did since, and ``k`` is the step's
+        first optimizer (the groups do not change within a step)."""
+        layout = self.layout
+        if len(self.optimizers) != layout.count or layout.changed_at(k, opt, full):
+            self._seen[k] = {id(p): p.requires_grad for g in opt.param_groups for p in g["params"]}
+        return first and bool(self._seen)
 
     def _make_pre(self, k: int) -> Callable[..., Any]:
         run, cadence, contributed, reporter = self.boundary.run, self.cadence, self._contributed, self.reporter
@@ -437,8 +457,8 @@ class Monitor:
             step = self.steps + 1
             if not contributed:  # the step's first optimizer
                 run("cadence", cadence.begin, step, self.optimizers)
-                if run("layout", self.layout.changed, self.optimizers, cadence.update_due(step)):
-                    run("layout", self._relayout)
+            if run("layout", self._layout_due, k, opt, cadence.update_due(step), not contributed):
+                run("layout", self._relayout, k)
             out = run("grad", closure_aware, k, step, args, kwargs)
             if cadence.update_due(step):
                 run("update", self.layout.snapshots[k].take)

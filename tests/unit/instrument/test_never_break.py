@@ -34,7 +34,7 @@ PROBES = [
     (Readback, "submit"),
     (Readback, "poll"),
     (wire, "encode"),
-    (Layout, "changed"),
+    (Layout, "changed_at"),
     (reporter_mod, "to_value"),
     (reporter_mod.Reporter, "log"),
 ]

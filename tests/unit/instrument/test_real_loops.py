@@ -423,6 +423,48 @@ def test_a_layer_unfrozen_later_is_counted_from_then_on(mlp: MLP) -> None:
     assert _frame_norms(sender) == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("toggle", ["lightning", "pix2pix"])
+def test_optimizers_that_freeze_each_other_for_their_steps_are_each_read(toggle: str) -> None:
+    """One monitor over a GAN's two optimizers, each stepped while the other's parameters
+    have ``requires_grad`` off: Lightning's ``toggle_optimizer`` in manual optimization
+    (the generator first; each player frozen for the other's step), pix2pix's
+    ``set_requires_grad(netD, False)`` for the generator's step (the discriminator first).
+    The layout took the discriminator for frozen at the generator's step: its gradients
+    were never read, and ``GradientsMissing`` (critical) paged at step 20."""
+    torch.manual_seed(0)
+    gen, disc = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 8)), nn.Sequential(nn.Linear(8, 1))
+    model = nn.ModuleDict({"generator": gen, "discriminator": disc})
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), lr=1e-3), torch.optim.Adam(disc.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, [opt_g, opt_d])
+    expected = []
+
+    def step(opt: torch.optim.Optimizer, player: nn.Module, loss: torch.Tensor, other: nn.Module) -> float:
+        if toggle == "lightning":
+            other.requires_grad_(False)
+        loss.backward()
+        sumsq = sum(float(p.grad.pow(2).sum()) for p in player.parameters())
+        opt.step()
+        opt.zero_grad()
+        other.requires_grad_(True)
+        return sumsq
+
+    for i in range(24):
+        z, real = torch.randn(16, 4), torch.randn(16, 8) + 1
+        if toggle == "lightning":
+            g = step(opt_g, gen, -disc(gen(z)).mean(), disc)
+            d = step(opt_d, disc, disc(gen(z).detach()).mean() - disc(real).mean(), gen)
+        else:
+            d = step(opt_d, disc, disc(gen(z).detach()).mean() - disc(real).mean(), gen)
+            disc.requires_grad_(False)
+            g = step(opt_g, gen, -disc(gen(z)).mean(), disc)
+        expected.append(math.sqrt(g + d))
+    mon.close()
+    frames = sender.steps()
+    assert frames[-1]["groups"] == ["generator.0", "generator.2", "discriminator.0"], frames[-1]["groups"]
+    assert _frame_norms(sender) == pytest.approx(expected, rel=1e-5)
+    assert not [f for f in frames if f.get("no_gradient")]
+
+
 def test_a_param_group_added_later_is_counted(mlp: MLP) -> None:
     opt = torch.optim.SGD(mlp.layers.parameters(), lr=0.01)
     mon, sender = make_monitor(mlp, opt)
