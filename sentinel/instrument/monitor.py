@@ -69,6 +69,8 @@ class Monitor:
     (:meth:`Hooks.step_pre <sentinel.instrument.hooks.Hooks.step_pre>`, bound once)."""
     step_post: StepHook
     """The registry's global step post-hook, for an optimizer this monitor watches."""
+    layout: Layout
+    """What the optimizers step now, grouped (built anew when that changes)."""
 
     def __init__(self, model: torch.nn.Module | None, optimizers: Sequence[torch.optim.Optimizer],
                  options: WatchOptions, sender: Sender | None = None, *, scaler: Any = None,
