@@ -13,11 +13,12 @@ import os
 import select
 import socket
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from sentinel import wire
 from sentinel.errors import ConfigError
-from sentinel.instrument.options import WatchOptions
+from sentinel.instrument.options import DEFAULTED_RUNS, WatchOptions
 from sentinel.instrument.sender import DatagramSender, NullSender, Sender
 
 log = logging.getLogger("sentinel")
@@ -103,11 +104,19 @@ def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
                         daemon_socket, exc_info=True)
             link = None
         return DatagramSender(daemon_socket), link, os.environ.get("SENTINEL_URL")
+    key = (os.getpid(), mode, options.listen, options.config)
+    share = _shares.get(key)
+    if share is not None:  # this process's engine for these options: one run, one address
+        if options.run in DEFAULTED_RUNS:  # no name of its own: its streams are of the first's run
+            options.run = share.run
+        use = EngineShare(share)
+        return use.sender, use, use.url
     import sentinel  # the package root knows the daemon side; this module never imports it
 
     try:
         engine = sentinel._start_engine(options)  # sentinel.daemon.launch.start
-        return engine.sender, engine, engine.url
+        use = EngineShare(_Share(key, engine, options.run))
+        return use.sender, use, use.url
     except ConfigError:
         raise  # a bad config is loud, at construction
     except Exception as exc:
@@ -123,3 +132,94 @@ def config_guard(path: str) -> Any:
     import sentinel
 
     return sentinel._config_guard(path)
+
+
+class _Share:
+    """One engine of this process and the monitors that use it."""
+
+    def __init__(self, key: tuple[Any, ...], engine: Any, run: str) -> None:
+        self.key, self.engine, self.run = key, engine, run
+        self.users: list[EngineShare] = []
+        _shares[key] = self
+
+
+_shares: dict[tuple[Any, ...], _Share] = {}
+"""The live engines of this process, by (pid, engine mode, listen, config)."""
+
+
+class EngineShare:
+    """A monitor's hold on its engine, which the monitors of one process that ask for the
+    same one (engine mode, ``listen``, ``config``) share: a GAN's ``watch(generator, opt_g)``
+    and ``watch(discriminator, opt_d)``, Lightning's optimizers in manual optimization.
+    Each started an engine of its own before: two exporters, the second on a port nobody
+    scrapes, both streams unlabelled, and two writers of one history.
+
+    Each user has a sender of its own (closing it leaves the others' open); the engine
+    stops when its last user stops. Of the engine's messages, every user gets the stop
+    action's and the capture action's; an alert goes to the first user that polls, which
+    gives it to every user's callbacks (:meth:`callbacks`), each callable once.
+    """
+
+    def __init__(self, share: _Share) -> None:
+        self._share = share
+        engine = share.engine
+        path = getattr(engine, "socket_path", None)
+        self.sender: Sender = engine.sender if not share.users or path is None else DatagramSender(path)
+        self._inbox: list[dict[str, Any]] = []
+        self._alerts: list[Any] = []
+        share.users.append(self)
+
+    @property
+    def url(self) -> str | None:
+        url: str | None = self._share.engine.url
+        return url
+
+    @property
+    def run(self) -> str:
+        """The run of the engine's first user (a later one with no name of its own joins it)."""
+        return self._share.run
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._share.engine, name)  # what tests and the daemon side read of it
+
+    def callbacks(self, mine: list[Any]) -> Any:
+        """The alert callbacks to give each alert this user polls: its own (``mine``, kept
+        as the list it is) and every live user's, each once."""
+        self._alerts = mine
+        return _Callbacks(self)
+
+    def poll(self) -> list[dict[str, Any]]:
+        got = self._share.engine.poll()
+        others = [m for m in got if m.get("kind") != "alert"]
+        if others:
+            for user in self._share.users:
+                if user is not self:
+                    user._inbox += others
+        out, self._inbox = self._inbox + got, []
+        return out
+
+    def stop(self) -> None:
+        share = self._share
+        if self in share.users:
+            share.users.remove(self)
+        if share.users:
+            return
+        if _shares.get(share.key) is share:
+            del _shares[share.key]
+        share.engine.stop()
+
+
+class _Callbacks:
+    """A user's alert callbacks and every live user's of its share, each once, as the
+    reporter iterates them (a user's own still after it stopped: its last poll)."""
+
+    def __init__(self, use: EngineShare) -> None:
+        self._use = use
+
+    def __iter__(self) -> Iterator[Any]:
+        seen: list[Any] = []
+        for user in [self._use, *self._use._share.users]:
+            for cb in user._alerts:
+                if not any(cb is s or cb == s for s in seen):
+                    seen.append(cb)
+        return iter(seen)

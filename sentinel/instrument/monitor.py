@@ -26,7 +26,7 @@ from sentinel.instrument.frames import Report
 from sentinel.instrument.guard import make_guard
 from sentinel.instrument.hooks import Hooks, StepHook, close_at_exit
 from sentinel.instrument.layout import Layout
-from sentinel.instrument.link import connect
+from sentinel.instrument.link import EngineShare, connect
 from sentinel.instrument.losses import LossSum
 from sentinel.instrument.measure import HandUpdated, Measure
 from sentinel.instrument.naming import parameter_names
@@ -131,8 +131,10 @@ class Monitor:
         self._new_layout()
         if sender is None:
             sender, self.engine, self.url = connect(o)
+        # an engine shared with the process's other monitors gives each alert to all their callbacks
+        alerts = self.engine.callbacks(self.on_alert) if isinstance(self.engine, EngineShare) else self.on_alert
         self.reporter = Reporter(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,
-                                 self.on_alert, self.request_stop, self._stream_label, self._losses, self.layout,
+                                 alerts, self.request_stop, self._stream_label, self._losses, self.layout,
                                  scaler=scaler, auto=auto)
         self.reporter.player = self._player
         losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step

@@ -123,6 +123,7 @@ class WatchOptions:
         self.guard = parse_guard(self.guard)
         if not self.run:
             self.run = default_run_name()
+            DEFAULTED_RUNS.add(self.run)
         if isinstance(self.group_depth, str) and self.group_depth != "auto":
             self.group_depth = int(self.group_depth)
         for name in ("max_groups", "update_every", "state_every", "health_every", "memory_every"):
@@ -226,6 +227,12 @@ def slurm_tags(env: Mapping[str, str]) -> dict[str, str]:
     if node:
         out["slurm_node"] = node
     return {k: v[:MAX_TAG_VALUE] for k, v in out.items()}
+
+
+DEFAULTED_RUNS: set[str] = set()
+"""The run names this process's options made up (no ``run=``, no ``SENTINEL_RUN``): a
+monitor that shares its engine with an earlier one takes that one's run instead
+(:func:`sentinel.instrument.link.connect`)."""
 
 
 def default_run_name(env: Mapping[str, str] | None = None) -> str:

@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import torch
@@ -102,7 +102,7 @@ class Reporter:
     """
 
     def __init__(self, options: WatchOptions, boundary: Boundary, rank: int, world: int, sender: Sender,
-                 engine: Any, capture: InputCapture, on_alert: list[Callable[[dict[str, Any]], None]],
+                 engine: Any, capture: InputCapture, on_alert: Iterable[Callable[[dict[str, Any]], None]],
                  request_stop: Callable[[str], None], stream_label: Callable[[], str],
                  loss_sum: LossSum | None, layout: Layout, *, scaler: Any = None, auto: bool = False) -> None:
         self.options, self.boundary, self.rank, self.world = options, boundary, rank, world
