@@ -9,8 +9,17 @@ starts and closes the monitor when it ends (or raises). What it adds to the zero
   callback adds up the micro-batches of an optimizer step and logs their mean (the sum
   times ``k``, divided by the micro-batches actually run, so a short last window at the
   end of an epoch is a mean too), once, right after the step.
+- **Manual optimization** (``self.automatic_optimization = False``): the loss is captured
+  at ``manual_backward`` (``capture_loss``, unless given), since ``training_step`` may return
+  nothing; and each optimizer is a stream of its own, as zero-code mode makes them: a
+  monitor per optimizer (:attr:`SentinelCallback.monitors`), one engine serving them all.
+  Lightning's GAN tutorial steps a generator and a discriminator in turn, each with the
+  other's parameters frozen (``toggle_optimizer``): as one stream, the losses of both
+  players were one loss, and their gradients one norm. The logged step values go with the
+  first stream.
 - **The global step**: a run resumed from a checkpoint at ``global_step`` n reports n+1
-  next (``Monitor.sync_step``).
+  next (``Monitor.sync_step``; with several optimizers, whose steps the global step counts
+  together, each stream goes on from its optimizer's own count).
 - **The run name**: ``run=`` if given, else the launcher's (``SENTINEL_RUN``,
   torchrun's or Slurm's id, which all ranks share), else the logger's ``name/version``.
 - **Metrics the LightningModule logged** with ``self.log(..., on_step=True)``: their
@@ -63,6 +72,10 @@ class SentinelCallback(Callback):  # type: ignore[misc]
         self.watch_options = watch_options
         self.max_metrics = max_metrics
         self.monitor: sentinel.Monitor | None = None
+        """The monitor of the fit's optimizer (the first one's, when it has several)."""
+        self.monitors: list[sentinel.Monitor] = []
+        """Every monitor of the fit: one per optimizer in manual optimization, else one."""
+        self._capture = False  # the losses are captured at backward(): none taken from the outputs
         self._loss: torch.Tensor | None = None
         self._micro = 0
         self._global_step = 0
@@ -105,13 +118,25 @@ class SentinelCallback(Callback):  # type: ignore[misc]
         options = dict(self.watch_options)
         if not options.get("run") and not launcher_run():  # ranks agree on a launcher's id
             options["run"] = _run_name(trainer)
+        optimizers = list(trainer.optimizers)
+        if not pl_module.automatic_optimization:
+            # training_step calls manual_backward(loss) and may return nothing: the loss is
+            # what backward() got, each optimizer's own
+            options.setdefault("capture_loss", True)
+        self._capture = bool(options.get("capture_loss"))
+        # in manual optimization each optimizer is a stream of its own (a GAN's players,
+        # stepped in turn on losses of their own), as in zero-code mode; one engine serves them
+        groups = [[o] for o in optimizers] if not pl_module.automatic_optimization else [optimizers]
         try:
-            self.monitor = sentinel.watch(pl_module, list(trainer.optimizers), **options)
+            for group in groups:
+                self.monitors.append(sentinel.watch(pl_module, group, **options))
         except Exception:  # never into training
             log.warning("sentinel: SentinelCallback could not watch this fit; training continues", exc_info=True)
+            self._close(None)
             return
+        self.monitor = self.monitors[0]
         self._global_step = trainer.global_step
-        if trainer.global_step:
+        if trainer.global_step and len(self.monitors) == 1:  # several: each optimizer's own count goes on
             self.monitor.sync_step(trainer.global_step)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any,
@@ -129,7 +154,7 @@ class SentinelCallback(Callback):  # type: ignore[misc]
         if mon is None:
             return
         try:
-            loss = _loss_of(outputs)
+            loss = None if self._capture else _loss_of(outputs)
             if loss is not None:
                 # automatic optimization divided it by k before backward (and before here)
                 k = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
@@ -139,9 +164,17 @@ class SentinelCallback(Callback):  # type: ignore[misc]
             if trainer.global_step == self._global_step:  # accumulating: no step yet
                 return
             self._global_step = trainer.global_step
-            mean = self._loss / self._micro if self._loss is not None else None
+            values = _step_metrics(trainer, self.max_metrics)
+            if self._capture:
+                values.pop("loss", None)  # the loss is the one captured at backward()
+            elif self._loss is not None:
+                values["loss"] = self._loss / self._micro
             self._loss, self._micro = None, 0
-            mon.log(loss=mean, **_step_metrics(trainer, self.max_metrics))
+            values.pop("step", None)  # log()'s own argument
+            if values:
+                # several streams: the batch's values are the first stream's last step's,
+                # though the others' backward() came after it
+                mon.log(step=mon.steps if len(self.monitors) > 1 else None, **values)
         except Exception:
             log.warning("sentinel: SentinelCallback could not log this step", exc_info=True)
 
@@ -149,8 +182,8 @@ class SentinelCallback(Callback):  # type: ignore[misc]
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         # a validation_step that calls submodules (self.net(x)) runs no forward of the
         # watched module: a long validation would look like a stalled fit without this
-        if self.monitor is not None:
-            self.monitor.heartbeat()
+        for mon in self.monitors:
+            mon.heartbeat()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close(None)
@@ -163,11 +196,11 @@ class SentinelCallback(Callback):  # type: ignore[misc]
             self._close(None)
 
     def _close(self, error: BaseException | None) -> None:
-        mon = self.monitor
-        if mon is not None:
+        for mon in self.monitors:
             mon.close(error)
+        if self.monitors:
             self._collect()  # close() read the last verdicts back
-        self.monitor = None
+        self.monitor, self.monitors = None, []
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:

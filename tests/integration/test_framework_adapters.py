@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -145,6 +148,55 @@ def test_lightning_validation_sends_heartbeats(fitting: Any) -> None:
     fitting.trainer(pl, [cb, Probe()], max_steps=2, val_check_interval=2, limit_val_batches=8).fit(
         Validated(), fitting.data(), fitting.data())
     assert len(beats) == 1 and started < beats[0] <= time.time()
+
+
+def _by_optimizer(url: str, name: str, scalar: str | None = None) -> dict[str, float]:
+    """Rank 0's samples of ``name`` on ``url``/metrics (``sentinel_scalar`` of ``scalar``), by ``optimizer``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {s.labels["optimizer"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name and s.labels.get("rank") == "0" and s.labels.get("name") == scalar}
+
+
+def test_lightning_manual_optimization_is_a_stream_per_optimizer(fitting: Any) -> None:
+    """Lightning's GAN tutorial (manual optimization, two optimizers stepped in turn, each
+    with the other's parameters frozen by ``toggle_optimizer``, a ``training_step`` that
+    returns nothing): the callback watched both as one stream with no loss, took the
+    discriminator's parameters for frozen at the generator's step, never read its gradients,
+    and ``GradientsMissing`` (critical) paged the healthy GAN at step 20. Now a stream per
+    optimizer, as zero-code mode makes, each player's loss captured at ``manual_backward``,
+    and the logged step values on the first stream."""
+    from sentinel.integrations.lightning import SentinelCallback
+
+    alerts: list[dict[str, Any]] = []
+    cb = SentinelCallback(run="gan", engine="thread", listen="127.0.0.1:0", on_alert=alerts.append)
+    seen: dict[str, dict[str, float]] = {}
+
+    class Probe(pl.Callback):  # type: ignore[misc, name-defined]
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:  # before the callback closes
+            url = cb.monitor.url
+            wait_for(lambda: _by_optimizer(url, "sentinel_step") == {"0": 25.0, "1": 25.0}, what="both streams at 25")
+            for name in ("sentinel_grad_norm", "sentinel_loss"):
+                seen[name] = _by_optimizer(url, name)
+            for scalar in ("g_loss", "d_loss", "objective"):
+                seen[scalar] = _by_optimizer(url, "sentinel_scalar", scalar)
+
+    mod = fitting.gan(pl)
+    fitting.trainer(pl, [Probe(), cb], max_steps=50).fit(mod, fitting.data(batches=25))  # 2 optimizer steps a batch
+    assert len(mod.grads["generator"]) == len(mod.grads["discriminator"]) == 25
+    # each stream's gradient norm is its own player's, at its own step
+    assert seen["sentinel_grad_norm"]["0"] == pytest.approx(math.sqrt(mod.grads["generator"][-1]), rel=1e-5)
+    assert seen["sentinel_grad_norm"]["1"] == pytest.approx(math.sqrt(mod.grads["discriminator"][-1]), rel=1e-5)
+    # each player's loss, captured at manual_backward: a game's, so the scalar objective
+    assert seen["objective"]["0"] == pytest.approx(mod.losses["generator"][-1], rel=1e-5)
+    assert seen["objective"]["1"] == pytest.approx(mod.losses["discriminator"][-1], rel=1e-5)
+    assert seen["sentinel_loss"] == {}  # no loss rule judges a player's loss
+    # what the module logged, on the first stream
+    assert seen["g_loss"] == {"0": pytest.approx(mod.losses["generator"][-1], rel=1e-5)}
+    assert seen["d_loss"] == {"0": pytest.approx(mod.losses["discriminator"][-1], rel=1e-5)}
+    assert not [a for a in alerts if a["state_to"] == "firing"], alerts
 
 
 def test_standalone_pytorch_lightning_in_process(fitting: Any) -> None:

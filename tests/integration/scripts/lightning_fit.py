@@ -69,6 +69,56 @@ def module(pl: Any, metrics: int = 0, fail_at: int | None = None) -> Any:
     return Module()
 
 
+def gan(pl: Any) -> Any:
+    """Lightning's GAN tutorial in small: manual optimization, two Adam optimizers stepped in
+    turn, each with the other's parameters frozen (``toggle_optimizer``), ``self.log`` of
+    each player's loss, and a ``training_step`` that returns nothing. ``.grads`` keeps the
+    squared norm of each player's gradients at its steps, ``.losses`` its losses, by player."""
+
+    class Gan(pl.LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.automatic_optimization = False
+            self.generator = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.LeakyReLU(0.2),
+                                                 torch.nn.Linear(16, 8), torch.nn.Tanh())
+            self.discriminator = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LeakyReLU(0.2),
+                                                     torch.nn.Linear(16, 1), torch.nn.Sigmoid())
+            self.grads: dict[str, list[float]] = {"generator": [], "discriminator": []}
+            self.losses: dict[str, list[float]] = {"generator": [], "discriminator": []}
+
+        def _player(self, opt: Any, loss: torch.Tensor, name: str) -> None:
+            self.toggle_optimizer(opt)
+            self.manual_backward(loss)
+            self.grads[name].append(sum(float(p.grad.pow(2).sum()) for p in getattr(self, name).parameters()))
+            self.losses[name].append(float(loss.detach()))
+            opt.step()
+            opt.zero_grad()
+            self.untoggle_optimizer(opt)
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            real = batch[0][:, :8].tanh()
+            opt_g, opt_d = self.optimizers()
+            z = torch.randn(real.shape[0], 4)
+            bce = torch.nn.functional.binary_cross_entropy
+            ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+            self.toggle_optimizer(opt_g)  # frozen discriminator while the generator's loss is built
+            g_loss = bce(self.discriminator(self.generator(z)), ones)
+            self.untoggle_optimizer(opt_g)
+            self.log("g_loss", g_loss, on_step=True, on_epoch=False)
+            self._player(opt_g, g_loss, "generator")
+            fake = self.generator(z).detach()
+            d_loss = (bce(self.discriminator(real), ones) + bce(self.discriminator(fake), zeros)) / 2
+            self.log("d_loss", d_loss, on_step=True, on_epoch=False)
+            self._player(opt_d, d_loss, "discriminator")
+
+        def configure_optimizers(self) -> Any:
+            return [torch.optim.Adam(self.generator.parameters(), lr=2e-4, betas=(0.5, 0.999)),
+                    torch.optim.Adam(self.discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))], []
+
+    return Gan()
+
+
 def data(batches: int = 8) -> torch.utils.data.DataLoader:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8 * batches, 8, generator=g)
