@@ -12,6 +12,7 @@ import logging
 import os
 import select
 import socket
+import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -140,6 +141,7 @@ class _Share:
     def __init__(self, key: tuple[Any, ...], engine: Any, run: str) -> None:
         self.key, self.engine, self.run = key, engine, run
         self.users: list[EngineShare] = []
+        self.lock = threading.Lock()  # monitors stepped in threads of their own poll it too
         _shares[key] = self
 
 
@@ -189,23 +191,26 @@ class EngineShare:
         return _Callbacks(self)
 
     def poll(self) -> list[dict[str, Any]]:
-        got = self._share.engine.poll()
-        others = [m for m in got if m.get("kind") != "alert"]
-        if others:
-            for user in self._share.users:
-                if user is not self:
-                    user._inbox += others
-        out, self._inbox = self._inbox + got, []
+        share = self._share
+        with share.lock:
+            got = share.engine.poll()
+            others = [m for m in got if m.get("kind") != "alert"]
+            if others:
+                for user in share.users:
+                    if user is not self:
+                        user._inbox += others
+            out, self._inbox = self._inbox + got, []
         return out
 
     def stop(self) -> None:
         share = self._share
-        if self in share.users:
-            share.users.remove(self)
-        if share.users:
-            return
-        if _shares.get(share.key) is share:
-            del _shares[share.key]
+        with share.lock:
+            if self in share.users:
+                share.users.remove(self)
+            if share.users:
+                return
+            if _shares.get(share.key) is share:
+                del _shares[share.key]
         share.engine.stop()
 
 
