@@ -93,6 +93,14 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     "StepSkipped": (_skips, "0m"),
     "StepsSkippedRepeatedly": (_skips, "0m"),
     "GuardExhausted": (lambda r: "increase(sentinel_guard_exhausted_total[5m]) > 0", "0m"),
+    # steps in a row that no gradient reached the optimizer's parameters
+    "GradientsMissing": (lambda r: f"sentinel_steps_without_gradient {r.params.op} "  # type: ignore[attr-defined]
+                         f"{_num(_threshold(r))}", "0m"),
+    # below a millionth of its peak for the threshold's steps and a share of the run
+    "LearningRateVanished": (lambda r: f"sentinel_learning_rate_vanished_steps {r.params.op} "  # type: ignore[attr-defined]
+                             f"{_num(_threshold(r))} and sentinel_learning_rate_vanished_steps >= on "
+                             f"(job, run, rank, optimizer) ({_num(float(getattr(r.params, 'step_share', 0.0)))} "
+                             "* sentinel_step)", "0m"),
 }
 
 
@@ -166,6 +174,13 @@ _SCENARIOS: dict[str, tuple[list[dict[str, str]], str, dict[str, str]]] = {
                                "4m", {"job": "train", "run": "r1", "rank": "0"}),
     "GuardExhausted": ([{"series": f"sentinel_guard_exhausted_total{{{_L}}}", "values": "0 0 0 1 1"}], "4m",
                        {"job": "train", "run": "r1", "rank": "0"}),
+    "GradientsMissing": ([{"series": f"sentinel_steps_without_gradient{{{_L}}}", "values": "0 5 12 20 25"}], "4m",
+                         {"job": "train", "run": "r1", "rank": "0"}),
+    # 150 steps below the floor at 1m are under a tenth of the run's 2050: quiet until 2m
+    "LearningRateVanished": ([{"series": f"sentinel_learning_rate_vanished_steps{{{_L}}}",
+                               "values": "0 150 250 350 450"},
+                              {"series": f"sentinel_step{{{_L}}}", "values": "2000+50x4"}], "2m",
+                             {"job": "train", "run": "r1", "rank": "0"}),
 }
 
 
