@@ -43,6 +43,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -283,10 +284,19 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
     model = _find_model(param)
     params = [p for p in model.parameters() if p.requires_grad] if model is not None else [param]
     early, _early = _early, LossSum()
-    log.warning("sentinel: no optimizer has stepped after %d backward() calls: the parameters are updated by "
-                "hand. Watching the loss, gradient norms and NaN/Inf after each backward(), one step each; update "
-                "ratios, optimizer state and learning rates need an optimizer and are not reported.",
-                steps_so_far + 1)
+    stepper = _foreign_stepper(param)
+    if stepper is None:
+        log.warning("sentinel: no optimizer has stepped after %d backward() calls: the parameters are updated by "
+                    "hand. Watching the loss, gradient norms and NaN/Inf after each backward(), one step each; "
+                    "update ratios, optimizer state and learning rates need an optimizer and are not reported.",
+                    steps_so_far + 1)
+    else:
+        hint = (" (fastai: Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.AdamW)) steps a torch "
+                "optimizer, watched whole)" if stepper.startswith("fastai.") else "")
+        log.warning("sentinel: the parameters are stepped by %s, which is no torch.optim.Optimizer and has no step "
+                    "hooks. Watching the loss, gradient norms and NaN/Inf after each backward() from backward() "
+                    "%d on, one step each; update ratios, optimizer state and learning rates are not reported%s.",
+                    stepper, steps_so_far + 1, hint)
     mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early,
                   hand=params)
     if first is not None and steps_so_far == 1:  # the first backward()'s step, from what it left
@@ -295,6 +305,38 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
         mon.sync_step(steps_so_far)
         early.take()  # the losses before this backward() belong to steps that were not watched
     _keep(mon)
+
+
+def _foreign_stepper(param: torch.Tensor) -> str | None:
+    """The class (``module.name``) of an object that steps ``param`` and is no torch
+    optimizer: one with a ``step`` method whose ``param_groups`` hold it. fastai's own
+    ``Optimizer`` (its ``Learner``'s default) is one; it zeroes the gradients in place, so
+    the loop read as parameters updated by hand, and the line said so. One gc scan, once;
+    None when there is none."""
+    kinds: dict[type, bool] = {}
+    with warnings.catch_warnings():  # a class's deprecated attributes must not warn the user
+        warnings.simplefilter("ignore")
+        return _stepper_in(gc.get_objects(), param, kinds)
+
+
+def _stepper_in(objs: list[Any], param: torch.Tensor, kinds: dict[type, bool]) -> str | None:
+    for obj in objs:
+        kind = type(obj)
+        wanted = kinds.get(kind)
+        if wanted is None:
+            try:
+                wanted = kinds[kind] = (not issubclass(kind, torch.optim.Optimizer) and callable(getattr(kind, "step", None))
+                                        and hasattr(kind, "param_groups"))
+            except Exception:
+                wanted = kinds[kind] = False
+        if not wanted:
+            continue
+        try:
+            if any(q is param for g in obj.param_groups for q in g["params"]):
+                return f"{kind.__module__}.{kind.__qualname__}"
+        except Exception:
+            continue
+    return None
 
 
 _hand_watch = _HandWatch()

@@ -42,6 +42,31 @@ def test_a_loop_without_an_optimizer_is_watched_and_said_so(tmp_path: Path) -> N
     assert json.dumps(alerts)  # plain values
 
 
+def test_an_optimizer_that_is_no_torch_optimizer_is_named(tmp_path: Path) -> None:
+    """fastai's own ``Optimizer`` (scripts/foreign_optimizer.py has its shape) steps the
+    parameters without torch's step hooks, and zeroes the gradients in place: the line said
+    the parameters were updated by hand, which sent the user looking for a loop that does
+    not exist. It names the class that steps them, and what is watched from when."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    script = SCRIPT.with_name("foreign_optimizer.py")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                          sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == plain.returncode == 0, out.stderr
+    assert out.stdout == plain.stdout
+    [said] = [ln for ln in out.stderr.splitlines() if "torch.optim.Optimizer" in ln]
+    assert said.startswith("sentinel: the parameters are stepped by __main__.Optimizer, which is no "
+                           "torch.optim.Optimizer and has no step hooks."), said
+    assert "from backward() 64 on" in said and "not reported" in said and "by hand" not in said, said
+    db = sqlite3.connect(tmp_path / "sentinel" / "history.sqlite")
+    [(run_id, steps)] = db.execute("SELECT id, steps FROM runs").fetchall()
+    assert steps == 100
+    losses = dict(db.execute("SELECT step, loss FROM samples WHERE run_id = ?", (run_id,)).fetchall())
+    rows = [ln.split() for ln in plain.stdout.splitlines()]
+    for i, loss in rows[63:]:  # watched from the 64th backward()
+        assert losses[int(i) + 1] == pytest.approx(float(loss), abs=1e-6)
+
+
 _WITH_OPTIMIZER = r"""
 import torch
 from sentinel.instrument import auto, losses
