@@ -182,6 +182,8 @@ class EngineShare:
         return self._share.run
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_share":
+            raise AttributeError(name)  # copy and pickle look these up before __init__ ran
         return getattr(self._share.engine, name)  # what tests and the daemon side read of it
 
     def callbacks(self, mine: list[Any]) -> Any:
