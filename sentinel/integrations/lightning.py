@@ -16,7 +16,7 @@ starts and closes the monitor when it ends (or raises). What it adds to the zero
   Lightning's GAN tutorial steps a generator and a discriminator in turn, each with the
   other's parameters frozen (``toggle_optimizer``): as one stream, the losses of both
   players were one loss, and their gradients one norm. The logged step values go with the
-  first stream.
+  first stream that stepped in their batch.
 - **The global step**: a run resumed from a checkpoint at ``global_step`` n reports n+1
   next (``Monitor.sync_step``; with several optimizers, whose steps the global step counts
   together, each stream goes on from its optimizer's own count).
@@ -76,6 +76,8 @@ class SentinelCallback(Callback):  # type: ignore[misc]
         self.monitors: list[sentinel.Monitor] = []
         """Every monitor of the fit: one per optimizer in manual optimization, else one."""
         self._capture = False  # the losses are captured at backward(): none taken from the outputs
+        self._counts: list[int] = []  # each monitor's steps at the last logged batch
+        self._logged: dict[str, Any] = {}  # each step metric's tensor at the last batch
         self._loss: torch.Tensor | None = None
         self._micro = 0
         self._global_step = 0
@@ -135,6 +137,7 @@ class SentinelCallback(Callback):  # type: ignore[misc]
             self._close(None)
             return
         self.monitor = self.monitors[0]
+        self._counts = [m.steps for m in self.monitors]
         self._global_step = trainer.global_step
         if trainer.global_step and len(self.monitors) == 1:  # several: each optimizer's own count goes on
             self.monitor.sync_step(trainer.global_step)
@@ -164,17 +167,24 @@ class SentinelCallback(Callback):  # type: ignore[misc]
             if trainer.global_step == self._global_step:  # accumulating: no step yet
                 return
             self._global_step = trainer.global_step
-            values = _step_metrics(trainer, self.max_metrics)
+            values = _step_metrics(trainer, self.max_metrics, self._logged)
             if self._capture:
                 values.pop("loss", None)  # the loss is the one captured at backward()
             elif self._loss is not None:
                 values["loss"] = self._loss / self._micro
             self._loss, self._micro = None, 0
             values.pop("step", None)  # log()'s own argument
-            if values:
-                # several streams: the batch's values are the first stream's last step's,
-                # though the others' backward() came after it
-                mon.log(step=mon.steps if len(self.monitors) > 1 else None, **values)
+            if len(self.monitors) > 1:
+                # several streams: the batch's values go with the first stream that stepped in
+                # it (a WGAN's generator steps every n-th batch), at that step, though the
+                # others' backward() came after it
+                counts = [m.steps for m in self.monitors]
+                mon = next((m for m, c, was in zip(self.monitors, counts, self._counts) if c != was), mon)
+                self._counts = counts
+                if values:
+                    mon.log(step=mon.steps, **values)
+            elif values:
+                mon.log(**values)
         except Exception:
             log.warning("sentinel: SentinelCallback could not log this step", exc_info=True)
 
@@ -225,12 +235,16 @@ def _run_name(trainer: Trainer) -> str:
     return "/".join(str(p) for p in (name, version) if p not in (None, ""))
 
 
-def _step_metrics(trainer: Trainer, limit: int) -> dict[str, Any]:
+def _step_metrics(trainer: Trainer, limit: int, before: dict[str, Any]) -> dict[str, Any]:
     """The step values the module passed to ``self.log`` this batch, as tensors.
 
     Read from the trainer's result collection (what ``self.log`` stored): the public
     ``trainer.callback_metrics`` would also convert every progress-bar value with
-    ``.item()``. Lightning's internals may move: then no metrics, never an error.
+    ``.item()``. A metric the module did not log in this batch still holds its last value
+    there, which is no value of this step (a WGAN's generator loss, logged in the
+    generator's batches only): Lightning stores a new tensor at each ``self.log``, so one
+    that is still ``before``'s (updated here, by name) is left out. Lightning's internals
+    may move: then no metrics, never an error.
     """
     if limit <= 0:
         return {}
@@ -243,7 +257,9 @@ def _step_metrics(trainer: Trainer, limit: int) -> dict[str, Any]:
             meta = metric.meta
             value = metric._forward_cache
             if meta.on_step and isinstance(value, torch.Tensor):
-                items.append((meta.name, value))
+                if before.get(meta.name) is not value:
+                    items.append((meta.name, value))
+                before[meta.name] = value
         return scalars(items, limit)
     except Exception:
         return {}

@@ -69,11 +69,13 @@ def module(pl: Any, metrics: int = 0, fail_at: int | None = None) -> Any:
     return Module()
 
 
-def gan(pl: Any) -> Any:
+def gan(pl: Any, g_every: int = 1) -> Any:
     """Lightning's GAN tutorial in small: manual optimization, two Adam optimizers stepped in
     turn, each with the other's parameters frozen (``toggle_optimizer``), ``self.log`` of
-    each player's loss, and a ``training_step`` that returns nothing. ``.grads`` keeps the
-    squared norm of each player's gradients at its steps, ``.losses`` its losses, by player."""
+    each player's loss, and a ``training_step`` that returns nothing. ``g_every``: the
+    generator steps at every ``g_every``-th batch only (the last of each run of them), as a
+    WGAN's does. ``.grads`` keeps the squared norm of each player's gradients at its steps,
+    ``.losses`` its losses, by player."""
 
     class Gan(pl.LightningModule):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:
@@ -102,11 +104,12 @@ def gan(pl: Any) -> Any:
             z = torch.randn(real.shape[0], 4)
             bce = torch.nn.functional.binary_cross_entropy
             ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
-            self.toggle_optimizer(opt_g)  # frozen discriminator while the generator's loss is built
-            g_loss = bce(self.discriminator(self.generator(z)), ones)
-            self.untoggle_optimizer(opt_g)
-            self.log("g_loss", g_loss, on_step=True, on_epoch=False)
-            self._player(opt_g, g_loss, "generator")
+            if (batch_idx + 1) % g_every == 0:
+                self.toggle_optimizer(opt_g)  # frozen discriminator while the generator's loss is built
+                g_loss = bce(self.discriminator(self.generator(z)), ones)
+                self.untoggle_optimizer(opt_g)
+                self.log("g_loss", g_loss, on_step=True, on_epoch=False)
+                self._player(opt_g, g_loss, "generator")
             fake = self.generator(z).detach()
             d_loss = (bce(self.discriminator(real), ones) + bce(self.discriminator(fake), zeros)) / 2
             self.log("d_loss", d_loss, on_step=True, on_epoch=False)
