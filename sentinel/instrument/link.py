@@ -177,6 +177,11 @@ class EngineShare:
         return url
 
     @property
+    def shared(self) -> Any:
+        """The engine itself (an ``EngineProcess`` or an ``EngineThread``)."""
+        return self._share.engine
+
+    @property
     def run(self) -> str:
         """The run of the engine's first user (a later one with no name of its own joins it)."""
         return self._share.run

@@ -152,7 +152,8 @@ def recorder(pl: Any, adapter: Any) -> Any:
             deadline = time.monotonic() + 10
             while True:
                 values = exported(self.monitor.url)
-                if values.get("sentinel_step") not in (None, previous):
+                # the step's loss may come in a frame after the step's own (log() after the step)
+                if values.get("sentinel_step") not in (None, previous) and "sentinel_loss" in values:
                     break
                 if time.monotonic() > deadline:
                     raise AssertionError(f"no new sentinel_step after global step {trainer.global_step}: {values}")
