@@ -43,14 +43,13 @@ import logging
 import os
 import sys
 import time
-import warnings
 import weakref
 from typing import Any
 
 import torch
 
 from sentinel.instrument import leaving
-from sentinel.instrument.gcscan import held_beyond, live
+from sentinel.instrument.gcscan import first, held_beyond, live
 from sentinel.instrument.naming import holders
 from sentinel.instrument.readback import Readback
 from sentinel.instrument.untraced import eager_only
@@ -284,19 +283,7 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
     model = _find_model(param)
     params = [p for p in model.parameters() if p.requires_grad] if model is not None else [param]
     early, _early = _early, LossSum()
-    stepper = _foreign_stepper(param)
-    if stepper is None:
-        log.warning("sentinel: no optimizer has stepped after %d backward() calls: the parameters are updated by "
-                    "hand. Watching the loss, gradient norms and NaN/Inf after each backward(), one step each; "
-                    "update ratios, optimizer state and learning rates need an optimizer and are not reported.",
-                    steps_so_far + 1)
-    else:
-        hint = (" (fastai: Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.AdamW)) steps a torch "
-                "optimizer, watched whole)" if stepper.startswith("fastai.") else "")
-        log.warning("sentinel: the parameters are stepped by %s, which is no torch.optim.Optimizer and has no step "
-                    "hooks. Watching the loss, gradient norms and NaN/Inf after each backward() from backward() "
-                    "%d on, one step each; update ratios, optimizer state and learning rates are not reported%s.",
-                    stepper, steps_so_far + 1, hint)
+    log.warning("%s", hand_line(_foreign_stepper(param), steps_so_far + 1))
     mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early,
                   hand=params)
     if first is not None and steps_so_far == 1:  # the first backward()'s step, from what it left
@@ -313,30 +300,34 @@ def _foreign_stepper(param: torch.Tensor) -> str | None:
     ``Optimizer`` (its ``Learner``'s default) is one; it zeroes the gradients in place, so
     the loop read as parameters updated by hand, and the line said so. One gc scan, once;
     None when there is none."""
-    kinds: dict[type, bool] = {}
-    with warnings.catch_warnings():  # a class's deprecated attributes must not warn the user
-        warnings.simplefilter("ignore")
-        return _stepper_in(gc.get_objects(), param, kinds)
+    kinds: dict[type, bool] = {}  # whether a class can be such a stepper, asked once per class
 
-
-def _stepper_in(objs: list[Any], param: torch.Tensor, kinds: dict[type, bool]) -> str | None:
-    for obj in objs:
+    def steps_it(obj: Any) -> bool:
         kind = type(obj)
-        wanted = kinds.get(kind)
-        if wanted is None:
-            try:
-                wanted = kinds[kind] = (not issubclass(kind, torch.optim.Optimizer) and callable(getattr(kind, "step", None))
-                                        and hasattr(kind, "param_groups"))
-            except Exception:
-                wanted = kinds[kind] = False
-        if not wanted:
-            continue
-        try:
-            if any(q is param for g in obj.param_groups for q in g["params"]):
-                return f"{kind.__module__}.{kind.__qualname__}"
-        except Exception:
-            continue
-    return None
+        can = kinds.get(kind)
+        if can is None:
+            can = kinds[kind] = False  # until the class is known to be one (a raise leaves it out)
+            can = kinds[kind] = (not issubclass(kind, torch.optim.Optimizer) and callable(getattr(kind, "step", None))
+                                 and hasattr(kind, "param_groups"))
+        return can and any(q is param for g in obj.param_groups for q in g["params"])
+
+    found = first(steps_it)
+    return None if found is None else f"{type(found).__module__}.{type(found).__qualname__}"
+
+
+def hand_line(stepper: str | None, calls: int) -> str:
+    """The one line that says a loop is watched without an optimizer, ``calls`` being the
+    ``backward()`` calls by then; ``stepper``: the class that steps its parameters, when
+    one that is no torch optimizer does (:func:`_foreign_stepper`)."""
+    if stepper is None:
+        return (f"sentinel: no optimizer has stepped after {calls} backward() calls: the parameters are updated by "
+                "hand. Watching the loss, gradient norms and NaN/Inf after each backward(), one step each; update "
+                "ratios, optimizer state and learning rates need an optimizer and are not reported.")
+    hint = (" (fastai: Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.AdamW)) steps a torch "
+            "optimizer, watched whole)" if stepper.startswith("fastai.") else "")
+    return (f"sentinel: the parameters are stepped by {stepper}, which is no torch.optim.Optimizer and has no step "
+            f"hooks. Watching the loss, gradient norms and NaN/Inf after each backward() from backward() {calls} on, "
+            f"one step each; update ratios, optimizer state and learning rates are not reported{hint}.")
 
 
 _hand_watch = _HandWatch()

@@ -7,7 +7,7 @@ import gc
 import sys
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -15,6 +15,17 @@ def live(kind: type) -> list[Any]:
     """Every live object of ``kind`` (one gc scan): ``isinstance`` on some objects warns
     (torch.distributed's deprecated aliases) or raises (a dead ``weakref.proxy`` that
     torch.compile leaves behind), and neither may reach the user."""
+    return _scan(kind, None, False)
+
+
+def first(pred: Callable[[Any], bool]) -> Any:
+    """The first live object for which ``pred`` is true (one gc scan, stopped there; a
+    ``pred`` that raises or warns counts as false and says nothing), or None."""
+    found = _scan(object, pred, True)
+    return found[0] if found else None
+
+
+def _scan(kind: type, pred: Callable[[Any], bool] | None, one: bool) -> list[Any]:
     found = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -22,8 +33,10 @@ def live(kind: type) -> list[Any]:
             if type(obj) in _PROXIES:
                 continue
             try:
-                if isinstance(obj, kind):
+                if isinstance(obj, kind) and (pred is None or pred(obj)):
                     found.append(obj)
+                    if one:
+                        break
             except Exception:
                 continue
     return found

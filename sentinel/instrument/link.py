@@ -199,15 +199,16 @@ class EngineShare:
 
     def poll(self) -> list[dict[str, Any]]:
         share = self._share
-        with share.lock:
+        with share.lock:  # at every step: nothing allocated while the engine says nothing
             got = share.engine.poll()
-            others = [m for m in got if m.get("kind") != "alert"]
+            others = [m for m in got if m.get("kind") != "alert"] if got else None
             if others:
                 for user in share.users:
                     if user is not self:
                         user._inbox += others
-            out, self._inbox = self._inbox + got, []
-        return out
+            if self._inbox:
+                got, self._inbox = self._inbox + got, []
+        return got
 
     def stop(self) -> None:
         share = self._share

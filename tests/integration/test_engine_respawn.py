@@ -42,7 +42,7 @@ def test_a_killed_engine_is_logged_once_and_restarted(caplog: pytest.LogCaptureF
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = sentinel.watch(model, opt, run="respawn", listen="127.0.0.1:0", engine="process")
     try:
-        engine = mon.engine.shared  # type: ignore[union-attr]  # the monitor's hold on it: link.EngineShare
+        engine = mon.engine.shared  # the monitor holds a link.EngineShare
         assert isinstance(engine, link.EngineProcess)
         for _ in range(3):
             _step(model, opt, mon)
@@ -95,7 +95,7 @@ def test_the_engine_process_runs_below_the_training_process() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = sentinel.watch(model, opt, run="priority", listen="127.0.0.1:0", engine="process")
     try:
-        engine = mon.engine.shared  # type: ignore[union-attr]  # the monitor's hold on it: link.EngineShare
+        engine = mon.engine.shared  # the monitor holds a link.EngineShare
         assert isinstance(engine, link.EngineProcess)
         pid = engine.proc.pid
         assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)

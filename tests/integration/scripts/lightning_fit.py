@@ -130,7 +130,7 @@ def data(batches: int = 8) -> torch.utils.data.DataLoader:
 
 def recorder(pl: Any, adapter: Any) -> Any:
     """A callback (put it after ``adapter``) that, after each optimizer step, waits until the
-    adapter's monitor exports a new ``sentinel_step`` and keeps everything exported then,
+    adapter's monitor exports a new ``sentinel_step`` and a loss, and keeps everything exported then,
     with the trainer's global step as ``global_step``, in ``.seen``; ``.monitor`` is the
     monitor the adapter made."""
 
