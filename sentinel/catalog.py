@@ -88,7 +88,8 @@ CATALOG: dict[str, Spec] = {
         G, "This rank's median busy time over the median of the other ranks' (a straggler reads > 1)."),
     "sentinel_exit_status": Spec(
         G, "Exit status of a rank that ended without finishing: the code, 128+N for signal N, "
-           "-1 when its process vanished; 0 once it reports again."),
+           "-1 when its process vanished, -2 when its training thread ended on an exception and the "
+           "process went on; 0 once it reports again."),
     "sentinel_learning_rate": Spec(G, "Learning rate per optimizer param group.", ("param_group",)),
     "sentinel_learning_rate_schedule_ratio": Spec(
         G, "Learning rate over its peak (the highest seen, or the scheduler's initial/max lr), "

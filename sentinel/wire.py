@@ -89,6 +89,9 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    attached to a node's daemon), ``128 + N`` for signal ``N``, or the
                    one a training process leaves with by ``sys.exit(N)``; ``exc``
                    then says who ended and why, in words (``SystemExit(1) at train.py:62``)
+``thread``?        on ``"bye"`` with ``exc`` only: the name of the thread the
+                   training ran in, when that thread ended on ``exc`` and the
+                   process went on (a web UI's, a server's training thread)
 =================  ==========================================================
 
 Sums of squares rather than norms travel so that sharded ranks can be added up where
@@ -276,6 +279,7 @@ class Frame(Struct, kw_only=True):
     reply: Text200 | UnsetType = UNSET
     exc: Text200 | UnsetType = UNSET
     status: Annotated[int, Meta(ge=-1, le=255)] | UnsetType = UNSET
+    thread: Annotated[str, Meta(max_length=64)] | UnsetType = UNSET
 
 
 def starts_over(step: int, last: int | None) -> bool:

@@ -16,6 +16,7 @@ from sentinel.engine.ingest import Ingestor
 from sentinel.engine.validate import Admission, Dropped, Limits, Refused, check_frame, fits
 from sentinel.rules.config import RulePack, load_pack
 from sentinel.rules.evaluator import RuleEngine
+from sentinel.rules.exited import THREAD_FAILED
 from sentinel.rules.ingested import Ingested
 from sentinel.rules.lifecycle import Transition
 from sentinel.store import Row, Store, labels_of
@@ -221,6 +222,11 @@ class Engine:
             self._forget_pids(rk)
             if type(frame.get("status")) is int and frame["status"]:  # a launcher's word (run.py, attached)
                 self.exited(job, run, frame["status"], rank, float(frame["t"]), who=str(frame.get("exc", "")))
+            elif isinstance(frame.get("exc"), str) and isinstance(frame.get("thread"), str):
+                # its training thread ended on an uncaught exception; the process goes on
+                who = (f"thread {frame['thread'][:64]!r} of rank {rank}" + (f" (pid {pid})" if pid else "")
+                       + f" raised {frame['exc'][:200]}")
+                self.exited(job, run, THREAD_FAILED, rank, float(frame["t"]), who=who)
             elif isinstance(frame.get("exc"), str):  # it is leaving on an uncaught exception
                 who = f"rank {rank}" + (f" (pid {pid})" if pid else "") + f" raised {frame['exc'][:200]}"
                 self.exited(job, run, 1, rank, float(frame["t"]), who=who)

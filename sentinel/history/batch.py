@@ -29,7 +29,7 @@ _UPSERT_STREAM = (f"INSERT INTO stream_samples (run_id, stream, step, t, {', '.j
 
 _NOTES = frozenset(("guard", "tags", "optim", "cmd", "env"))
 """The fields that only some frames carry (:meth:`BatchWriter._notes`)."""
-READ = ("t", "rank", "step", "kind", "opt", "job", "run", "world", "exc", "status", *sorted(_NOTES))
+READ = ("t", "rank", "step", "kind", "opt", "job", "run", "world", "exc", "status", "thread", *sorted(_NOTES))
 """What the writer reads of a frame of a rank other than 0 (rank 0's frame is its row: all of it)."""
 
 
@@ -155,6 +155,8 @@ class BatchWriter:
             agg["ended"] = t
             if isinstance(f.get("exc"), str):
                 r.state = agg["state"] = "crashed"
+                if isinstance(f.get("thread"), str):  # its training thread failed; the process's status is to come
+                    return r
                 # a launcher's word (`sentinel run` attached: the command's status; the run's is
                 # its ranks' highest, as srun reports it); an uncaught exception's has none: 1
                 status = f.get("status")
@@ -305,7 +307,8 @@ class BatchWriter:
         r = self._run(db, job, run, t)
         r.exit_status = r.agg["exit_status"] = status
         r.agg["ended"] = t
-        r.state = r.agg["state"] = "finished" if status == 0 else "crashed"
+        # a crash its goodbye reported stays one (a training thread failed, the process exiting 0)
+        r.state = r.agg["state"] = "finished" if status == 0 and r.state != "crashed" else "crashed"
         return r
 
 

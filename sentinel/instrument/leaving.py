@@ -16,6 +16,14 @@ way), and :func:`error` hands it to the goodbye. The ``exit()`` and ``quit()`` b
 (``site``'s, which scripts call as often: ``print("NaN loss"); exit(1)``) are kept the same
 way: their class's ``__call__`` is wrapped, so the objects, their repr and their pickling
 stay the interpreter's. ``raise SystemExit(1)`` is not seen: it calls nothing.
+
+A training loop run in a thread of its own (a web UI's, a server's, a notebook's background
+training) that dies on an exception leaves nothing the interpreter keeps: the thread's
+traceback is printed, the main thread joins it and exits 0. :func:`install` chains
+``threading.excepthook`` too: when a thread that stepped a watched optimizer ends on an
+uncaught exception, :data:`on_thread_failure` (the registry's) closes the monitors stepped
+in it with that exception at once, so the crash is reported when it happens, where it
+happened, whether the process goes on or not.
 """
 
 from __future__ import annotations
@@ -33,16 +41,22 @@ _installed = False
 _exiting: SystemExit | None = None  # the main thread's last non-zero sys.exit, no step since
 _place: str | None = None  # the script's line that called it
 _real_exit = sys.exit  # what sys.exit was before install()
+_prior_hook = threading.excepthook  # what threading.excepthook was before install()
+on_thread_failure: Callable[[threading.Thread, BaseException], None] | None = None
+"""Called with a thread and the exception it ended on (not a ``SystemExit``), in that
+thread; set by the registry, which knows the monitors whose optimizers stepped in it."""
 
 
 def install() -> None:
     """Wrap ``sys.exit`` and the ``exit()``/``quit()`` builtins' call once per process."""
-    global _installed, _real_exit
+    global _installed, _real_exit, _prior_hook
     if _installed:
         return
     _installed = True
     _real_exit = sys.exit
     sys.exit = exit  # type: ignore[assignment]
+    _prior_hook = threading.excepthook
+    threading.excepthook = _thread_ended
     quitter = type(getattr(builtins, "exit", None))
     if quitter.__module__ == "_sitebuiltins":  # absent under python -S; left alone if replaced
         quitter.__call__ = _quitting(quitter.__call__)  # type: ignore[method-assign]
@@ -62,6 +76,24 @@ def exit(*args: Any) -> None:  # noqa: A001  (it is sys.exit)
 exit.__doc__ = _real_exit.__doc__
 exit.__module__ = "sys"  # pickle finds it as sys.exit, the name it stands for
 exit.__qualname__ = "exit"
+
+
+def _thread_ended(args: Any) -> None:
+    """``threading.excepthook``: the hook before it first (the traceback is printed as
+    without Sentinel), then a training thread's failure goes to :data:`on_thread_failure`."""
+    try:
+        _prior_hook(args)
+    finally:
+        try:
+            error, thread = args.exc_value, args.thread
+            if on_thread_failure is not None and isinstance(error, Exception) and thread is not None:
+                on_thread_failure(thread, error)
+        except Exception:  # noqa: S110  (nothing of Sentinel's may change how the thread ends)
+            pass
+
+
+_thread_ended.__module__ = "threading"  # pickled (should anything) by the name it stands for
+_thread_ended.__qualname__ = "excepthook"
 
 
 def _quitting(call: Callable[..., Any]) -> Callable[..., Any]:

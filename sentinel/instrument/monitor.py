@@ -94,6 +94,8 @@ class Monitor:
         self.url: str | None = None
         self.engine: Any = None
         self.closed = False
+        self.stepped_in: int | None = None
+        """The thread its optimizers last stepped in (``threading.get_ident``; the registry's)."""
         self._record = StateRecord(self.boundary, o)
         self._farewell: weakref.finalize[Any, Any] | None = None
         self._adopted = 0  # optimizers made anew over the watched parameters, followed (adopt)
@@ -234,7 +236,7 @@ class Monitor:
         if self.active and step >= 0:
             self.steps = int(step)
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None, *, thread: str | None = None) -> None:
         """Remove the hooks, flush pending reports and stop the embedded engine. Idempotent.
 
         Args:
@@ -242,6 +244,8 @@ class Monitor:
                 type and the script's line it came through (never its message: messages
                 may hold anything; :mod:`sentinel.instrument.raised`) so the engine reports
                 a crash rather than a finished run.
+            thread: the name of the thread the training ran in, when ``error`` ended that
+                thread and the process goes on (:mod:`sentinel.instrument.leaving`).
         """
         if self.closed:
             return
@@ -263,7 +267,7 @@ class Monitor:
         status = 0 if error is None or isinstance(error, TrainingHalted) else leaving.exit_status(error)
         # a sys.exit's status is the process's own (sys.exit(3): 3); any other exception's is 1
         self.reporter.close(self.steps, raised(error, leaving.place(error)) if status and error is not None else None,
-                            status if status and isinstance(error, SystemExit) else None)
+                            status if status and isinstance(error, SystemExit) else None, thread)
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
 
     def before_backward(self, loss: Any = None) -> None:

@@ -275,7 +275,17 @@ def _hook() -> None:
 
         register_optimizer_step_pre_hook(_on_step)
         register_optimizer_step_post_hook(_on_post)
+        leaving.on_thread_failure = _thread_failed
         _hooked = True
+
+
+def _thread_failed(thread: threading.Thread, error: BaseException) -> None:
+    """A thread ended on ``error``: the monitors whose optimizers last stepped in it are
+    closed with it (their goodbye reports the crash now, the process going on; see
+    :mod:`.leaving`)."""
+    for mon in live_streams():
+        if getattr(mon, "stepped_in", None) == thread.ident:
+            mon.close(error, thread=thread.name)
 
 
 _UNSEEN: Any = object()
@@ -320,6 +330,7 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     leaving.stepped()  # a sys.exit before this step did not end the script
     mon = monitor_of(opt)
     if mon is not None:
+        mon.stepped_in = threading.get_ident()  # the thread whose failure ends its training
         mon.step_post(opt, args, kwargs)
     else:  # its step took the losses since the last one: no other optimizer's step may count them
         losses.unclaimed()

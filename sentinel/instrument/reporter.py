@@ -332,10 +332,11 @@ class Reporter:
     def _count_drop(self) -> None:
         self.report_drops += 1
 
-    def close(self, steps: int, exc: str | None, status: int | None = None) -> None:
+    def close(self, steps: int, exc: str | None, status: int | None = None, thread: str | None = None) -> None:
         """The last reports, the goodbye frame (``exc``: the type of the exception that ended
         training and the script's line it came through, if one did: :mod:`.raised`;
-        ``status``: the exit status a ``sys.exit`` asked for), the sender's backlog; then
+        ``status``: the exit status a ``sys.exit`` asked for; ``thread``: the name of the
+        training thread ``exc`` ended, the process going on), the sender's backlog; then
         the engine stops and its last alerts reach ``on_alert``."""
         run = self.boundary.run
         run("report", self.submit_open)
@@ -346,6 +347,8 @@ class Reporter:
             bye.exc = exc
         if status is not None:
             bye.status = status
+        if thread is not None and exc is not None:
+            bye.thread = thread[:64]
         run("emit", self.send, bye)
         run("emit", self.sender.close)  # delivers any backlog while the engine still listens
         if self.engine is not None:

@@ -3,8 +3,9 @@
 The engine writes ``sentinel_exit_status`` for a rank when it learns that its process
 ended before saying goodbye: from ``sentinel run``, which waits for the command, or from
 its own check that a reporting process still exists. The value is the exit code, ``128 +
-N`` for death by signal ``N`` (as a shell reports it), or ``-1`` when the process vanished
-and its status is unknown; a rank that reports again writes 0.
+N`` for death by signal ``N`` (as a shell reports it), ``-1`` when the process vanished
+and its status is unknown, or ``-2`` (:data:`THREAD_FAILED`) when the thread the training
+ran in ended on an exception and the process went on; a rank that reports again writes 0.
 
 The detector turns that number into words, and appends ``ctx.note``: the rank's last
 values, which the engine gathers when it records the exit.
@@ -28,6 +29,11 @@ _HINTS = {
 }
 
 
+THREAD_FAILED = -2
+"""``sentinel_exit_status`` of a rank whose training thread ended on an uncaught exception
+while its process went on (a web UI's or a server's training thread): no exit status yet."""
+
+
 class ExitedParams(Params):
     """Parameters of :func:`detect`.
 
@@ -40,6 +46,8 @@ class ExitedParams(Params):
 
 def describe(status: int) -> str:
     """Words for an exit status as the engine records it."""
+    if status == THREAD_FAILED:
+        return "its training thread ended on an uncaught exception, the process going on"
     if status < 0:
         return "its process is gone without finishing (exit status unknown)"
     if status > 128:

@@ -117,6 +117,60 @@ def test_a_failure_after_the_script_ended_says_so(tmp_path: Path) -> None:
             "raise SystemExit(N), which Sentinel does not see, an atexit handler") in line, line
 
 
+_TRAINING_THREAD = """
+import sys, threading, time
+from pathlib import Path
+import torch
+
+def train():  # a web UI's shape: the loop runs in a thread of its own
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(20):
+        x = torch.randn(8, 4 if step != 12 else 5)  # a bad batch at its 13th step
+        opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step()
+
+t = threading.Thread(target=train, name="trainer")
+t.start()
+t.join()
+print("serving on", flush=True)
+while not Path(sys.argv[1]).exists():  # the UI goes on serving
+    time.sleep(0.05)
+"""
+
+
+def test_a_training_thread_that_fails_is_a_crash_told_while_the_process_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/instrumenting.md: the thread the training ran in ended on an uncaught exception
+    while the process went on (its traceback printed, the main thread serving): the crash is
+    on /api/v1/alerts and in the history before the process ends, names the thread, the
+    exception and the line, and the process's exit status 0 does not make the run finished."""
+    script, release, state = tmp_path / "app.py", tmp_path / "release", tmp_path / "state"
+    script.write_text(_TRAINING_THREAD)
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))  # its own history file
+    proc, url = _start([sys.executable, str(script), str(release)])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "serving on"
+
+        def crashed() -> dict[str, Any] | None:
+            with urllib.request.urlopen(url + "/api/v1/alerts", timeout=5) as r:
+                alerts = json.load(r)["data"]["alerts"]
+            return next((a for a in alerts if a["alertname"] == "TrainingCrashed"), None)
+
+        alert = wait_for(crashed, timeout=60, what="TrainingCrashed while the process serves")
+        assert proc.poll() is None
+        assert alert["step"] == 12 and alert["state"] == "firing", alert
+        assert ("Training crashed on rank 0 at step 12: its training thread ended on an uncaught exception, the "
+                "process going on; thread 'trainer' of rank 0") in alert["summary"], alert
+        assert "raised RuntimeError at app.py:11; last values" in alert["summary"], alert
+        release.touch()
+        assert proc.wait(60) == 0, _stderr()
+    finally:
+        end_process(proc)
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied" in _stderr()  # the thread's own traceback
+    db = sqlite3.connect(state / "sentinel" / "history.sqlite")
+    assert db.execute("SELECT state, exit_status, steps FROM runs").fetchall() == [("crashed", 0, 12)]
+
+
 @pytest.mark.parametrize("mode", ["exit", pytest.param("builtin", marks=pytest.mark.slow),
                                   pytest.param("deit", marks=pytest.mark.slow),
                                   pytest.param("hydra", marks=pytest.mark.slow)])

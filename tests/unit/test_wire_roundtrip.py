@@ -55,6 +55,11 @@ def _bye() -> wire.Frame:
     return wire.Frame(kind="bye", step=7, t=1001.0, exc="RuntimeError", status=1, **IDENTITY)
 
 
+def _bye_of_a_thread() -> wire.Frame:
+    return wire.Frame(kind="bye", step=7, t=1001.0, exc="RuntimeError at app.py:9", thread="Thread-1 (train)",
+                      **IDENTITY)
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal, NaN equal to NaN, an int equal to the float a typed field makes of it."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -66,7 +71,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) is type(b) or (type(a) in (int, float) and type(b) in (int, float) and a == b)
 
 
-@pytest.mark.parametrize("make", [_full_step, _log_with_guard, _bye])
+@pytest.mark.parametrize("make", [_full_step, _log_with_guard, _bye, _bye_of_a_thread])
 def test_a_frame_round_trips_through_both_paths(make: Any) -> None:
     data = wire.encode(make())
     strict = wire.decode_strict(data)
@@ -160,7 +165,7 @@ _GOOD: dict[str, Any] = {
     "step_seconds": 0.5, "busy_seconds": 0.0, "state_bytes": {"m": 1}, "param_bytes": 2, "mem": {"x": 1.5},
     "amp": {"scale": 2.0, "skipped": 1}, "scalars": {"loss": 1.0}, "errors": 1, "dropped": 0, "exc": "E",
     "skipped_nonfinite": 3, "no_gradient": 21,
-    "status": 0, "reply": "/r", "tags": {"k": "v"}, "cmd": "c", "opt": "0",
+    "status": 0, "thread": "t", "reply": "/r", "tags": {"k": "v"}, "cmd": "c", "opt": "0",
     "guard": {"skipped": False, "reason": "", "norm": 1.0, "bound": 2.0}}
 
 

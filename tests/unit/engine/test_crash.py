@@ -141,6 +141,26 @@ def test_a_goodbye_on_an_uncaught_exception_is_a_crash_a_plain_one_is_not() -> N
     assert "exited with status 1" in alert["summary"]
 
 
+def test_a_training_thread_that_failed_is_a_crash_of_a_process_that_goes_on() -> None:
+    """A goodbye naming the thread the exception ended: the crash says the process went on
+    (not that it exited with status 1), and the process's clean exit later does not end
+    the crash."""
+    engine, clock = _engine()
+    engine.feed(wire.encode({"kind": "bye", "job": "train", "run": "r1", "rank": 1, "step": 20, "t": clock.t,
+                             "exc": "RuntimeError at app.py:12", "thread": "Thread-1 (train)"}))
+    alert = next(a for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed")
+    s = alert["summary"]
+    assert alert["ranks"] == [1] and alert["state"] == "firing", alert
+    assert "its training thread ended on an uncaught exception, the process going on" in s, s
+    assert "thread 'Thread-1 (train)' of rank 1 raised RuntimeError at app.py:12" in s, s
+    assert "exited with status" not in s, s
+    assert engine.store.last("sentinel_exit_status", (("job", "train"), ("rank", "1"), ("run", "r1")))[2] == -2.0
+    clock.t += 5
+    engine.exited("train", "r1", 0, who="python app.py")  # `sentinel run`: the command exits 0
+    engine.tick()
+    assert [a["state"] for a in engine.alerts_json() if a["alertname"] == "TrainingCrashed"] == ["firing"]
+
+
 def _runs_in_store(engine: Engine) -> set[str]:
     return {dict(labels).get("run", "") for _, _, labels, _ in engine.store.snapshot()}
 

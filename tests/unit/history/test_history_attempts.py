@@ -145,6 +145,16 @@ def test_a_crashed_runs_exit_status_is_its_ranks_highest(tmp_path: Path, byes: l
     assert run is not None and (run.state, run.exit_status, run.ranks) == ("crashed", status, 2)
 
 
+def test_a_training_thread_that_failed_is_a_crash_whatever_the_process_exits_with(tmp_path: Path) -> None:
+    """A web UI's training thread failed; the process went on and `sentinel run` recorded its
+    exit status 0: the run crashed, and its exit status is the process's."""
+    path = tmp_path / "h.sqlite"
+    record(path, S + steps(1, 3) + [("frame", frame("bye", 3, exc="RuntimeError at app.py:9", thread="trainer"))]
+           + END)
+    run = find_run(hdb.connect(path, readonly=True), "r")
+    assert run is not None and (run.state, run.exit_status, run.steps) == ("crashed", 0, 3)
+
+
 def test_a_crash_status_survives_a_writer_restart_between_two_goodbyes(tmp_path: Path) -> None:
     """The daemon restarted between two ranks' crash goodbyes: the second writer reads the run
     from the file, and the lower status it is told later does not overwrite the higher one."""

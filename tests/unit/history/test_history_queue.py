@@ -67,8 +67,11 @@ def frames(seed: int = 0) -> list[dict[str, Any]]:
                                | {"kind": "log", "scalars": {"loss": 1.0}})
         for rank in range(3):
             bye = {"kind": "bye", "job": "j", "run": run, "rank": rank, "world": 3, "step": 19, "t": 2000.0}
-            # rank 2's, as `sentinel run` attached to a node's daemon sends it: the command's status
-            out.append(bye | {"exc": "python (pid 7)", "status": 3} if rank == 2 else bye)
+            # rank 2's, as `sentinel run` attached to a node's daemon sends it: the command's status;
+            # in r2, rank 1's training thread failed, its process going on
+            out.append(bye | {"exc": "python (pid 7)", "status": 3} if rank == 2 else
+                       bye | {"exc": "RuntimeError at train.py:9", "thread": "trainer"} if (run, rank) == ("r2", 1)
+                       else bye)
     return out
 
 

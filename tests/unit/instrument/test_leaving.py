@@ -136,3 +136,67 @@ def test_a_watched_script_that_raises_says_so_in_its_goodbye(monkeypatch: pytest
     hooks._close_live()
     [bye] = [f for f in sender.frames if f["kind"] == "bye"]
     assert bye["exc"].startswith("KeyError at test_leaving.py:") and "status" not in bye, bye
+
+
+def _train_in_thread(model: torch.nn.Module, opt: torch.optim.Optimizer, mon: object, fail: bool,
+                     name: str = "trainer") -> None:
+    """A web UI's or a server's shape: the loop runs in a thread; with ``fail`` it raises
+    after 3 steps, uncaught, and the main thread goes on."""
+
+    def loop() -> None:
+        train_steps(model, opt, 3, mon)
+        if fail:
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    t = threading.Thread(target=loop, name=name)
+    t.start()
+    t.join()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_training_thread_that_fails_says_so_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """The thread that stepped the optimizer ends on an uncaught exception: its monitor says
+    goodbye then, naming the exception, the script's line and the thread (the process goes
+    on, and would exit 0); the thread's traceback is printed as without Sentinel."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model, opt)
+    before = threading.excepthook
+
+    def printing(args: threading.ExceptHookArgs) -> None:
+        print("their hook:", args.exc_type.__name__)
+
+    leaving._prior_hook, prior = printing, leaving._prior_hook  # a hook the script set before Sentinel's
+    try:
+        _train_in_thread(model, opt, mon, fail=True)
+    finally:
+        leaving._prior_hook = prior
+    assert threading.excepthook is before
+    assert mon.closed
+    [bye] = [f for f in sender.frames if f["kind"] == "bye"]
+    assert bye["exc"].startswith("RuntimeError at test_leaving.py:") and bye["thread"] == "trainer", bye
+    assert "status" not in bye and bye["step"] == 3
+    assert "their hook: RuntimeError" in capsys.readouterr().out
+    assert leaving.error() is None  # the main thread's own end is still clean
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failure_of_a_thread_that_did_not_train_leaves_the_monitors_alone() -> None:
+    """A helper thread (a logger's, a prefetcher's) fails while the main thread trains: no
+    monitor closes; and a training thread that ends cleanly leaves its monitor open too."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon, sender = make_monitor(model, opt)
+    train_steps(model, opt, 2, mon)
+
+    def helper() -> None:
+        raise OSError("disk full")
+
+    t = threading.Thread(target=helper)
+    t.start()
+    t.join()
+    _train_in_thread(model, opt, mon, fail=False)
+    assert not mon.closed and not [f for f in sender.frames if f["kind"] == "bye"]
+    mon.close()
+    [bye] = [f for f in sender.frames if f["kind"] == "bye"]
+    assert "exc" not in bye and "thread" not in bye and bye["step"] == 5
