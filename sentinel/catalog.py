@@ -39,6 +39,10 @@ CATALOG: dict[str, Spec] = {
     "sentinel_steps_without_gradient": Spec(
         G, "Steps in a row at which an optimizer stepped and none of its parameters that require a gradient "
            "had one (0 when gradients came back; written only around such steps)."),
+    "sentinel_steps_without_grad_reset": Spec(
+        G, "Steps in a row whose gradients began from the last step's: nothing reset them (zero_grad()) between "
+           "the two steps, so each step applied the sum of the gradients since the first (0 when a reset came "
+           "back; written only around such steps)."),
     "sentinel_grad_clipped_steps_total": Spec(C, "Steps whose pre-clip gradient norm exceeded max_norm."),
     "sentinel_local_grad_norm": Spec(
         G, "L2 norm of this rank's shard of the gradients (sharded runs; not the model's norm)."),

@@ -78,6 +78,9 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    stream stepped and none of its parameters that require a gradient
                    had one: the loss does not reach them. Sent while it lasts, and a 0
                    at the first step with gradients again
+``not_reset``?     steps in a row, this one included, whose gradients began from the
+                   last step's: no ``zero_grad()`` between them (instrument/resets.py).
+                   Sent while it lasts, and a 0 at the first step reset again
 ``rewrite``?       ``"load_state_dict"`` or ``"prune"``: the script set the watched
                    weights itself since the last step (a rewind, a roll-back, a pruning
                    mask); the engine restarts the loss's baselines as at a warm restart
@@ -272,6 +275,7 @@ class Frame(Struct, kw_only=True):
     short_batch: Annotated[list[Count], Meta(min_length=2, max_length=2)] | UnsetType = UNSET
     skipped_nonfinite: Count | UnsetType = UNSET
     no_gradient: Count | UnsetType = UNSET
+    not_reset: Count | UnsetType = UNSET
     rewrite: Rewrite | UnsetType = UNSET
     guard: GuardNote | UnsetType = UNSET
     tags: Tags | UnsetType = UNSET

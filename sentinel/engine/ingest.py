@@ -274,6 +274,8 @@ class Ingestor:
                 add("sentinel_gradient_snr", mean_abs / std if std > 0 else float("nan"))
         if "no_gradient" in f:  # steps in a row whose optimizer's parameters got no gradient
             add("sentinel_steps_without_gradient", float(f["no_gradient"]))
+        if "not_reset" in f:  # steps in a row whose gradients began from the last step's (no zero_grad())
+            add("sentinel_steps_without_grad_reset", float(f["not_reset"]))
         opt = f.get("opt", "")
         ctx.crossrank = self.crossrank.observe(f, lambda rank: self._base(f["job"], f["run"], rank, opt), norm)
         psq = f.get("param_sumsq")

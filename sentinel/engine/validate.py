@@ -351,6 +351,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "beat": lambda v, _: _count(v),
     "skipped_nonfinite": lambda v, _: _count(v),
     "no_gradient": lambda v, _: _count(v),
+    "not_reset": lambda v, _: _count(v),
     "short_batch": lambda v, _: type(v) is list and len(v) == 2 and _count(v[0]) and _count(v[1]),  # as wire.Frame's
     "rewrite": lambda v, _: v in ("load_state_dict", "prune"),
     "exc": lambda v, _: type(v) is str and len(v) <= 200,

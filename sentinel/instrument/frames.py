@@ -73,6 +73,8 @@ def assemble(report: Report, values: dict[str, list[float]], n_groups: int, shar
             frame.delta_l1 = [v if i in sampled else None for i, v in enumerate(values["delta_l1"])]
         if "param_l1" in values and len(values["param_l1"]) == g:
             frame.param_l1 = [v if i in sampled else None for i, v in enumerate(values["param_l1"])]
+    if "carried" in values:  # instrument/resets.py: this step's gradients began from the last step's
+        frame.not_reset = 1 if values["carried"][0] > 0 else 0
     if "grad_l1" in values and frame.grad_count is not UNSET:
         frame.grad_l1 = values["grad_l1"][0]
     if "sat_above" in values and report.sat_total is not None:

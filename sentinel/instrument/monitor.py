@@ -34,6 +34,7 @@ from sentinel.instrument.optinfo import resumed_step
 from sentinel.instrument.options import WatchOptions, rank_world
 from sentinel.instrument.raised import raised
 from sentinel.instrument.reporter import Reporter
+from sentinel.instrument.resets import Resets
 from sentinel.instrument.sender import NullSender, Sender
 from sentinel.instrument.staterecord import StateRecord
 from sentinel.instrument.timing import BusyClock, Heartbeat, ddp_parts
@@ -102,6 +103,7 @@ class Monitor:
         self._counted = False  # the first step has looked for a resumed optimizer's count
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
+        self._resets = Resets(self.optimizers)  # a loop that never resets its gradients (no zero_grad())
         first = next((p for g in self.optimizers[0].param_groups for p in g["params"] if p.requires_grad),
                      None) if self.optimizers else None
         if self._losses is not None and first is not None:  # its gradient tells a pass whose gradients were thrown away
@@ -276,6 +278,7 @@ class Monitor:
         updated by hand, the last backward()'s step ends here. Never raises."""
         if self.closed:
             return
+        self._resets.before()
         if self._player is not None:
             self._player.before()
         if self.measure.hand_read:
@@ -300,7 +303,10 @@ class Monitor:
 
     def after_backward(self) -> None:
         """With parameters updated by hand: read the gradients this ``backward()`` left;
-        a game's player: whether it changed this monitor's gradients."""
+        a game's player: whether it changed this monitor's gradients; :mod:`.resets`: the
+        gradient it left, for the next ``backward()`` to compare."""
+        if not self.closed:
+            self._resets.after()
         if self._player is not None and not self.closed:
             self._player.after()
         if self._hand is not None and not self.closed:
@@ -519,4 +525,6 @@ class Monitor:
             g.get("maximize") is True for opt in self.optimizers for g in opt.param_groups))
         if self._player is not None:  # ... or a game's (Reporter.submit names it so, logged too)
             self.boundary.run("game", self._player.stepped)
+        if self.optimizers:
+            self._resets.stepped(measure.add)
         self.reporter.hold(report, measure.take(), steps, objective)

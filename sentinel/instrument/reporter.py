@@ -113,6 +113,7 @@ class Reporter:
         self.farewell = Farewell(sender, engine)
         self.readback = Readback(options.max_pending, on_drop=self._count_drop)
         self.report_drops = 0
+        self.not_reset_run = 0  # step reports in a row whose gradients began from the last step's
         self.guard: Any = None  # the step guard (sentinel.instrument.guard.Guard) or None
         self.names = NameBudget()
         self.waiting: tuple[Report, Segs, Scalars] | None = None  # finalized, waiting for log()
@@ -305,6 +306,12 @@ class Reporter:
         frame = assemble(report, values, len(self.layout.groups), self.layout.sharded)
         if report.unless_skipped and frame.skipped_nonfinite is wire.UNSET:
             return  # the passes thrown away at the end had finite losses: nothing to say
+        if frame.kind == "step":  # a run of steps whose gradients were not reset, and the 0 that ends it
+            carried = frame.not_reset == 1
+            if carried or self.not_reset_run:
+                self.not_reset_run = frame.not_reset = self.not_reset_run + 1 if carried else 0
+            else:
+                frame.not_reset = wire.UNSET
         frame.errors = self.boundary.errors
         frame.dropped = self.frames_dropped
         self.send(frame)

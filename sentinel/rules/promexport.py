@@ -96,6 +96,9 @@ _EXPRS: dict[str, tuple[Callable[[Rule], str], str]] = {
     # steps in a row that no gradient reached the optimizer's parameters
     "GradientsMissing": (lambda r: f"sentinel_steps_without_gradient {r.params.op} "  # type: ignore[attr-defined]
                          f"{_num(_threshold(r))}", "0m"),
+    # steps in a row that began from the last step's gradients (no zero_grad())
+    "GradientsNotReset": (lambda r: f"sentinel_steps_without_grad_reset {r.params.op} "  # type: ignore[attr-defined]
+                          f"{_num(_threshold(r))}", "0m"),
     # below a millionth of its peak for the threshold's steps and a share of the run
     "LearningRateVanished": (lambda r: f"sentinel_learning_rate_vanished_steps {r.params.op} "  # type: ignore[attr-defined]
                              f"{_num(_threshold(r))} and sentinel_learning_rate_vanished_steps >= on "
@@ -176,6 +179,8 @@ _SCENARIOS: dict[str, tuple[list[dict[str, str]], str, dict[str, str]]] = {
                        {"job": "train", "run": "r1", "rank": "0"}),
     "GradientsMissing": ([{"series": f"sentinel_steps_without_gradient{{{_L}}}", "values": "0 5 12 20 25"}], "4m",
                          {"job": "train", "run": "r1", "rank": "0"}),
+    "GradientsNotReset": ([{"series": f"sentinel_steps_without_grad_reset{{{_L}}}", "values": "0 1 2 3 4"}],
+                          "4m", {"job": "train", "run": "r1", "rank": "0"}),
     # 150 steps below the floor at 1m are under a tenth of the run's 2050: quiet until 2m
     "LearningRateVanished": ([{"series": f"sentinel_learning_rate_vanished_steps{{{_L}}}",
                                "values": "0 150 250 350 450"},

@@ -274,6 +274,20 @@ def test_an_optimizer_that_no_gradient_reaches_pages_gradients_missing() -> None
             "step 20: it steps, and nothing trains") in line, line
 
 
+def test_a_loop_that_never_resets_its_gradients_pages_gradients_not_reset_first() -> None:
+    """examples/mnist's loop with ``optimizer.zero_grad()`` lost: every step applies the sum
+    of the gradients so far. The first page names the missing reset at step 4, not the
+    learning rate that the later alerts blame."""
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0",
+                          "--", sys.executable, str(SCRIPTS / "no_zero_grad.py"), "60"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "trained 60 steps\n", out.stderr
+    fired = [line for line in out.stderr.splitlines() if "[FIRING]" in line]
+    assert fired and fired[0].startswith("sentinel: [FIRING] critical GradientsNotReset — run "), out.stderr
+    assert ("since step 4: Gradients are not reset between steps on rank 0: each of the last 3 steps began from "
+            "the gradients of the step before (no zero_grad())") in fired[0], fired[0]
+
+
 def test_an_exception_fires_training_crashed_with_exit_status_1() -> None:
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0",
                           "--", sys.executable, str(SCRIPTS / "faulty_train.py"), "5", "raise"],

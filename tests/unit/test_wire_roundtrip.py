@@ -40,7 +40,8 @@ def _full_step() -> wire.Frame:
         mem={"host_rss": 1e8, "capacity": 2e9},
         optim=[{"class": "AdamW", "dtype": "float32", "hp": {"lr": 0.1, "beta2": 0.999}}], total_steps=100,
         env={"torch": "2.13.0", "gpu_model": "none"}, amp=wire.Amp(scale=65536.0), scalars={"loss": 0.5, "acc": 1},
-        errors=0, scalars_dropped=2, dropped=3, short_batch=[1, 64], skipped_nonfinite=2, no_gradient=4, rewrite="prune",
+        errors=0, scalars_dropped=2, dropped=3, short_batch=[1, 64], skipped_nonfinite=2, no_gradient=4, not_reset=5,
+        rewrite="prune",
         tags={"team": "x"},
         cmd="train.py --lr 0.1",
         reply="/tmp/s/reply-1.sock", **IDENTITY)
@@ -164,7 +165,7 @@ _GOOD: dict[str, Any] = {
     "clip_norm": 1.0, "clip_max": 0.0, "grad_l1": 2.0, "grad_count": 3, "sat": [0, 0], "lr": [0.1],
     "step_seconds": 0.5, "busy_seconds": 0.0, "state_bytes": {"m": 1}, "param_bytes": 2, "mem": {"x": 1.5},
     "amp": {"scale": 2.0, "skipped": 1}, "scalars": {"loss": 1.0}, "errors": 1, "dropped": 0, "exc": "E",
-    "skipped_nonfinite": 3, "no_gradient": 21,
+    "skipped_nonfinite": 3, "no_gradient": 21, "not_reset": 3,
     "status": 0, "thread": "t", "reply": "/r", "tags": {"k": "v"}, "cmd": "c", "opt": "0",
     "guard": {"skipped": False, "reason": "", "norm": 1.0, "bound": 2.0}}
 

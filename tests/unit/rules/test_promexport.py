@@ -29,8 +29,8 @@ def test_overrides_export_and_disabled_rules_do_not() -> None:
     assert rules["UpdateRatioHigh"]["expr"] == "(sentinel_update_mean_abs_ratio or sentinel_update_ratio) > 0.3"
     assert "GPUOverheating" not in rules
     assert {"TrainingNonFinite", "TrainingStalled", "OOMRisk", "UpdateRatioLow", "GPUXidError", "GPUEccErrors",
-            "GradientsMissing", "LearningRateVanished", "SentinelExporterDown", "SentinelDaemonDown",
-            "SentinelAlertFiring"} <= set(rules)
+            "GradientsMissing", "GradientsNotReset", "LearningRateVanished", "SentinelExporterDown",
+            "SentinelDaemonDown", "SentinelAlertFiring"} <= set(rules)
     assert "sentinel_nonfinite_total" in rules["TrainingNonFinite"]["expr"]  # the counter: a NaN between scrapes
 
 
@@ -39,7 +39,7 @@ def test_promtool_checks_and_tests_the_committed_rules() -> None:
     check = subprocess.run(["promtool", "check", "rules", "sentinel.rules.yml"], cwd=ALERTS, capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 17 rules found" in check.stdout
+    assert "SUCCESS: 18 rules found" in check.stdout
     test = subprocess.run(["promtool", "test", "rules", "sentinel.rules.test.yml"], cwd=ALERTS / "tests",
                           capture_output=True, text=True, timeout=60)
     assert test.returncode == 0, test.stdout + test.stderr

@@ -28,6 +28,7 @@ BUILTIN = [
     "StepSkipped", "StepsSkippedRepeatedly", "GuardExhausted",
     "GradientExplosion", "GradientVanishing",
     "GradientsMissing",  # an optimizer that no gradient reaches (public-shape review, Dec 2026)
+    "GradientsNotReset",  # a loop with no zero_grad(): each step applies every gradient so far (Dec 2026)
     "GradientNoiseHigh",
     "GradientNoiseRising", "UpdateRatioHigh", "UpdateRatioLow", "UpdateNormLow",
     "LearningRateVanished",  # a schedule that stopped the training (public-shape review, Dec 2026)
