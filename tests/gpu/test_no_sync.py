@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _train(mon: sentinel.Monitor | None, model: torch.nn.Module, opt: torch.optim.Optimizer,
-           steps: int, sync_check: bool) -> None:
+           steps: int, sync_check: bool, reset: bool = True) -> None:
     gen = torch.Generator().manual_seed(0)
     batches = [synthetic_batch(gen, 8, 64, 256, "cuda") for _ in range(steps)]
     torch.cuda.synchronize()
@@ -35,7 +35,8 @@ def _train(mon: sentinel.Monitor | None, model: torch.nn.Module, opt: torch.opti
     try:
         for x, y in batches:
             loss = loss_fn(model(x), y)
-            opt.zero_grad(set_to_none=False)  # set_to_none=True would be fine too; keeps grads resident
+            if reset:
+                opt.zero_grad(set_to_none=False)  # set_to_none=True would be fine too; keeps grads resident
             loss.backward()
             opt.step()
             if mon is not None:
@@ -56,6 +57,21 @@ def test_training_under_sync_debug_mode_error() -> None:
     steps = sender.steps()
     assert len(steps) >= 11  # all but at most the in-flight ones were read without waiting
     assert [f["step"] for f in steps] == sorted(f["step"] for f in steps)
+
+
+def test_a_loop_that_never_resets_its_gradients_is_told_without_a_sync() -> None:
+    """No zero_grad(): the figure of the gradient each step's first backward() found is
+    taken on the device and read back with the report (instrument/resets.py)."""
+    torch.manual_seed(0)
+    model = TinyGPT(dim=128, depth=2, seq=64).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    _train(None, model, opt, 2, sync_check=False)
+    mon, sender = make_monitor(model, opt)
+    _train(mon, model, opt, 8, sync_check=True, reset=False)
+    assert mon.errors == 0, mon.boundary.failures
+    mon.close()
+    runs = [f.get("not_reset") for f in sender.steps()]
+    assert runs[-3:] == [runs[-3], runs[-3] + 1, runs[-3] + 2] and runs[-3] >= 1, runs
 
 
 def test_cuda_memory_metrics_exported() -> None:
