@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from sentinel import wire
-from sentinel.instrument import games, leaving, loaders, losses, preclip, registry, rewrites
+from sentinel.instrument import games, leaving, loaders, losses, preclip, registry, replaced, rewrites
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
@@ -128,6 +128,9 @@ class Monitor:
         # (and from the other modules the optimizers step parameters of: a seq2seq's decoder)
         # (and the loose tensors no module holds: an optimized image, SAC's log_alpha)
         self._names_by_id, self._loose = parameter_names(inner, self.optimizers)
+        # a module of the model replaced after the optimizer was made (replaced.py): looked for once
+        self._replaced: weakref.ref[torch.nn.Module] | None = (
+            weakref.ref(inner) if inner is not None and self._loose and self.optimizers else None)
         # requires_grad by parameter id, as an optimizer showed it at its own step, when it
         # no longer matched the layout: taken into the next one (layout.py)
         self._seen: dict[int, dict[int, bool]] = {}
@@ -527,4 +530,16 @@ class Monitor:
             self.boundary.run("game", self._player.stepped)
         if self.optimizers:
             self._resets.stepped(measure.add)
+        if self._replaced is not None and steps >= replaced.CHECK_AT:
+            self.boundary.run("layout", self._look_for_a_replaced_module, steps)
         self.reporter.hold(report, measure.take(), steps, objective)
+
+    def _look_for_a_replaced_module(self, steps: int) -> None:
+        """Once, early: warn when a module of the model was replaced after the optimizer was
+        made (:mod:`.replaced`)."""
+        model = self._replaced() if self._replaced is not None else None
+        decided, line = replaced.check(model, self.optimizers, self._loose, registry.known_optimizers())
+        if decided or steps >= replaced.LAST:
+            self._replaced = None
+        if line is not None:
+            log.warning("sentinel: %s", line)

@@ -125,6 +125,11 @@ def any_optimizer() -> bool:
     return len(_by_opt) > 0
 
 
+def known_optimizers() -> list[torch.optim.Optimizer]:
+    """Every live optimizer that a monitor watches or that stepped in this process."""
+    return list(_by_opt.keys())
+
+
 def monitor_of(opt: torch.optim.Optimizer) -> Any:
     """The live monitor hooking ``opt``, or None."""
     ref = _by_opt.get(opt)
