@@ -69,6 +69,9 @@ class RunRow:
     crashed_with: int = 0
     """The highest exit status the run's crash goodbyes gave (the row's ``exit_status``
     until the command's own end is recorded)."""
+    thread_failed: bool = False
+    """A goodbye said the training thread ended on an exception while its process went on:
+    the row stays ``crashed`` whatever the process exits with."""
     agg: dict[str, Any] = field(default_factory=dict)
     """Run columns to write at the batch's end."""
 

@@ -156,6 +156,7 @@ class BatchWriter:
             if isinstance(f.get("exc"), str):
                 r.state = agg["state"] = "crashed"
                 if isinstance(f.get("thread"), str):  # its training thread failed; the process's status is to come
+                    r.thread_failed = True
                     return r
                 # a launcher's word (`sentinel run` attached: the command's status; the run's is
                 # its ranks' highest, as srun reports it); an uncaught exception's has none: 1
@@ -307,8 +308,9 @@ class BatchWriter:
         r = self._run(db, job, run, t)
         r.exit_status = r.agg["exit_status"] = status
         r.agg["ended"] = t
-        # a crash its goodbye reported stays one (a training thread failed, the process exiting 0)
-        r.state = r.agg["state"] = "finished" if status == 0 and r.state != "crashed" else "crashed"
+        # a failed training thread stays a crash, the process exiting 0; a rank that crashed and
+        # was started again (torchrun's restarts) in a job that then finished does not
+        r.state = r.agg["state"] = "finished" if status == 0 and not r.thread_failed else "crashed"
         return r
 
 

@@ -145,14 +145,19 @@ def test_a_crashed_runs_exit_status_is_its_ranks_highest(tmp_path: Path, byes: l
     assert run is not None and (run.state, run.exit_status, run.ranks) == ("crashed", status, 2)
 
 
-def test_a_training_thread_that_failed_is_a_crash_whatever_the_process_exits_with(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("bye", "state"), [
+    ({"thread": "trainer"}, "crashed"),
+    # the command's own status is the word on a process's exception (a launcher restarted it)
+    ({}, "finished"),
+])
+def test_a_training_thread_that_failed_is_a_crash_whatever_the_process_exits_with(
+        tmp_path: Path, bye: dict[str, Any], state: str) -> None:
     """A web UI's training thread failed; the process went on and `sentinel run` recorded its
     exit status 0: the run crashed, and its exit status is the process's."""
     path = tmp_path / "h.sqlite"
-    record(path, S + steps(1, 3) + [("frame", frame("bye", 3, exc="RuntimeError at app.py:9", thread="trainer"))]
-           + END)
+    record(path, S + steps(1, 3) + [("frame", frame("bye", 3, exc="RuntimeError at app.py:9", **bye))] + END)
     run = find_run(hdb.connect(path, readonly=True), "r")
-    assert run is not None and (run.state, run.exit_status, run.steps) == ("crashed", 0, 3)
+    assert run is not None and (run.state, run.exit_status, run.steps) == (state, 0, 3)
 
 
 def test_a_crash_status_survives_a_writer_restart_between_two_goodbyes(tmp_path: Path) -> None:
