@@ -59,6 +59,25 @@ def test_an_optimizer_of_a_model_built_again_pages_at_the_20th_step() -> None:
     assert "No gradient reached the parameters of rank 0's optimizer for 20 steps in a row" in fired.summary
 
 
+def test_a_loop_that_steps_before_backward_pages_with_the_loops_order_among_the_causes() -> None:
+    """``zero_grad()``, ``step()``, then ``backward()``: each step finds the gradients reset
+    (None), so nothing trains; the causes name the order and the checks give the right one."""
+    torch.manual_seed(0)
+    model = _net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, optimizer, capture_loss=True)
+    for _ in range(22):
+        loss = _loss(model)
+        optimizer.zero_grad()
+        optimizer.step()  # the bug: before backward()
+        loss.backward()
+    mon.close()
+    [fired] = [t for t in sender.engine.transitions if t.alertname == "GradientsMissing" and t.state_to == "firing"]
+    assert fired.step == 20, fired
+    assert any("step() before backward()" in c for c in fired.causes), fired.causes
+    assert "Check the loop's order, which is zero_grad(), the forward, backward(), then step()" in fired.checks
+
+
 def test_frozen_parameters_and_a_game_stepped_in_turn_are_not_counted() -> None:
     torch.manual_seed(0)
     frozen, trained = _net(), _net()
