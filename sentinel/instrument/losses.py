@@ -56,6 +56,7 @@ class LossSum:
     """The losses passed to ``backward()`` since the last :meth:`take`, summed on the device.
 
     With :meth:`watch`, a ``backward()`` that finds the watched parameter's gradient reset
+    (None, or the tensor the last ``backward()`` left with another version: zeroed in place)
     after it was seen set during this step's earlier ``backward()`` calls starts the sum
     again: their gradients were thrown away, so the step applies none of theirs. The step's loss is
     that of the passes whose gradients it applies: an adversarial training step's pass on
@@ -85,6 +86,9 @@ class LossSum:
         self._dropped: tuple[torch.Tensor, int] | None = None  # the losses of passes whose gradients were reset
         # once passes were reset: the watched parameter, and the gradient the last backward() left it (or None)
         self._left: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor] | None] | None = None
+        # the gradient tensor the last backward() left, and its version counter: the same tensor with
+        # another version at the next backward() was zeroed in place (zero_grad(set_to_none=False))
+        self._after: tuple[weakref.ref[torch.Tensor], int] | None = None
         self.skipped: torch.Tensor | None = None
         """Resets that threw away passes with a non-finite loss or norm, so far: a running count on
         the losses' device (a small kernel or two per such reset; never read here)."""
@@ -105,7 +109,10 @@ class LossSum:
             return
         p = self._param() if self._param is not None else None
         if p is not None:
-            if p.grad is None:  # an attribute read: no sync
+            g = p.grad
+            after = self._after
+            if g is None or (after is not None and after[0]() is g and g._version != after[1]):  # no sync
+                # unset, or zeroed in place since the last backward()
                 if self.filled:  # reset since it was seen set in this step: the passes before are gone
                     if self.total is not None:  # ... unless the step's gradient is made of them (take)
                         d = self._dropped
@@ -122,11 +129,13 @@ class LossSum:
         self._scaled = self._scaled or scaled
 
     def after(self) -> None:
-        """After a backward(): whether it filled the watched gradient, and, once a pass was
-        reset in this step, which gradient it left."""
+        """After a backward(): whether it filled the watched gradient, which tensor it left
+        (and its version), and, once a pass was reset in this step, which gradient it left."""
+        p = self._param() if self._param is not None else None
+        g = p.grad if p is not None else None
+        self._after = (weakref.ref(g), g._version) if g is not None and g.layout == torch.strided else None
         if not (self._filling or self._dropped is not None):
             return
-        p = self._param() if self._param is not None else None
         if self._filling:
             self._filling = False
             self.filled = p is not None and p.grad is not None

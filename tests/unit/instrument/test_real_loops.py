@@ -695,10 +695,13 @@ def test_sam_is_watched_through_its_base_optimizer_one_step_each(mlp: MLP, share
     assert _frame_norms(sender) == pytest.approx(norms, rel=1e-5)
 
 
-def test_adversarial_training_reports_the_loss_of_the_pass_it_applies(mlp: MLP) -> None:
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_adversarial_training_reports_the_loss_of_the_pass_it_applies(mlp: MLP, set_to_none: bool) -> None:
     """PGD-style adversarial training: attack passes whose backward() also fills the
     model's gradients (summed over the attack), then zero_grad() and the training pass on
-    the perturbed batch, whose gradients the step applies: its loss is the step's."""
+    the perturbed batch, whose gradients the step applies: its loss is the step's. Zeroed in
+    place (``set_to_none=False``, the gradient's version counter moves) as set to None: the
+    step's loss was the attack's three losses and the pass's, summed."""
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     mon, sender = make_monitor(mlp, opt, capture_loss=True)
     expected = []
@@ -710,7 +713,7 @@ def test_adversarial_training_reports_the_loss_of_the_pass_it_applies(mlp: MLP) 
                 nn.functional.mse_loss(mlp(x + delta), y).backward()
                 delta.data = (delta + 0.05 * delta.grad.sign()).clamp(-0.1, 0.1)
                 delta.grad.zero_()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=set_to_none)
             loss = nn.functional.mse_loss(mlp(x + delta.detach()), y)
             loss.backward()
             opt.step()

@@ -11,6 +11,7 @@ import math
 import time
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -23,7 +24,8 @@ def _batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.sum(dim=1, keepdim=True)
 
 
-def _skipping(bad: set[int], iterations: int, pause: float = 0.0, **options: Any) -> tuple[CaptureSender, list[int]]:
+def _skipping(bad: set[int], iterations: int, pause: float = 0.0, set_to_none: bool = True,
+              **options: Any) -> tuple[CaptureSender, list[int]]:
     """A loop of ``iterations`` whose iterations in ``bad`` get a NaN in their batch; the
     script skips the step when the loss is not finite. Returns the frames and the
     iterations it skipped."""
@@ -38,7 +40,7 @@ def _skipping(bad: set[int], iterations: int, pause: float = 0.0, **options: Any
             if i in bad:
                 x[0, 0] = math.nan
             loss = nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=set_to_none)
             loss.backward()
             if not torch.isfinite(loss):
                 skipped.append(i)
@@ -54,8 +56,11 @@ def _nonfinite_alerts(sender: CaptureSender) -> list[dict[str, Any]]:
     return [a for a in sender.engine.alerts_json() if a["alertname"] == "TrainingNonFinite"]
 
 
-def test_a_skipped_step_is_counted_in_the_next_steps_frame_and_pages() -> None:
-    sender, skipped = _skipping({6, 7, 12}, 20)
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_skipped_step_is_counted_in_the_next_steps_frame_and_pages(set_to_none: bool) -> None:
+    """Gradients set to None by the reset, or zeroed in place (``set_to_none=False``: the
+    gradient's version counter tells the reset)."""
+    sender, skipped = _skipping({6, 7, 12}, 20, set_to_none=set_to_none)
     assert skipped == [6, 7, 12]
     steps = sender.steps()
     assert [f["step"] for f in steps] == list(range(1, 18))  # the script's 17 steps, no more
