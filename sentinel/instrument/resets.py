@@ -21,9 +21,11 @@ step), at no cost a device would notice:
 
 A step whose ``backward()`` calls saw a reset after the first one found the gradient
 unchanged (an adversarial step's attack passes fill the gradients, which are zeroed before
-the training pass; a GAN's generator pass fills the discriminator's), or that applies
-another gradient tensor than the last ``backward()`` left (one the script set: gradients
-taken by ``torch.autograd.grad`` and assigned), carries nothing: the figure is dropped.
+the training pass; a GAN's generator pass fills the discriminator's), whose ``backward()``
+calls never added to it (Reptile's meta-optimizer: only the task models' passes ran, and the
+script set the meta-gradient through ``.data``), or that applies another gradient tensor
+than the last ``backward()`` left (one the script set: gradients taken by
+``torch.autograd.grad`` and assigned), carries nothing: the figure is dropped.
 Nothing here raises into training.
 """
 
@@ -54,6 +56,7 @@ class Resets:
         self._version = 0
         self._armed = False  # a step ended and no backward() has come since
         self._reset = False  # a backward() since the step found the gradient reset
+        self._wrote = False  # a backward() since the step added to the gradient
         self._carried: torch.Tensor | None = None  # the first backward()'s figure, while nothing reset it
 
     def stepped(self, add: Callable[[str, dict[torch.device, torch.Tensor]], None]) -> None:
@@ -65,10 +68,10 @@ class Resets:
             p = self._probe() if self._probe is not None else None
             # the step applies the tensor the backward() calls left (not one the script set: a
             # gradient taken by torch.autograd.grad and assigned, as WGAN-GP's and MAML's loops do)
-            if (carried is not None and not self._reset and p is not None and self._grad is not None
-                    and p.grad is self._grad()):
+            if (carried is not None and self._wrote and not self._reset and p is not None
+                    and self._grad is not None and p.grad is self._grad()):
                 add("carried", {carried.device: carried})
-            self._reset = self._armed = False
+            self._reset = self._armed = self._wrote = False
             if p is None or p.grad is None:
                 p = self._pick()
             g = p.grad if p is not None else None
@@ -104,6 +107,8 @@ class Resets:
             p = self._probe() if self._probe is not None else None
             g = p.grad if p is not None else None
             if g is not None and g.layout == torch.strided:
+                if self._grad() is not g or g._version != self._version:
+                    self._wrote = True  # this backward() added to it (in place, or into a new tensor)
                 self._grad, self._version = weakref.ref(g), g._version
         except Exception:
             self._grad = None

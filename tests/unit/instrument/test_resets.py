@@ -5,6 +5,7 @@ that blame the learning rate (docs/rules.md)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +86,19 @@ def _run(loop: str, steps: int = 8) -> list[dict[str, Any]]:
             for p, g in zip(params, torch.autograd.grad(_loss(model, i), params)):
                 p.grad = g
             opt.step()
+        elif loop == "a meta-gradient set through .data, only other models' passes":
+            task = copy.deepcopy(model)  # Reptile: a task's copy trains, the meta-model steps on the distance
+            inner = torch.optim.SGD(task.parameters(), lr=1e-2)
+            for k in range(2):
+                inner.zero_grad()
+                _loss(task, 2 * i + k).backward()
+                inner.step()
+            for p, t in zip(model.parameters(), task.parameters()):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.data.zero_()
+                p.grad.data.add_(p.data - t.data)
+            opt.step()
         elif loop == "reset once per epoch of 4 steps":
             if i % 4 == 0:
                 opt.zero_grad()
@@ -98,7 +112,8 @@ def _run(loop: str, steps: int = 8) -> list[dict[str, Any]]:
                                   "p.grad.data.zero_()", "zero_grad() after step()",
                                   "accumulation over 4, reset after each step",
                                   "adversarial: attack passes, then a reset", "a closure that resets",
-                                  "gradients from torch.autograd.grad, assigned"])
+                                  "gradients from torch.autograd.grad, assigned",
+                                  "a meta-gradient set through .data, only other models' passes"])
 def test_a_loop_that_resets_its_gradients_is_never_counted(loop: str) -> None:
     steps = _run(loop)
     assert len(steps) == 8
