@@ -19,6 +19,19 @@ def alive(pid: int) -> bool:
     return True
 
 
+def running(pid: int) -> bool:
+    """Whether a process exists and has not exited: :func:`alive`, a zombie excepted (read
+    from ``/proc`` where there is one)."""
+    if not alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # it exited since, or there is no /proc (macOS): alive is all there is
+        return not os.path.isdir("/proc")
+    return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
+
+
 class Replies:
     """A shared daemon's way back to the ranks: the reply socket each rank's frames name
     (``reply``), taken only when it lies in the daemon's own private ``folder`` and is

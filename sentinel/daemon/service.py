@@ -112,7 +112,7 @@ class Service:
         self.config = config
         self.engine = Engine(pack=pack, ended_ttl=config.retention.ended_seconds,
                              idle_ttl=config.retention.idle_seconds, limits=config.limits.limits(),
-                             alive=processes.alive, node=socket.gethostname())
+                             alive=processes.alive, running=processes.running, node=socket.gethostname())
         self.on_message = on_message
         self.pack = pack
         self.courier = make_courier(config)

@@ -53,7 +53,8 @@ class Engine:
     def __init__(self, store: Store | None = None, pack: RulePack | None = None,
                  clock: Callable[[], float] = time.time, history: int = 500,
                  ended_ttl: float = 600.0, idle_ttl: float = 86_400.0, limits: Limits | None = None,
-                 alive: Callable[[int], bool] | None = None, node: str = "") -> None:
+                 alive: Callable[[int], bool] | None = None, node: str = "",
+                 running: Callable[[int], bool] | None = None) -> None:
         self.store = store or Store()
         self.limits = limits or Limits()
         self.admission = Admission(self.limits)
@@ -97,6 +98,12 @@ class Engine:
         self.ended_ttl, self.idle_ttl = ended_ttl, idle_ttl
         self.alive = alive
         """Whether a process still exists (the daemon side's; None: processes are not checked)."""
+        self.running = running or alive
+        """Whether a process exists and has not exited (a zombie has: its stream is free)."""
+        self.aliases: dict[tuple[str, str, int], str] = {}
+        """The run of its own a process's frames go to, by (job, run it named, pid): see :meth:`_split`."""
+        self.runs_split = 0
+        """Processes given a run of their own (:meth:`_split`)."""
         self.dropped_listeners: list[Callable[[str, str, set[tuple[str, str, int]]], object]] = []
         """Told ``(job, run, ranks that exited)`` when a run's series are dropped (the daemon
         removes the reply sockets crashed ranks left behind)."""
@@ -128,6 +135,8 @@ class Engine:
                 if len(data) > self.limits.max_frame_bytes:
                     raise Refused("size", f"frame of {len(data)} bytes (limits.max_frame_bytes)")
                 frame, dropped = self._decode(data)
+                if pid is not None and self.running is not None:
+                    self._split(frame, pid)
                 self.admission.admit(frame, dropped)
             except Refused as exc:
                 self._reject(exc.reason, exc)
@@ -148,6 +157,43 @@ class Engine:
             for values in ctx.assembled:
                 self._hand(self.assembled_listeners, values)
             return True
+
+    def _split(self, frame: dict[str, Any], pid: int) -> None:
+        """Send the frame of a process to a run of its own (``RUN-2``, ``RUN-3``, ...) when
+        another process that is still running reports the same stream (job, run, rank and
+        optimizer label): the trials of a sweep run side by side by a launcher that trains
+        nothing (each its own ``python train.py --lr X`` under one ``sentinel run``, all rank
+        0 of its run), or two scripts started with one ``run=``. Their frames interleaved
+        in one stream: steps going back and forth, each new process read as a restart, and
+        the loss rules fired critical on the mix. The first process to report keeps the name;
+        a process that reports after the stream's last one ended (said goodbye, or exited)
+        takes it over, as a run's next attempt."""
+        job, run = frame["job"], frame["run"]
+        aliases = self.aliases
+        if aliases:
+            own = aliases.get((job, run, pid))
+            if own is not None:
+                frame["run"] = own
+                return
+        if frame["kind"] == "bye":
+            return
+        other = self.pids.get((job, run, frame["rank"], frame.get("opt", "")))
+        if other is None or other == pid or self.running is None or not self.running(other):
+            return
+        taken = {r for j, r, _, _ in self.pids if j == job} | {v for k, v in aliases.items() if k[0] == job}
+        n = 1
+        while True:
+            n += 1
+            own = f"{run[:self.limits.max_label_length - 1 - len(str(n))]}-{n}"
+            if own not in taken:
+                break
+        if len(aliases) >= 4096:  # a bound: the oldest process's goes (it reports as its run's name again)
+            del aliases[next(iter(aliases))]
+        aliases[(job, run, pid)] = frame["run"] = own
+        self.runs_split += 1
+        log.warning("sentinel engine: pid %d reports rank %d of run %r, which pid %d reports too and is still "
+                    "running (two trainings given one run name: a sweep's trials side by side?); pid %d's "
+                    "frames go to run %r", pid, frame["rank"], run, other, pid, own)
 
     def _decode(self, data: bytes) -> tuple[dict[str, Any], Dropped]:
         """The frame as a map, and what of it was dropped: a frame that holds to
@@ -431,6 +477,7 @@ class Engine:
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
+            self.aliases = {k: v for k, v in self.aliases.items() if (k[0], v) != (job, run)}
             self.streams = {rk: v for rk, v in self.streams.items() if rk[:2] != (job, run)}
             self.byes = {k for k in self.byes if k[:2] != (job, run)}
             self._gone = {rk: v for rk, v in self._gone.items() if rk[:2] != (job, run)}

@@ -439,6 +439,40 @@ def test_a_script_run_by_the_training_script_reports_as_a_run_of_its_own(tmp_pat
     assert steps == list(range(1, 201))  # the training's steps one run, through its probes
 
 
+def test_a_sweeps_trials_run_side_by_side_are_runs_of_their_own(tmp_path: Path) -> None:
+    """A sweep's launcher that trains nothing runs its three trials as processes of their own,
+    side by side (scripts/sweep_trials.py): all three were rank 0 of the job's run, their
+    steps interleaved in one stream, each new process read as a restart (five history rows,
+    two of 2 and 4 steps), and EarlyLossExplosion and LossDivergence paged critical on the
+    mix. Each is now a run of its own, its steps whole, its final loss its own."""
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "watched").mkdir()
+    script = str(SCRIPTS / "sweep_trials.py")
+    plain = subprocess.run([sys.executable, script, str(tmp_path / "plain")], capture_output=True, text=True,
+                           timeout=300)
+    done = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                           "--", sys.executable, script, str(tmp_path / "watched")], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "SENTINEL_RUN": "sweep"})
+    assert done.returncode == plain.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout  # every trial's numbers bit for bit
+    finals = sorted(float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines())
+    with sqlite3.connect(history) as db:
+        runs = db.execute("SELECT run, attempt, steps, samples, final_loss FROM runs ORDER BY run").fetchall()
+        steps = {run: [s for (s,) in db.execute("SELECT step FROM samples JOIN runs ON runs.id = run_id "
+                                                "WHERE run = ? ORDER BY step", (run,))]
+                 for run, *_ in runs}
+        paged = db.execute("SELECT alertname, severity FROM alerts WHERE severity != 'info'").fetchall()
+    assert [r[:4] for r in runs] == [("sweep", 1, 200, 200), ("sweep-2", 1, 200, 200), ("sweep-3", 1, 200, 200)], runs
+    assert sorted(r[4] for r in runs) == pytest.approx(finals, rel=1e-6)  # each run's final loss a trial's
+    assert all(s == list(range(1, 201)) for s in steps.values()), steps
+    assert paged == []
+    split = [line for line in done.stderr.splitlines() if "go to run" in line]
+    assert len(split) == 2 and all(line.startswith("sentinel: ") for line in split), done.stderr
+    assert "reports rank 0 of run 'sweep', which pid" in split[0] and split[0].endswith("frames go to run 'sweep-2'")
+
+
 def test_a_seq2seq_scripts_decoder_gets_groups_of_its_own(tmp_path: Path) -> None:
     release = tmp_path / "release"
     proc, url = _start([sys.executable, str(SCRIPTS / "shapes_train.py"), "seq2seq", str(release)])

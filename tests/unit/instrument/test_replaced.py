@@ -49,7 +49,11 @@ def test_a_head_replaced_after_the_optimizer_was_made_is_named_once(caplog: pyte
     model.fc = nn.Linear(32, 10)  # the fine-tuning script's new head, after the optimizer
     mon, _ = make_monitor(model, opt)
     with caplog.at_level(logging.WARNING, logger="sentinel"):
-        _train(model, [opt], steps=12)
+        _train(model, [opt], steps=2)
+        assert _warnings(caplog) == []  # the monitor looks at its third step (docs/instrumenting.md)
+        _train(model, [opt], steps=1)
+        assert len(_warnings(caplog)) == 1
+        _train(model, [opt], steps=9)
     mon.close()
     [line] = _warnings(caplog)
     assert line.startswith("sentinel: the optimizer steps 2 parameters that no module of the model holds and that "
