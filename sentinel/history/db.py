@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from sentinel.files import private_sqlite
@@ -183,7 +184,11 @@ def version_of(db: sqlite3.Connection) -> int:
 
 
 def migrate(db: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
-    """Bring the file to ``target`` one step at a time, each step in its own transaction.
+    """Bring the file to ``target`` one step at a time, each step in its own transaction,
+    which reads the version again under the write lock: two processes opening a new file at
+    once (two engines started together) take each step once, and the second goes on with
+    the file the first made (it failed on ``table runs already exists`` and recorded no
+    history for its whole run).
 
     Returns:
         The version the file was at before.
@@ -199,6 +204,9 @@ def migrate(db: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
         script = MIGRATIONS[version]
         db.execute("BEGIN IMMEDIATE")
         try:
+            if version_of(db) >= version:  # another process took the file there since (two engines at once)
+                db.execute("COMMIT")
+                continue
             for statement in (s.strip() for s in script.split(";")):
                 if statement:
                     db.execute(statement)
@@ -210,6 +218,21 @@ def migrate(db: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
             db.execute("ROLLBACK")
             raise
     return before
+
+
+def _wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode. The switch does not wait for a lock as statements do: while
+    another process makes the file's tables (two engines opening a new file at once), it
+    fails at once with ``database is locked``, so it is tried again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def connect(path: str | Path, *, readonly: bool = False, timeout: float = 2.0) -> sqlite3.Connection:
@@ -251,7 +274,7 @@ def connect(path: str | Path, *, readonly: bool = False, timeout: float = 2.0) -
     try:
         if fresh:  # only before the first table: lets retention give pages back to the disk
             db.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        db.execute("PRAGMA journal_mode=WAL")
+        _wal(db, timeout)
         db.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed batch survives a process crash
         db.execute("PRAGMA quick_check(1)").fetchone()  # a corrupt file fails here, not mid-run
         migrate(db)

@@ -42,6 +42,7 @@ import gc
 import logging
 import os
 import sys
+import threading
 import time
 import weakref
 from typing import Any
@@ -133,6 +134,7 @@ class _HandWatch:
         self.probe: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its values when copied)
         self.answer: Readback | None = None  # the comparison on its way to the host (one at a time)
         self.still = 0  # looks that found the probed parameters unchanged
+        self.stepped_in: int | None = None  # the thread of the first backward(): its look is of that training
 
     def _finish(self) -> None:
         """Decided either way: off the backward() path for the rest of the process."""
@@ -151,6 +153,7 @@ class _HandWatch:
         try:
             self.calls += 1
             if self.calls == 1:
+                self.stepped_in = threading.get_ident()  # (losses calls it from this thread only from now on)
                 leaves = _leaves_of(loss)
                 self.param = weakref.ref(leaves[0]) if leaves else None
                 if _early is not None and leaves:  # the first step's passes: reset gradients start its loss again
@@ -515,7 +518,10 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
         # full collection frees: the last fold's model and optimizer that the script has just
         # bound anew go now, not at some later collection, as they would without Sentinel
         gc.collect()
-    early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
+    if _early is None or _early.thread in (None, threading.get_ident()):
+        early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
+    else:  # they are another thread's training's (trials in threads): this first step's loss is not known
+        early = LossSum()
     mon = Monitor(_find_model(next((p for g in opt.param_groups for p in g["params"]), None)), [opt], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True,
                   loss_sum=early)
     _keep(mon)
@@ -530,7 +536,7 @@ def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     global _last_clip
     _last_clip = None
     _turns.stepped(opt)
-    if _early is not None:
+    if _early is not None and _early.thread in (None, threading.get_ident()):
         _early.take()  # losses before an optimizer's first step are its step's, not older ones
 
 

@@ -38,6 +38,7 @@ place). Attribute reads, no sync.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterable
 
@@ -45,9 +46,17 @@ import torch
 
 from sentinel.instrument import losses
 
-# players whose gradient a backward() changed, or that were frozen at one, since an optimizer last stepped
-_reached: weakref.WeakSet[Player] = weakref.WeakSet()
-_calls_at_step = 0  # losses.backward_calls when an optimizer last stepped
+# per thread (threads that each train a model of their own play no game together): the players
+# whose gradient a backward() changed, or that were frozen at one, since an optimizer last
+# stepped (.reached), and losses.calls() then (.calls)
+_local = threading.local()
+
+
+def _reached() -> weakref.WeakSet[Player]:
+    reached = getattr(_local, "reached", None)
+    if reached is None:
+        reached = _local.reached = weakref.WeakSet()
+    return reached
 
 
 class Player:
@@ -76,20 +85,20 @@ class Player:
         self._grad = self._state()
         p = self._param() if self._param is not None else None
         if p is not None and not p.requires_grad:
-            _reached.add(self)
+            _reached().add(self)
 
     def after(self) -> None:
         """It returned: did it change this player's gradient?"""
         now = self._state()
         if now is not None and now != self._grad:
-            _reached.add(self)
+            _reached().add(self)
 
     def stepped(self) -> bool:
         """Its optimizers stepped: whether it is in a game (known from now on, for good)."""
-        global _calls_at_step
-        if losses.backward_calls > _calls_at_step:  # its own loss (else: the last one's, shared)
+        reached = _reached()
+        if losses.calls() > getattr(_local, "calls", 0):  # its own loss (else: the last one's, shared)
             self.own += 1
-            for other in list(_reached):
+            for other in list(reached):
                 # players over shared parameters (a multi-task script's optimizers, each over
                 # the trunk and its head, stepped in turn) each lower their own loss on them
                 if other is not self and other._id not in self._ids and self._id not in other._ids:
@@ -97,11 +106,11 @@ class Player:
                     if before is not None and other.own > before:  # again, after the other's own step
                         self.adversarial = other.adversarial = True
                     self.reached[other] = other.own
-        _reached.clear()
-        _calls_at_step = losses.backward_calls
+        reached.clear()
+        _local.calls = losses.calls()
         return self.adversarial
 
     def leave(self) -> None:
         """Its monitor closed: a later training of the process (the next fold) plays without it."""
-        _reached.discard(self)
+        _reached().discard(self)
         self._param = None

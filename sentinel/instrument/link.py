@@ -106,25 +106,26 @@ def connect(options: WatchOptions) -> tuple[Sender, Any, str | None]:
             link = None
         return DatagramSender(daemon_socket), link, os.environ.get("SENTINEL_URL")
     key = (os.getpid(), mode, options.listen, options.config)
-    share = _shares.get(key)
-    if share is not None:  # this process's engine for these options: one run, one address
-        if options.run in DEFAULTED_RUNS:  # no name of its own: its streams are of the first's run
-            options.run = share.run
-        use = EngineShare(share)
-        return use.sender, use, use.url
-    import sentinel  # the package root knows the daemon side; this module never imports it
+    with _starting:  # monitors made at once in threads of their own (trials in threads) share one engine
+        share = _shares.get(key)
+        if share is not None:  # this process's engine for these options: one run, one address
+            if options.run in DEFAULTED_RUNS:  # no name of its own: its streams are of the first's run
+                options.run = share.run
+            use = EngineShare(share)
+            return use.sender, use, use.url
+        import sentinel  # the package root knows the daemon side; this module never imports it
 
-    try:
-        engine = sentinel._start_engine(options)  # sentinel.daemon.launch.start
-        use = EngineShare(_Share(key, engine, options.run))
-        return use.sender, use, use.url
-    except ConfigError:
-        raise  # a bad config is loud, at construction
-    except Exception as exc:
-        log.warning("sentinel: the engine failed to start (%s: %s); training continues unmonitored",
-                    type(exc).__name__, str(exc)[:200])
-        log.debug("sentinel: the engine failed to start", exc_info=True)
-        return NullSender(), None, None
+        try:
+            engine = sentinel._start_engine(options)  # sentinel.daemon.launch.start
+            use = EngineShare(_Share(key, engine, options.run))
+            return use.sender, use, use.url
+        except ConfigError:
+            raise  # a bad config is loud, at construction
+        except Exception as exc:
+            log.warning("sentinel: the engine failed to start (%s: %s); training continues unmonitored",
+                        type(exc).__name__, str(exc)[:200])
+            log.debug("sentinel: the engine failed to start", exc_info=True)
+            return NullSender(), None, None
 
 
 def config_guard(path: str) -> Any:
@@ -147,6 +148,8 @@ class _Share:
 
 _shares: dict[tuple[Any, ...], _Share] = {}
 """The live engines of this process, by (pid, engine mode, listen, config)."""
+_starting = threading.Lock()
+"""Held while a monitor looks for its engine or starts it."""
 
 
 class EngineShare:

@@ -30,6 +30,7 @@ evaluation's loss, the one ``step()`` returns.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from typing import Any
 
@@ -42,9 +43,22 @@ _installed = False
 _scaler: Any = None  # the GradScaler that scaled the last loss, if any
 _scaled: weakref.ref[torch.Tensor] | None = None  # the loss it scaled (no attribute on the user's tensor)
 _failures = 0
-_claimed: tuple[int, torch.Tensor, int] | None = None  # backward_calls then, the last step's losses, their count
-backward_calls = 0
-"""``Tensor.backward()`` calls so far, in this process (once :func:`install` ran)."""
+_local = threading.local()  # this thread's backward() count, and its last step's losses (claimed)
+
+
+def calls() -> int:
+    """``backward()`` calls so far in this thread (once :func:`install` ran). A training's
+    own: threads that each train a model of their own (Optuna's ``n_jobs`` trials, a web
+    UI's training threads) count apart, as their steps, losses and reports are apart."""
+    return getattr(_local, "calls", 0)
+
+
+def _mine(thread: int | None, me: int) -> bool:
+    """Whether a sum or listener of a training that steps in ``thread`` (None: not known
+    yet, no step) is concerned by a ``backward()`` or a step of thread ``me``."""
+    return thread is None or thread == me
+
+
 backward_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
 """Objects whose ``before_backward(loss)`` runs at each ``backward()`` call, before autograd
 (monitors sending a report that nothing more can arrive for), and, if they have one,
@@ -95,6 +109,11 @@ class LossSum:
         self._bad: torch.Tensor | None = None  # this step's resets that threw away a non-finite loss
         self._scaled = False  # a GradScaler scaled a loss of the passes since the last reset
         self._norm: torch.Tensor | None = None  # the gradient norm clip_grad_norm_ took since the last reset
+        self.thread: int | None = None
+        """The thread of its training: of its first ``backward()``, then the one its optimizer
+        steps in. A ``backward()`` of another thread is another training's (threads that each
+        train a model of their own), whose gradients it must not read while that thread's
+        autograd may be writing them: that race corrupted the heap."""
         install()
         _sums.add(self)
 
@@ -170,16 +189,17 @@ class LossSum:
         its own two losses, the generator's step the generator's). A step with no
         ``backward()`` since another optimizer's step applies the gradients of that step's
         ``backward()`` calls (one loss filled both optimizers' gradients): their losses."""
-        global _claimed
         total = self.take()
-        if total is None and _claimed is not None and _claimed[0] == backward_calls:
-            self.taken = _claimed[2]
-            return _claimed[1]
+        claimed = getattr(_local, "claimed", None)  # this thread's last step's losses
+        if total is None and claimed is not None and claimed[0] == calls():
+            self.taken = claimed[2]
+            return claimed[1]
+        me = threading.get_ident()
         for s in list(_sums):
-            if s is not self:
+            if s is not self and _mine(s.thread, me):
                 s.forget()
         if total is not None:
-            _claimed = (backward_calls, total, self.taken)
+            _local.claimed = (calls(), total, self.taken)
         return total
 
     def forget(self) -> None:
@@ -240,10 +260,11 @@ def unclaimed() -> None:
     and a step after it with no ``backward()`` of its own shares none of them: Reptile's
     meta-optimizer steps on the distance that a task's inner optimizer travelled, and the
     losses of the task (of any amplitude) are no loss of the meta-model's."""
-    global _claimed
+    me = threading.get_ident()
     for s in list(_sums):
-        s.forget()
-    _claimed = None
+        if _mine(s.thread, me):
+            s.forget()
+    _local.claimed = None
 
 
 def scaler() -> Any:
@@ -254,11 +275,14 @@ def scaler() -> Any:
 def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
     """A ``backward()`` begins: ``root.backward()``, or with ``tensors`` and ``grads`` given,
     ``torch.autograd.backward(tensors, grads)`` (``root`` its first tensor, the graph the
-    listeners walk). Its loss, if it has one (:func:`_loss_of`), goes to every sum."""
-    global _failures, backward_calls
-    backward_calls += 1
+    listeners walk). Its loss, if it has one (:func:`_loss_of`), goes to every sum, the
+    listeners and sums of trainings that step in another thread excepted."""
+    global _failures
+    _local.calls = getattr(_local, "calls", 0) + 1
+    me = threading.get_ident()
     for listener in list(backward_listeners):
-        listener.before_backward(root)
+        if _mine(getattr(listener, "stepped_in", None), me):
+            listener.before_backward(root)
     if not _sums or _failures >= 3:
         return
     try:
@@ -268,7 +292,10 @@ def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
             return
         scaled = _scaled is not None and any(_scaled() is t for t in tensors)
         for s in list(_sums):
-            s.add(value, scaled)
+            if s.thread is None:  # its first loss: its training's thread (zero-code mode's early sum)
+                s.thread = me
+            if s.thread == me:
+                s.add(value, scaled)
     except Exception:  # never into training
         _failures += 1
         if _failures == 1:
@@ -305,11 +332,13 @@ def _loss_of(tensors: Any, grads: Any) -> torch.Tensor | None:
 
 
 def _after() -> None:
+    me = threading.get_ident()
     for s in list(_sums):
-        s.after()
+        if s.thread == me:
+            s.after()
     for listener in list(backward_listeners):
         after = getattr(listener, "after_backward", None)
-        if after is not None:
+        if after is not None and _mine(getattr(listener, "stepped_in", None), me):
             after()
 
 

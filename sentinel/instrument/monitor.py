@@ -10,6 +10,7 @@ does what."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -95,8 +96,7 @@ class Monitor:
         self.url: str | None = None
         self.engine: Any = None
         self.closed = False
-        self.stepped_in: int | None = None
-        """The thread its optimizers last stepped in (``threading.get_ident``; the registry's)."""
+        self._stepped_in: int | None = threading.get_ident()
         self._record = StateRecord(self.boundary, o)
         self._farewell: weakref.finalize[Any, Any] | None = None
         self._adopted = 0  # optimizers made anew over the watched parameters, followed (adopt)
@@ -106,8 +106,10 @@ class Monitor:
         self._resets = Resets(self.optimizers)  # a loop that never resets its gradients (no zero_grad())
         first = next((p for g in self.optimizers[0].param_groups for p in g["params"] if p.requires_grad),
                      None) if self.optimizers else None
-        if self._losses is not None and first is not None:  # its gradient tells a pass whose gradients were thrown away
-            self._losses.watch(first)
+        if self._losses is not None:
+            self._losses.thread = self._stepped_in  # its training's, not another thread's (stepped_in)
+            if first is not None:  # its gradient tells a pass whose gradients were thrown away
+                self._losses.watch(first)
         # its gradient tells a game's players apart (a GAN's): where each one's loss reaches
         self._player = games.Player(first, (p for opt in self.optimizers for g in opt.param_groups for p in g["params"])
                                     ) if self.optimizers and o.game is not False else None
@@ -274,6 +276,22 @@ class Monitor:
         self.reporter.close(self.steps, raised(error, leaving.place(error)) if status and error is not None else None,
                             status if status and isinstance(error, SystemExit) else None, thread)
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
+
+    @property
+    def stepped_in(self) -> int | None:
+        """The thread of its training (``threading.get_ident``): the one that made it, then
+        the one its optimizers last stepped in (the registry sets it). A ``backward()`` of
+        another thread is another training's (Optuna's ``n_jobs`` trials, each a thread with
+        a model of its own): the monitor must not read this training's gradients from there,
+        while this thread's autograd may be writing them (the race corrupted the heap:
+        ``free(): corrupted unsorted chunks``). A failure of this thread ends its training."""
+        return self._stepped_in
+
+    @stepped_in.setter
+    def stepped_in(self, ident: int | None) -> None:
+        self._stepped_in = ident
+        if self._losses is not None:
+            self._losses.thread = ident
 
     def before_backward(self, loss: Any = None) -> None:
         """At a ``backward()``: a report still waiting for ``log()`` gets nothing more (a value

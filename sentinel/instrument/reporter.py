@@ -118,7 +118,7 @@ class Reporter:
         self.names = NameBudget()
         self.waiting: tuple[Report, Segs, Scalars] | None = None  # finalized, waiting for log()
         self.pending = Scalars()  # logged while no report was open: the coming step's
-        self.backwards_at_step = self.backwards_at_log = -1  # losses.backward_calls then
+        self.backwards_at_step = self.backwards_at_log = -1  # losses.calls() then
         self.logs = 0  # log() calls so far: a script that never logs never makes a report wait
         self.step_warned = False  # said once that a log(step=) named no step of ours
         self.first_count: int | None = None  # backward() calls of the first step with a captured loss
@@ -183,10 +183,10 @@ class Reporter:
                 scalars.add(name, captured)
                 loss_in = True
             self._add_skipped(segs)
-        logged_last = bool(scalars) and self.backwards_at_log == losses.backward_calls
+        logged_last = bool(scalars) and self.backwards_at_log == losses.calls()
         self.held_at = time.monotonic()
         self.waiting = (report, segs, scalars)
-        self.backwards_at_step = losses.backward_calls
+        self.backwards_at_step = losses.calls()
         # send it now when nothing more is coming: zero-code mode, the loss in (captured at
         # backward(), or logged before the step), a script that has not logged by its
         # second step (it never waits for a log() again), or values logged after the
@@ -230,13 +230,13 @@ class Reporter:
             return
         # the common loop logs right after the step: ride on that step's report (one frame)
         if report is not None and report[0].frame.step == steps:
-            if step is not None or losses.backward_calls == self.backwards_at_step:
+            if step is not None or losses.calls() == self.backwards_at_step:
                 report[2].merge(values)
                 self.submit_open()
                 return
             self.submit_open()  # a backward() since the step: these values are the next step's
         elif (report is None and steps > 0 and step is None and not self.pending
-              and losses.backward_calls == self.backwards_at_step):
+              and losses.calls() == self.backwards_at_step):
             # right after a step whose report has left (the first of a loop that logs after
             # the step): the values are that step's, in a frame of their own
             self.submit(Report(self.frame("log", steps, time.time())), {}, values)
@@ -247,7 +247,7 @@ class Reporter:
             self.submit(Report(self.frame("log", steps, time.time())), {}, values)
             return
         self.pending.merge(values)  # before the step (gradient accumulation): the coming step's
-        self.backwards_at_log = losses.backward_calls
+        self.backwards_at_log = losses.calls()
 
     def submit_open(self) -> None:
         """Start the readback of the finalized report (with any scalars log() added)."""
