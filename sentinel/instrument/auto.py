@@ -60,7 +60,7 @@ log = logging.getLogger("sentinel")
 
 _installed = False
 _monitors: list[weakref.ref[Any]] = []  # zero-code mode's monitors, weakly (registry.hold says why)
-_last_clip: tuple[torch.Tensor, float] | None = None  # clipped before any monitor attached
+_last_clip: tuple[torch.Tensor, float, int] | None = None  # clipped before any monitor attached, in that thread
 _early: Any = None  # the losses passed to backward() since any optimizer last stepped (LossSum)
 _optimizer_seen = False  # an optimizer has begun a step in this process
 HAND_AFTER = 64
@@ -290,7 +290,7 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
     mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early,
                   hand=params)
     if first is not None and steps_so_far == 1:  # the first backward()'s step, from what it left
-        mon.replay_first(*first, clip=_last_clip)
+        mon.replay_first(*first, clip=_last_clip[:2] if _last_clip is not None else None)
     else:
         mon.sync_step(steps_so_far)
         early.take()  # the losses before this backward() belong to steps that were not watched
@@ -470,7 +470,7 @@ def _keep(mon: Any) -> None:
 def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:
     # the first step clips before its optimizer has a monitor: keep it for _attach
     global _last_clip
-    _last_clip = (total_norm, max_norm)
+    _last_clip = (total_norm, max_norm, threading.get_ident())
 
 
 def _find_model(first: torch.Tensor | None) -> torch.nn.Module | None:
@@ -526,8 +526,8 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
                   loss_sum=early)
     _keep(mon)
     _turns.attached(opt, mon, began)
-    if _last_clip is not None:  # clipped just before this first step: it belongs to it
-        mon.note_clip(*_last_clip)
+    if _last_clip is not None and _last_clip[2] == threading.get_ident():  # clipped just before this first step
+        mon.note_clip(*_last_clip[:2])
     return mon
 
 

@@ -53,10 +53,11 @@ def calls() -> int:
     return getattr(_local, "calls", 0)
 
 
-def _mine(thread: int | None, me: int) -> bool:
+def mine(thread: int | None, me: int | None = None) -> bool:
     """Whether a sum or listener of a training that steps in ``thread`` (None: not known
-    yet, no step) is concerned by a ``backward()`` or a step of thread ``me``."""
-    return thread is None or thread == me
+    yet) is concerned by a ``backward()``, a step or a clipping of thread ``me`` (this one
+    by default)."""
+    return thread is None or thread == (threading.get_ident() if me is None else me)
 
 
 backward_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -196,7 +197,7 @@ class LossSum:
             return claimed[1]
         me = threading.get_ident()
         for s in list(_sums):
-            if s is not self and _mine(s.thread, me):
+            if s is not self and mine(s.thread, me):
                 s.forget()
         if total is not None:
             _local.claimed = (calls(), total, self.taken)
@@ -262,7 +263,7 @@ def unclaimed() -> None:
     losses of the task (of any amplitude) are no loss of the meta-model's."""
     me = threading.get_ident()
     for s in list(_sums):
-        if _mine(s.thread, me):
+        if mine(s.thread, me):
             s.forget()
     _local.claimed = None
 
@@ -281,7 +282,7 @@ def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
     _local.calls = getattr(_local, "calls", 0) + 1
     me = threading.get_ident()
     for listener in list(backward_listeners):
-        if _mine(getattr(listener, "stepped_in", None), me):
+        if mine(getattr(listener, "stepped_in", None), me):
             listener.before_backward(root)
     if not _sums or _failures >= 3:
         return
@@ -338,7 +339,7 @@ def _after() -> None:
             s.after()
     for listener in list(backward_listeners):
         after = getattr(listener, "after_backward", None)
-        if after is not None and _mine(getattr(listener, "stepped_in", None), me):
+        if after is not None and mine(getattr(listener, "stepped_in", None), me):
             after()
 
 

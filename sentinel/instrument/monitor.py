@@ -352,8 +352,9 @@ class Monitor:
     def note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
         """Record the total gradient norm that ``clip_grad_norm_`` computed before clipping
         (called by :mod:`sentinel.instrument.preclip`). The tensor is read back with the
-        coming step's report, never here. Never raises."""
-        if self.active:
+        coming step's report, never here. Never raises. Another thread's clipping is another
+        training's (trials in threads)."""
+        if self.active and losses.mine(self._stepped_in):
             self.boundary.run("clip", self.measure.note_clip, total_norm, max_norm)
             if self._losses is not None:  # a step skipped on a non-finite norm throws these passes away
                 self._losses.note_norm(total_norm)

@@ -32,27 +32,30 @@ def _plain(tmp_path: Path) -> tuple[str, dict[str, list[float]]]:
     return done.stdout, json.loads(out.read_text())
 
 
-def _streams(history: Path) -> list[list[float | None]]:
-    """Each stream's losses, by step (the history keeps the first stream in ``samples``)."""
+def _streams(history: Path) -> list[list[tuple[float | None, float | None]]]:
+    """Each stream's (loss, clip norm) by step (the history keeps the first stream in ``samples``)."""
     with sqlite3.connect(history) as db:
         assert db.execute("SELECT count(*) FROM runs").fetchone() == (1,)
-        first = [loss for (loss,) in db.execute("SELECT loss FROM samples ORDER BY step")]
-        others = [[loss for (loss,) in db.execute("SELECT loss FROM stream_samples WHERE stream = ? ORDER BY step",
-                                                  (s,))]
+        first = db.execute("SELECT loss, clip_norm FROM samples ORDER BY step").fetchall()
+        others = [db.execute("SELECT loss, clip_norm FROM stream_samples WHERE stream = ? ORDER BY step",
+                             (s,)).fetchall()
                   for (s,) in db.execute("SELECT DISTINCT stream FROM stream_samples ORDER BY stream")]
         assert db.execute("SELECT alertname FROM alerts WHERE severity != 'info'").fetchall() == []
     return [first, *others]
 
 
-def _matched(streams: list[list[float | None]], losses: dict[str, list[float]], from_step: int) -> list[str]:
-    """Which trial each stream is: the one whose every loss from ``from_step`` on it equals."""
-    names = []
+def _matched(streams: list[list[tuple[float | None, float | None]]], losses: dict[str, list[float]],
+             from_step: int) -> dict[str, int]:
+    """Which trial each stream is (the one whose every loss from ``from_step`` on it
+    equals), with the steps that carried a clip norm."""
+    names = {}
     for seq in streams:
         assert len(seq) == 300, len(seq)
-        names += [name for name, ref in losses.items()
-                  if all(v is not None and v == pytest.approx(r, rel=1e-6)
-                         for v, r in zip(seq[from_step - 1:], ref[from_step - 1:]))]
-    return sorted(names)
+        for name, ref in losses.items():
+            if all(v is not None and v == pytest.approx(r, rel=1e-6)
+                   for (v, _), r in zip(seq[from_step - 1:], ref[from_step - 1:])):
+                names[name] = sum(clip is not None for _, clip in seq)
+    return names
 
 
 def test_trials_in_threads_under_sentinel_run_are_streams_of_their_own(tmp_path: Path) -> None:
@@ -66,7 +69,7 @@ def test_trials_in_threads_under_sentinel_run_are_streams_of_their_own(tmp_path:
     assert done.returncode == 0, done.stderr
     assert done.stdout == stdout and json.loads(out.read_text()) == losses  # bit for bit
     # a thread's first step whose losses the other thread's early ones stood for is not known
-    assert _matched(_streams(history), losses, from_step=2) == ["adam", "sgd"]
+    assert _matched(_streams(history), losses, from_step=2) == {"adam": 0, "sgd": 300}  # its own clipping
 
 
 def test_trials_in_threads_each_with_its_own_watch_share_one_engine(tmp_path: Path) -> None:
@@ -77,5 +80,5 @@ def test_trials_in_threads_each_with_its_own_watch_share_one_engine(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text()) == losses
     # one engine, so one run of two streams (with an engine each, two runs of one stream each)
-    assert _matched(_streams(tmp_path / "state" / "sentinel" / "history.sqlite"), losses, from_step=1) == [
-        "adam", "sgd"]
+    assert _matched(_streams(tmp_path / "state" / "sentinel" / "history.sqlite"), losses, from_step=1) == {
+        "adam": 0, "sgd": 300}

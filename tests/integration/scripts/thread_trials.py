@@ -1,7 +1,8 @@
 """Trials in threads of one process, as Optuna runs them with ``n_jobs=2``: each thread
 trains a model and an optimizer of its own, at once. The models are made up front in the
 main thread (so the runs are the same with and without Sentinel, bit for bit); each thread
-records its own loss at every step, and they are written to ``OUT`` as JSON.
+records its own loss at every step, and they are written to ``OUT`` as JSON. The SGD
+trial clips its gradients, the Adam one does not.
 
 ``python thread_trials.py OUT [watch]``: with ``watch``, each thread calls
 ``sentinel.watch(model, opt, run="trials", capture_loss=True)`` itself."""
@@ -31,6 +32,8 @@ def trial(name: str, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
         loss.backward()
+        if name == "sgd":  # one trial clips: its clipping is not the other's
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         mine.append(loss.item())
     if mon is not None:
