@@ -467,7 +467,7 @@ def _keep(mon: Any) -> None:
     shim.watched()
 
 
-def _on_clip(total_norm: torch.Tensor, max_norm: float) -> None:
+def _on_clip(total_norm: torch.Tensor, max_norm: float, params: Any = None) -> None:
     # the first step clips before its optimizer has a monitor: keep it for _attach
     global _last_clip
     _last_clip = (total_norm, max_norm, threading.get_ident())

@@ -349,11 +349,16 @@ class Monitor:
         if self._halt is None:
             self._halt = reason
 
-    def note_clip(self, total_norm: torch.Tensor, max_norm: float) -> None:
+    def note_clip(self, total_norm: torch.Tensor, max_norm: float,
+                  params: Sequence[torch.Tensor] | None = None) -> None:
         """Record the total gradient norm that ``clip_grad_norm_`` computed before clipping
         (called by :mod:`sentinel.instrument.preclip`). The tensor is read back with the
         coming step's report, never here. Never raises. Another thread's clipping is another
-        training's (trials in threads)."""
+        training's (trials in threads), and the clipping of ``params`` another monitor watches
+        is that monitor's: a GAN whose discriminator alone clips gave its generator's stream
+        the discriminator's norm (199 of 200 steps)."""
+        if params and registry.owners(params[:1]) not in ([], [self]):
+            return
         if self.active and losses.mine(self._stepped_in):
             self.boundary.run("clip", self.measure.note_clip, total_norm, max_norm)
             if self._losses is not None:  # a step skipped on a non-finite norm throws these passes away

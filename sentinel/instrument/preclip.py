@@ -24,7 +24,7 @@ import functools
 import inspect
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,7 +33,9 @@ from sentinel.instrument.untraced import eager_only
 
 log = logging.getLogger("sentinel")
 
-Listener = Callable[[torch.Tensor, float], None]
+Listener = Callable[[torch.Tensor, float, "Sequence[torch.Tensor] | None"], None]
+"""Called with the total norm, ``max_norm`` and the parameters clipped (None: not known,
+a generator torch consumed)."""
 
 # the listeners, a monitor's bound method weakly (a monitor must not outlive its model for this)
 _listeners: list[Callable[[], Listener | None]] = []
@@ -75,7 +77,7 @@ def attach(fn: Listener) -> ClipHandle:
 
 
 @eager_only
-def _notify(total_norm: Any, max_norm: Any) -> None:
+def _notify(total_norm: Any, max_norm: Any, parameters: Any = None) -> None:
     global _failures
     if not _listeners or _failures >= 3:
         return
@@ -88,10 +90,12 @@ def _notify(total_norm: Any, max_norm: Any) -> None:
                 return  # a partial norm is not the total; reading it would take a collective
             total_norm = total_norm.to_local()  # type: ignore[attr-defined]
         m = float(max_norm)  # a Python number (clip_grad_norm_ already did float(max_norm))
+        params = [parameters] if isinstance(parameters, torch.Tensor) else (
+            parameters if isinstance(parameters, (list, tuple)) else None)  # (clip_grad_norm_ passes a list)
         for entry in list(_listeners):
             fn = entry()
             if fn is not None:
-                fn(total_norm, m)
+                fn(total_norm, m, params)
     except Exception:  # never into training
         _failures += 1
         if _failures == 1:
@@ -112,7 +116,7 @@ def _make_wrapper(original: Any, returns_norm: bool) -> Any:
         @functools.wraps(original)
         def public(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
             out = original(parameters, max_norm, *args, **kwargs)
-            _notify(out, max_norm)
+            _notify(out, max_norm, parameters)
             return out
         return public
 
@@ -120,7 +124,7 @@ def _make_wrapper(original: Any, returns_norm: bool) -> Any:
     def internal(parameters: Any, max_norm: float, total_norm: torch.Tensor,
                  foreach: bool | None = None) -> None:
         original(parameters, max_norm, total_norm, foreach)
-        _notify(total_norm, max_norm)
+        _notify(total_norm, max_norm, parameters)
     return internal
 
 

@@ -110,8 +110,36 @@ def test_no_clip_no_field_and_close_restores_torch() -> None:
     assert all("clip_norm" not in f and "clip_max" not in f for f in sender.frames)
 
 
+def test_a_gans_clipping_is_the_clipped_players_own() -> None:
+    """The discriminator clips its gradients and the generator does not (many GAN scripts
+    clip the critic alone): the generator's stream carried the discriminator's norm at 199 of
+    200 steps, as if its own gradients had been clipped."""
+    torch.manual_seed(0)
+    net_g, net_d = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), nn.Sequential(nn.Linear(2, 1))
+    opt_g = torch.optim.Adam(net_g.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(net_d.parameters(), lr=1e-3)
+    mon_d, sender = make_monitor(net_d, opt_d)
+    mon_g, _ = make_monitor(net_g, opt_g, sender)
+    norms = []
+    for _ in range(8):
+        opt_d.zero_grad()
+        (net_d(net_g(torch.randn(16, 8)).detach()).mean() - net_d(torch.randn(16, 2)).mean()).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net_d.parameters(), 1e-3)))
+        opt_d.step()
+        opt_g.zero_grad()
+        net_d(net_g(torch.randn(16, 8))).mean().neg().backward()
+        opt_g.step()
+    mon_d.close()
+    mon_g.close()
+    by_stream: dict[str, list[Any]] = {}
+    for f in sender.steps():
+        by_stream.setdefault(f["opt"], []).append(f.get("clip_norm"))
+    assert by_stream["0"] == pytest.approx(norms, rel=1e-6)  # the discriminator's, its own
+    assert by_stream["1"] == [None] * 8  # the generator clips nothing
+
+
 def test_a_failing_listener_never_reaches_training() -> None:
-    def bad(total: torch.Tensor, max_norm: float) -> None:
+    def bad(total: torch.Tensor, max_norm: float, params: Any) -> None:
         raise RuntimeError("boom")
 
     handle = clip.attach(bad)
