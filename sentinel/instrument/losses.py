@@ -111,10 +111,11 @@ class LossSum:
         self._scaled = False  # a GradScaler scaled a loss of the passes since the last reset
         self._norm: torch.Tensor | None = None  # the gradient norm clip_grad_norm_ took since the last reset
         self.thread: int | None = None
-        """The thread of its training: of its first ``backward()``, then the one its optimizer
-        steps in. A ``backward()`` of another thread is another training's (threads that each
-        train a model of their own), whose gradients it must not read while that thread's
-        autograd may be writing them: that race corrupted the heap."""
+        """The thread of its training: a monitor's sets it (the thread that made the monitor,
+        then the one its optimizer steps in: ``Monitor.stepped_in``); zero-code mode's early
+        sum takes the thread of its first loss. A ``backward()`` of another thread is another
+        training's (threads that each train a model of their own), whose gradients it must
+        not read while that thread's autograd may be writing them: that race corrupted the heap."""
         install()
         _sums.add(self)
 
