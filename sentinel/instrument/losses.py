@@ -35,6 +35,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.overrides import has_torch_function_unary
 
 log = logging.getLogger("sentinel")
 
@@ -371,24 +372,36 @@ def install() -> None:
     _installed = True
     original = torch.Tensor.backward
     original_backward = torch.autograd.backward
-    inside = [0]  # in a backward() already: Tensor.backward's own call of torch.autograd.backward, or a
-    # re-entrant checkpoint's during the backward pass (on CUDA from autograd's device thread: not thread-local)
+    # torch's own Tensor.backward only hands its arguments to torch.autograd.backward (after
+    # __torch_function__'s dispatch): for a plain tensor the wrapper calls torch's
+    # torch.autograd.backward itself, so a traceback out of backward() has one frame of Sentinel's
+    direct = getattr(original, "__module__", None) == "torch._tensor"
+    depth: dict[int, int] = {}  # per thread in a backward() now: how deep (Tensor.backward's own call of
+    # torch.autograd.backward, a re-entrant checkpoint's during the pass). Per thread: another thread's
+    # backward() is another training's (trials in threads)
+    dummy = getattr(threading, "_DummyThread", ())
 
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        gradient = args[0] if args else kwargs.get("gradient")
+    def nested(me: int) -> bool:
+        # on CUDA a re-entrant checkpoint's nested call comes from autograd's device thread, a thread
+        # Python did not start (threading's dummy for it), while the training thread is inside its pass
+        return me in depth or (bool(depth) and isinstance(threading.current_thread(), dummy))
+
+    def backward(self: torch.Tensor, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False,
+                 inputs: Any = None) -> Any:
         _seen(self, None, None if gradient is None else (gradient,))
-        # torch's Tensor.backward calls torch.autograd.backward: torch's own for this call, while
-        # ours is the one installed, so a traceback out of backward() has one frame of Sentinel's
-        swap = torch.autograd.backward is autograd_backward
-        if swap:
-            torch.autograd.backward = original_backward
-        inside[0] += 1
+        me = threading.get_ident()
+        d = depth.get(me, 0)
+        depth[me] = d + 1
         try:
-            out = original(self, *args, **kwargs)
+            if direct and not has_torch_function_unary(self):
+                out = original_backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+            else:
+                out = original(self, gradient, retain_graph, create_graph, inputs=inputs)
         finally:
-            inside[0] -= 1
-            if swap:
-                torch.autograd.backward = autograd_backward  # type: ignore[assignment]
+            if d:
+                depth[me] = d
+            else:
+                del depth[me]
         _after()
         return out
 
@@ -396,7 +409,8 @@ def install() -> None:
     torch.Tensor.backward = backward  # type: ignore[method-assign]
 
     def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if inside[0]:
+        me = threading.get_ident()
+        if nested(me):
             return original_backward(tensors, *args, **kwargs)
         if not isinstance(tensors, (torch.Tensor, list, tuple)) and hasattr(tensors, "__iter__"):
             tensors = tuple(tensors)  # a generator: read once here, handed on whole
@@ -405,11 +419,11 @@ def install() -> None:
         if isinstance(grads, torch.Tensor):
             grads = (grads,)
         _seen(seq[0] if isinstance(seq, (list, tuple)) and seq else None, seq, grads)
-        inside[0] += 1
+        depth[me] = 1
         try:
             out = original_backward(tensors, *args, **kwargs)
         finally:
-            inside[0] -= 1
+            del depth[me]
         _after()
         return out
 
