@@ -94,7 +94,7 @@ CATALOG: dict[str, Spec] = {
         G, "Exit status of a rank that ended without finishing: the code, 128+N for signal N, "
            "-1 when its process vanished, -2 when its training thread ended on an exception and the "
            "process went on; 0 once it reports again."),
-    "sentinel_learning_rate": Spec(G, "Learning rate per optimizer param group.", ("param_group",)),
+    "sentinel_learning_rate": Spec(G, "Learning rate per optimizer param group (the first 256).", ("param_group",)),
     "sentinel_learning_rate_schedule_ratio": Spec(
         G, "Learning rate over its peak (the highest seen, or the scheduler's initial/max lr), "
            "the largest over param groups: 1 for a constant lr, near 0 late in a decay or early in a warmup."),

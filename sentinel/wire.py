@@ -120,6 +120,10 @@ MAX_FRAME_BYTES = 60_000  # fits a Unix datagram on every Linux default
 MAX_STEP = 2**53
 """Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
 _FLOAT_MAX = 1.7976931348623157e308
+MAX_PARAM_GROUPS = 256
+"""Learning rates a frame carries (``lr``, ``lr_peak``): the first this many param groups of
+the stream's optimizers. A model with a param group per parameter (layer-wise lr decay) has
+more; they follow the same schedule."""
 
 
 Rewrite = Literal["load_state_dict", "prune"]
@@ -256,8 +260,8 @@ class Frame(Struct, kw_only=True):
     grad_count: FiniteNonNeg | UnsetType = UNSET
     sat: Annotated[list[FiniteNonNeg], Meta(min_length=2, max_length=2)] | UnsetType = UNSET  # [above, total]
     opt_health: dict[str, list[float]] | UnsetType = UNSET
-    lr: Annotated[list[Finite], Meta(max_length=256)] | UnsetType = UNSET
-    lr_peak: list[float] | UnsetType = UNSET
+    lr: Annotated[list[Finite], Meta(max_length=MAX_PARAM_GROUPS)] | UnsetType = UNSET
+    lr_peak: Annotated[list[float], Meta(max_length=MAX_PARAM_GROUPS)] | UnsetType = UNSET
     step_seconds: FiniteNonNeg | UnsetType = UNSET
     busy_seconds: FiniteNonNeg | UnsetType = UNSET
     state_bytes: Annotated[dict[ShortKey, Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | UnsetType = UNSET

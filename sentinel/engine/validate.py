@@ -32,7 +32,7 @@ from typing import Any
 from msgspec import UNSET
 
 from sentinel.engine.guard import valid as guard_note_valid
-from sentinel.wire import ACCEPTED_VERSIONS, MAX_STEP, RESERVED_TAGS, SCALAR_NAME, Frame
+from sentinel.wire import ACCEPTED_VERSIONS, MAX_PARAM_GROUPS, MAX_STEP, RESERVED_TAGS, SCALAR_NAME, Frame
 
 _NUM = (int, float)
 _NUM_SET = frozenset(_NUM)
@@ -77,7 +77,7 @@ class Limits:
     max_scalars: int = 32
     max_scalar_names: int = 64
     max_scalar_name_length: int = 64
-    max_param_groups: int = 256
+    max_param_groups: int = MAX_PARAM_GROUPS
     max_state_keys: int = 64
 
 

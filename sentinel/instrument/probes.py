@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any
 
 import torch
 
 from sentinel.instrument import cgroup
 from sentinel.instrument.registry import stepper
+from sentinel.wire import MAX_PARAM_GROUPS
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -33,16 +36,22 @@ def state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
     return out
 
 
+def _groups(optimizers: Sequence[torch.optim.Optimizer]) -> Iterator[dict[str, Any]]:
+    """The param groups of the optimizers in order, the first :data:`~sentinel.wire.MAX_PARAM_GROUPS`
+    (what a frame carries: more, and the engine would drop every rate of the frame)."""
+    return islice((g for opt in optimizers for g in opt.param_groups), MAX_PARAM_GROUPS)
+
+
 def learning_rates(optimizers: Sequence[torch.optim.Optimizer]) -> list[float]:
-    """The learning rate of every param group, optimizers in order."""
+    """The learning rate of every param group, optimizers in order (at most
+    :data:`~sentinel.wire.MAX_PARAM_GROUPS`)."""
     out: list[float] = []
-    for opt in optimizers:
-        for group in opt.param_groups:
-            lr = group.get("lr", float("nan"))
-            if isinstance(lr, torch.Tensor):
-                # a tensor lr on an accelerator would need a sync to read: skip it
-                lr = float(lr) if lr.device.type == "cpu" else float("nan")
-            out.append(float(lr) if lr is not None else float("nan"))
+    for group in _groups(optimizers):
+        lr = group.get("lr", float("nan"))
+        if isinstance(lr, torch.Tensor):
+            # a tensor lr on an accelerator would need a sync to read: skip it
+            lr = float(lr) if lr.device.type == "cpu" else float("nan")
+        out.append(float(lr) if lr is not None else float("nan"))
     return out
 
 
@@ -98,14 +107,13 @@ def schedule_peaks(optimizers: Sequence[torch.optim.Optimizer]) -> list[float] |
     the current lr against it (see :mod:`sentinel.engine.schedule`)."""
     out: list[float] = []
     seen = False
-    for opt in optimizers:
-        for group in opt.param_groups:
-            peak = group.get("max_lr", group.get("initial_lr"))
-            if isinstance(peak, torch.Tensor):
-                peak = float(peak) if peak.device.type == "cpu" else None
-            if isinstance(peak, (int, float)) and not isinstance(peak, bool):
-                out.append(float(peak))
-                seen = True
-            else:
-                out.append(float("nan"))
+    for group in _groups(optimizers):
+        peak = group.get("max_lr", group.get("initial_lr"))
+        if isinstance(peak, torch.Tensor):
+            peak = float(peak) if peak.device.type == "cpu" else None
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            out.append(float(peak))
+            seen = True
+        else:
+            out.append(float("nan"))
     return out if seen else None

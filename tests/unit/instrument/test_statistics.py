@@ -197,6 +197,41 @@ def test_learning_rate_per_param_group_and_two_optimizers(mlp: MLP) -> None:
         float(torch.nn.utils.get_total_norm(all_grads)), rel=1e-5)
 
 
+def test_a_param_group_per_parameter_keeps_its_learning_rates() -> None:
+    """Layer-wise lr decay with a param group per parameter (BEiT's and ConvNeXt's fine-tuning
+    shape, here 302 groups under a warmup): the frames carry the first 256 groups' rates and
+    peaks, which the wire's type allows, and the engine takes them whole. Every lr of the run
+    was dropped before, with a line on stderr: the instrument sent all 302, which the engine
+    refuses."""
+    from sentinel import wire
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(150) for m in (nn.Linear(4, 4), nn.Tanh())], nn.Linear(4, 1))
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p], "lr": 1e-3 * 0.98 ** (len(params) - i)} for i, p in enumerate(params)])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+    mon, sender = make_monitor(model, opt)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(3):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        sched.step()
+    mon.close()
+    assert len(opt.param_groups) == 302 > wire.MAX_PARAM_GROUPS == 256
+    steps = sender.steps()
+    assert [f["lr"] for f in steps] == [[g["initial_lr"] * k for g in opt.param_groups[:256]] for k in (0.25, 0.5, 0.75)]
+    assert [f["lr_peak"] for f in steps] == [[g["initial_lr"] for g in opt.param_groups[:256]]] * 3
+    engine = sender.engine
+    assert engine.fields_dropped == {} and engine.frames_malformed == 0
+    base = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    first = engine.store.last("sentinel_learning_rate", tuple(sorted(base + (("param_group", "0"),))))
+    last = engine.store.last("sentinel_learning_rate", tuple(sorted(base + (("param_group", "255"),))))
+    assert first is not None and first[2] == pytest.approx(0.75e-3 * 0.98 ** 302)
+    assert last is not None and last[2] == pytest.approx(0.75e-3 * 0.98 ** 47)
+    assert engine.store.last("sentinel_learning_rate_schedule_ratio", base)[2] == pytest.approx(0.75)
+
+
 def test_snr_and_saturation_values(mlp: MLP) -> None:
     opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
     grads: list[torch.Tensor] = []
