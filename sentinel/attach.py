@@ -132,7 +132,7 @@ def _report(status: int, cmd: list[str], pid: int, env: dict[str, str], socket_p
         reason = end_reason(status, env)
         who = f"{os.path.basename(cmd[0])} (pid {pid})" + (f" ({reason})" if reason else "")
         rank, world = task_rank(env)
-        frame = wire.Frame(kind="bye", job=env.get("SENTINEL_JOB", "train"),
+        frame = wire.Frame(kind="bye", job=env.get("SENTINEL_JOB") or "train",
                            run=env.get("SENTINEL_RUN") or default_run_name(), rank=rank, world=world, step=0,
                            t=time.time(), status=min(status, 255), exc=who[:200])
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:

@@ -147,6 +147,7 @@ def run(
     _script_lines()
     cfg, pack = _load_or_exit(config, web_config)
     _listen_or_exit(listen)
+    _options_or_exit()
     raise typer.Exit(_start_or_exit(lambda: run_command(list(ctx.args), cfg, pack, listen,  # type: ignore[arg-type]
                                                         tags)))
 
@@ -159,6 +160,17 @@ def _script_lines() -> None:
 
     for handler in logging.getLogger().handlers:
         handler.setFormatter(ScriptLines())
+
+
+def _options_or_exit() -> None:
+    """The ``SENTINEL_*`` options the zero-code monitors will read; a bad one is one line
+    and exit status 2, before CMD starts (its monitors would refuse it and watch nothing)."""
+    from sentinel.instrument.options import env_problem
+
+    problem = env_problem()
+    if problem is not None:
+        typer.echo(f"config error: {problem}", err=True)
+        raise typer.Exit(2)
 
 
 def _tags_or_exit(pairs: list[str], option: str) -> dict[str, str]:

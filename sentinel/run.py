@@ -194,7 +194,7 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
     if guard is not None and "SENTINEL_GUARD" not in os.environ:
         env["SENTINEL_GUARD"] = json.dumps(guard)
     history = daemon.service.history
-    job = env.get("SENTINEL_JOB", "train")
+    job = env.get("SENTINEL_JOB") or "train"
     if history is not None:
         history.run_started(job, env["SENTINEL_RUN"], shlex.join(cmd), env_tags(env.get("SENTINEL_TAGS")))
     try:
@@ -225,7 +225,7 @@ def _record_end(cmd: list[str], pid: int, status: int, others: list[int], daemon
     the history, a word when it sent nothing, and ``TrainingCrashed`` for a non-zero status,
     with what Slurm says of it."""
     engine, history = daemon.service.engine, daemon.service.history
-    job = env.get("SENTINEL_JOB", "train")
+    job = env.get("SENTINEL_JOB") or "train"
     daemon.listener.close()  # every frame CMD sent is in, and ingested, before judging the exit
     daemon.service.flush()
     if history is not None:

@@ -120,6 +120,9 @@ MAX_FRAME_BYTES = 60_000  # fits a Unix datagram on every Linux default
 MAX_STEP = 2**53
 """Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
 _FLOAT_MAX = 1.7976931348623157e308
+MAX_GROUPS = 256
+"""Parameter groups (by module) a frame carries: ``groups`` and the sums aligned to it. A
+monitor's ``max_groups`` is at most this."""
 MAX_PARAM_GROUPS = 256
 """Learning rates a frame carries (``lr``, ``lr_peak``): the first this many param groups of
 the stream's optimizers. A model with a param group per parameter (layer-wise lr decay) has
@@ -145,10 +148,12 @@ Count = Annotated[int, Meta(ge=0, le=MAX_STEP)]
 Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
 FiniteNonNeg = Annotated[float, Meta(ge=0, le=_FLOAT_MAX)]
 NonNegOrInf = Annotated[float, Meta(ge=0)]
-Label = Annotated[str, Meta(min_length=1, max_length=128)]
+MAX_LABEL_LENGTH = 128
+"""Characters of ``job`` and ``run`` (``Limits.max_label_length`` may lower the cap)."""
+Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_LENGTH)]
 """``job`` and ``run`` (``Limits.max_label_length`` may lower the cap)."""
 GroupName = Annotated[str, Meta(max_length=200)]
-Groups = Annotated[list[GroupName], Meta(max_length=256)]
+Groups = Annotated[list[GroupName], Meta(max_length=MAX_GROUPS)]
 Sums = list[NonNegOrInf]
 """Per-group sums of squares, aligned to ``groups`` (the length is checked against it after decoding)."""
 SampledSums = list[NonNegOrInf | None]

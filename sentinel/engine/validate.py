@@ -32,7 +32,16 @@ from typing import Any
 from msgspec import UNSET
 
 from sentinel.engine.guard import valid as guard_note_valid
-from sentinel.wire import ACCEPTED_VERSIONS, MAX_PARAM_GROUPS, MAX_STEP, RESERVED_TAGS, SCALAR_NAME, Frame
+from sentinel.wire import (
+    ACCEPTED_VERSIONS,
+    MAX_GROUPS,
+    MAX_LABEL_LENGTH,
+    MAX_PARAM_GROUPS,
+    MAX_STEP,
+    RESERVED_TAGS,
+    SCALAR_NAME,
+    Frame,
+)
 
 _NUM = (int, float)
 _NUM_SET = frozenset(_NUM)
@@ -68,9 +77,9 @@ class Limits:
     """
 
     max_frame_bytes: int = 60_000
-    max_groups: int = 256
+    max_groups: int = MAX_GROUPS
     max_group_name_length: int = 200
-    max_label_length: int = 128
+    max_label_length: int = MAX_LABEL_LENGTH
     max_ranks: int = 4096
     max_runs: int = 100
     max_series: int = 50_000

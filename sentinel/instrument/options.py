@@ -11,6 +11,7 @@ from typing import Any
 
 from sentinel.instrument.guardopts import parse_guard
 from sentinel.listen import parse_listen
+from sentinel.wire import MAX_GROUPS, MAX_LABEL_LENGTH
 
 DEFAULT_LISTEN = "127.0.0.1:9400"
 
@@ -35,7 +36,7 @@ class WatchOptions:
     """A group is a module-path prefix: ``auto`` is the block level (``layers.7``,
     ``transformer.h.3``), an int keeps that many path components."""
     max_groups: int = 64
-    """Groups past the cap merge into ``other``."""
+    """Groups past the cap merge into ``other`` (at most 256: what a report carries)."""
     update_every: int = 100
     """Update ratio ‖Δw‖/‖w‖, ‖Δw‖, UAR and parameter norms, every N steps, and at every
     step of the first ``early_steps`` and of the 10 after a learning-rate jump
@@ -124,11 +125,21 @@ class WatchOptions:
         if not self.run:
             self.run = default_run_name()
             DEFAULTED_RUNS.add(self.run)
+        for name in ("job", "run"):  # a frame with a longer one is refused whole
+            value = getattr(self, name)
+            if not isinstance(value, str) or not 0 < len(value) <= MAX_LABEL_LENGTH:
+                got = f"{len(value)} characters" if isinstance(value, str) else repr(value)
+                raise ValueError(f"{name}: must be 1..{MAX_LABEL_LENGTH} characters, got {got}")
         if isinstance(self.group_depth, str) and self.group_depth != "auto":
-            self.group_depth = int(self.group_depth)
+            try:
+                self.group_depth = int(self.group_depth)
+            except ValueError:
+                raise ValueError(f"group_depth: must be auto or an integer, got {self.group_depth!r}") from None
         for name in ("max_groups", "update_every", "state_every", "health_every", "memory_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
+        if int(self.max_groups) > MAX_GROUPS:  # the engine would drop the groups of every frame, and their norms
+            raise ValueError(f"max_groups: must be 1..{MAX_GROUPS} (the groups a report carries), got {self.max_groups!r}")
         if not float(self.heartbeat_seconds) > 0:
             raise ValueError(f"heartbeat_seconds: must be > 0, got {self.heartbeat_seconds!r}")
         self.rl, self.game = _said("rl", self.rl), _said("game", self.game)  # SENTINEL_RL, SENTINEL_GAME
@@ -260,18 +271,36 @@ def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
         if name == "tags":  # the launcher's tags, with the script's own over them
             values[name] = {**env_tags(env), **check_tags(kwargs.get("tags", {}))}
             continue
-        if env is None or name == "extra":
+        if not env or name == "extra":  # empty is unset (a job template's SENTINEL_JOB= left blank)
             continue
         default = f.default
-        if isinstance(default, bool):
-            values[name] = env.lower() in ("1", "true", "yes")
-        elif isinstance(default, int) and not isinstance(default, bool):
-            values[name] = int(env)
-        elif isinstance(default, float):
-            values[name] = float(env)
-        else:
-            values[name] = env
+        try:
+            if isinstance(default, bool):
+                values[name] = env.lower() in ("1", "true", "yes")
+            elif isinstance(default, int) and not isinstance(default, bool):
+                values[name] = int(env)
+            elif isinstance(default, float):
+                values[name] = float(env)
+            else:
+                values[name] = env
+        except ValueError:
+            kind = "an integer" if isinstance(default, int) else "a number"
+            raise ValueError(f"{name}: must be {kind}, got {env!r}") from None
     return WatchOptions(**values)
+
+
+def env_problem() -> str | None:
+    """What is wrong with the ``SENTINEL_*`` options of this environment, naming the
+    variable (``SENTINEL_MAX_GROUPS: max_groups: must be 1..256 ...``), or None. ``sentinel
+    run`` asks before it starts its command: the zero-code monitors it loads take their
+    options from these variables, and with a bad one they would watch nothing."""
+    try:
+        from_kwargs({})
+    except (TypeError, ValueError) as exc:
+        text = str(exc)
+        var = f"SENTINEL_{text.split(':', 1)[0].upper()}"
+        return f"{var}: {text}" if var in os.environ else text
+    return None
 
 
 def rank_world() -> tuple[int, int]:

@@ -44,3 +44,43 @@ def test_an_unreadable_config_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"config error: {tmp_path / 'missing.yaml'}: cannot read: No such file or directory"]
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"SENTINEL_MAX_GROUPS": "400"},
+     "SENTINEL_MAX_GROUPS: max_groups: must be 1..256 (the groups a report carries), got 400"),
+    ({"SENTINEL_UPDATE_EVERY": "often"}, "SENTINEL_UPDATE_EVERY: update_every: must be an integer, got 'often'"),
+    ({"SENTINEL_UPDATE_EVERY": "0"}, "SENTINEL_UPDATE_EVERY: update_every: must be >= 1, got 0"),
+    ({"SENTINEL_GROUP_DEPTH": "deep"}, "SENTINEL_GROUP_DEPTH: group_depth: must be auto or an integer, got 'deep'"),
+    ({"SENTINEL_RUN": "r" * 129}, "SENTINEL_RUN: run: must be 1..128 characters, got 129 characters"),
+    ({"SENTINEL_JOB": "j" * 200}, "SENTINEL_JOB: job: must be 1..128 characters, got 200 characters"),
+])
+def test_sentinel_run_refuses_a_bad_monitor_option_before_its_command_starts(tmp_path: Path, env: dict[str, str],
+                                                                            line: str) -> None:
+    """The zero-code monitors take their options from ``SENTINEL_*`` variables. With a bad
+    one each would fail to attach, and the script trained unwatched: a traceback in its
+    stderr, then the end's "sent no report", or nothing at all, as with a job name over the
+    frame's 128 characters (every frame refused: a history row of 0 steps). ``sentinel run``
+    now says which variable is wrong, in one line, with exit status 2, and does not start
+    the command."""
+    marker = tmp_path / "ran"
+    proc = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
+                           sys.executable, "-c", f"open({str(marker)!r}, 'w')"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONWARNINGS": "ignore",
+                                           "XDG_STATE_HOME": str(tmp_path), **env})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"config error: {line}"]
+    assert not marker.exists()
+
+
+def test_an_empty_sentinel_variable_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job template's ``SENTINEL_JOB=`` left blank is no job name: the default, ``train``,
+    as ``sentinel run`` records it. It was the empty name, which the engine refuses in every
+    frame: the run's history row had 0 steps and no word was said."""
+    from sentinel.instrument.options import env_problem, from_kwargs
+
+    for name in ("SENTINEL_JOB", "SENTINEL_UPDATE_EVERY", "SENTINEL_CAPTURE_LOSS"):
+        monkeypatch.setenv(name, "")
+    opts = from_kwargs({})
+    assert (opts.job, opts.update_every, opts.capture_loss) == ("train", 100, False)
+    assert env_problem() is None

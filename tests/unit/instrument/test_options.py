@@ -35,6 +35,7 @@ def test_sentinel_variables_fill_what_no_argument_gives(monkeypatch: pytest.Monk
     ({"update_evry": 5}, TypeError),  # a misspelt option
     ({"update_every": 0}, ValueError),
     ({"engine": "gpu"}, ValueError),
+    ({"max_groups": 257}, ValueError),  # more than a frame carries: the engine would drop every norm
 ])
 def test_a_bad_option_raises_at_once_and_hooks_nothing(kwargs: dict[str, Any], error: type[Exception]) -> None:
     model = MLP()
@@ -47,3 +48,15 @@ def test_a_bad_option_raises_at_once_and_hooks_nothing(kwargs: dict[str, Any], e
         assert registry.monitor_of(opt) is good
     finally:
         good.close()
+
+
+def test_max_groups_is_bounded_by_what_a_frame_carries() -> None:
+    """``max_groups`` above the frame's bound (256 groups) is refused with the bound in the
+    message. It was taken: a 300-module model watched with ``max_groups=400`` sent 300
+    groups, and the engine dropped every frame's groups with their sums, the gradient norm
+    of every step too."""
+    from sentinel import wire
+
+    assert from_kwargs({"max_groups": wire.MAX_GROUPS}).max_groups == 256
+    with pytest.raises(ValueError, match=r"^max_groups: must be 1\.\.256 \(the groups a report carries\), got 400$"):
+        from_kwargs({"max_groups": 400})
