@@ -152,7 +152,10 @@ MAX_LABEL_LENGTH = 128
 """Characters of ``job`` and ``run`` (``Limits.max_label_length`` may lower the cap)."""
 Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_LENGTH)]
 """``job`` and ``run`` (``Limits.max_label_length`` may lower the cap)."""
-GroupName = Annotated[str, Meta(max_length=200)]
+MAX_GROUP_NAME_LENGTH = 200
+"""Characters of a group name (the instrument shortens a longer one, see
+:func:`sentinel.instrument.groups.bounded`)."""
+GroupName = Annotated[str, Meta(max_length=MAX_GROUP_NAME_LENGTH)]
 Groups = Annotated[list[GroupName], Meta(max_length=MAX_GROUPS)]
 Sums = list[NonNegOrInf]
 """Per-group sums of squares, aligned to ``groups`` (the length is checked against it after decoding)."""

@@ -34,6 +34,7 @@ from msgspec import UNSET
 from sentinel.engine.guard import valid as guard_note_valid
 from sentinel.wire import (
     ACCEPTED_VERSIONS,
+    MAX_GROUP_NAME_LENGTH,
     MAX_GROUPS,
     MAX_LABEL_LENGTH,
     MAX_PARAM_GROUPS,
@@ -78,7 +79,7 @@ class Limits:
 
     max_frame_bytes: int = 60_000
     max_groups: int = MAX_GROUPS
-    max_group_name_length: int = 200
+    max_group_name_length: int = MAX_GROUP_NAME_LENGTH
     max_label_length: int = MAX_LABEL_LENGTH
     max_ranks: int = 4096
     max_runs: int = 100

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 
+from sentinel.wire import MAX_GROUP_NAME_LENGTH
+
 OTHER = "other"
+
+
+def bounded(name: str) -> str:
+    """``name``, or a longer one's first characters and a checksum of the whole, in the
+    :data:`~sentinel.wire.MAX_GROUP_NAME_LENGTH` characters a frame takes (a longer name, a
+    ``ModuleDict`` key written out in full, made the engine drop every frame's groups and
+    their norms). The same on every rank: two long names that begin alike stay apart."""
+    if len(name) <= MAX_GROUP_NAME_LENGTH:
+        return name
+    return f"{name[:MAX_GROUP_NAME_LENGTH - 9]}~{zlib.crc32(name.encode()):08x}"
 
 
 def group_name(param_name: str, depth: int | str = "auto") -> str:
@@ -47,7 +60,7 @@ def assign_groups(
     index: dict[str, int] = {}
     assignment: list[int] = []
     for pname in param_names:
-        g = group_name(pname, depth)
+        g = bounded(group_name(pname, depth))
         if g not in index and len(names) < max_groups - 1:
             index[g] = len(names)
             names.append(g)

@@ -34,7 +34,8 @@ class WatchOptions:
     falls back to a free one, with a warning (``Monitor.url`` tells the one bound)."""
     group_depth: int | str = "auto"
     """A group is a module-path prefix: ``auto`` is the block level (``layers.7``,
-    ``transformer.h.3``), an int keeps that many path components."""
+    ``transformer.h.3``), an int keeps that many path components. A name over 200
+    characters keeps its first 191 and a checksum of the whole (``~1a2b3c4d``)."""
     max_groups: int = 64
     """Groups past the cap merge into ``other`` (at most 256: what a report carries)."""
     update_every: int = 100

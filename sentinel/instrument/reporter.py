@@ -27,6 +27,15 @@ from sentinel.instrument.scalars import NameBudget, Scalars, to_value
 from sentinel.instrument.sender import Sender
 
 log = logging.getLogger("sentinel")
+_streams_said = False  # the line on more streams than a frame can label, once per process
+
+
+def _too_many_streams() -> None:
+    global _streams_said
+    if not _streams_said:
+        _streams_said = True
+        log.warning("sentinel: more than 100 optimizers of this process step side by side; the 101st and any "
+                    "further one are not reported (a report names at most 100 streams of a process)")
 
 
 def command_line() -> str:
@@ -321,6 +330,11 @@ class Reporter:
         o = self.options
         if self.stream is None:  # decided once, at the first report
             self.stream = self.stream_label()
+            if len(self.stream) > 2:  # the 101st optimizer stepping beside the others: no stream label left
+                _too_many_streams()
+        if len(self.stream) > 2:
+            self.report_drops += 1
+            return
         reply = getattr(self.engine, "reply_path", None)  # a shared daemon's way back to us
         if isinstance(frame, wire.Frame):
             frame.job, frame.run, frame.rank, frame.world = o.job, o.run, self.rank, self.world

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -123,3 +124,33 @@ def test_a_parametrized_root_weight_is_its_own_group() -> None:
 
     assert group_name("parametrizations.weight.original0") == "weight" == group_name("weight")
     assert group_name("enc.parametrizations.weight.original", depth=1) == "enc"
+
+
+def test_a_group_name_longer_than_a_frame_takes_is_shortened_and_stays_apart() -> None:
+    """Two ``ModuleDict`` entries under keys of 255 characters that share their first 240
+    (a model built from a config whose keys spell the block out): each group keeps a name of
+    the 200 characters a frame takes, its first characters and a checksum of the whole, and
+    the engine takes the frame's groups and norms. It dropped them from every frame: the
+    run had no gradient norm at all."""
+    from sentinel import wire
+
+    stem = ("residual_block_" + "with_gated_linear_units_" * 10)[:240]
+    keys = [stem + "a" * 15, stem + "b" * 15]
+    torch.manual_seed(0)
+    model = nn.ModuleDict({keys[0]: nn.Linear(4, 4), keys[1]: nn.Linear(4, 4)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt)
+    x = torch.randn(8, 4)
+    for _ in range(2):
+        opt.zero_grad()
+        (model[keys[0]](x) + model[keys[1]](x)).pow(2).mean().backward()
+        opt.step()
+    mon.close()
+    groups = sender.steps()[-1]["groups"]
+    assert [len(g) for g in groups] == [wire.MAX_GROUP_NAME_LENGTH] * 2 and groups[0] != groups[1]
+    assert [g[:191] for g in groups] == [k[:191] for k in keys]
+    assert sender.engine.fields_dropped == {}
+    base = (("job", "train"), ("rank", "0"), ("run", mon.options.run))
+    norm = sender.engine.store.last("sentinel_grad_norm", base)
+    assert norm is not None and norm[2] == pytest.approx(
+        float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])), rel=1e-5)

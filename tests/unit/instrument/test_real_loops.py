@@ -931,3 +931,35 @@ def test_which_new_optimizer_takes_a_watched_ones_place() -> None:
         assert _owner_of(torch.optim.Adam(nn.Linear(4, 8).parameters())) is None  # another model
     finally:
         mon.close()
+
+
+def test_more_optimizers_side_by_side_than_a_report_can_name(caplog: pytest.LogCaptureFixture) -> None:
+    """Greedy layer-wise training with an optimizer per block, 102 blocks, all made before
+    any step: the first 100 are streams ``"0"`` to ``"99"``; the 101st and 102nd send
+    nothing, and one line says so. Their frames carried ``"100"`` and ``"101"``, which the
+    engine refuses whole (a stream label has at most 2 digits), with a line about a refused
+    frame that named no optimizer."""
+    from sentinel.instrument import reporter
+
+    reporter._streams_said = False
+    torch.manual_seed(0)
+    blocks = [nn.Linear(4, 4) for _ in range(102)]
+    opts = [torch.optim.SGD(b.parameters(), lr=0.01) for b in blocks]
+    sender = CaptureSender()
+    mons = [make_monitor(b, o, sender=sender)[0] for b, o in zip(blocks, opts)]
+    x = torch.randn(8, 4)
+    with caplog.at_level(logging.WARNING, logger="sentinel"):
+        for _ in range(2):
+            for b, o in zip(blocks, opts):
+                o.zero_grad()
+                b(x).pow(2).mean().backward()
+                o.step()
+        for m in mons:
+            m.close()
+    labels = sorted({f.get("opt") for f in sender.steps()}, key=lambda s: int(s or -1))
+    assert labels == [str(i) for i in range(100)]
+    assert sender.engine.refused == {} and sender.engine.frames_malformed == 0
+    lines = [r.getMessage() for r in caplog.records if "optimizers of this process" in r.getMessage()]
+    assert lines == ["sentinel: more than 100 optimizers of this process step side by side; the 101st and any "
+                     "further one are not reported (a report names at most 100 streams of a process)"]
+    assert [m.frames_dropped for m in mons[100:]] == [3, 3]  # two steps and the goodbye, each
