@@ -120,6 +120,9 @@ MAX_FRAME_BYTES = 60_000  # fits a Unix datagram on every Linux default
 MAX_STEP = 2**53
 """Steps beyond this are not exact as floats (the store's times and the exporter's values)."""
 _FLOAT_MAX = 1.7976931348623157e308
+MAX_WORLD = 1 << 20
+"""The largest job (``world``, ranks numbered below it). An engine tracks at most
+``Limits.max_ranks`` ranks of a run, which a node's daemon, hearing its node's, never nears."""
 MAX_GROUPS = 256
 """Parameter groups (by module) a frame carries: ``groups`` and the sums aligned to it. A
 monitor's ``max_groups`` is at most this."""
@@ -249,7 +252,7 @@ class Frame(Struct, kw_only=True):
     job: Label
     run: Label
     rank: Annotated[int, Meta(ge=0)]
-    world: Annotated[int, Meta(ge=1, le=4096)] | None | UnsetType = UNSET
+    world: Annotated[int, Meta(ge=1, le=MAX_WORLD)] | None | UnsetType = UNSET
     step: Count
     t: Annotated[float, Meta(ge=0, le=_FLOAT_MAX)]
     opt: StreamLabel | UnsetType = UNSET

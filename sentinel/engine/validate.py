@@ -39,6 +39,7 @@ from sentinel.wire import (
     MAX_LABEL_LENGTH,
     MAX_PARAM_GROUPS,
     MAX_STEP,
+    MAX_WORLD,
     RESERVED_TAGS,
     SCALAR_NAME,
     Frame,
@@ -67,7 +68,8 @@ class Limits:
         max_groups: group names per frame, and distinct group names per rank.
         max_group_name_length: characters of a group name.
         max_label_length: characters of ``job`` and ``run``.
-        max_ranks: ranks (and ``world``) per run.
+        max_ranks: ranks of a run one engine tracks (a node's daemon hears its node's; the job's
+            ``world`` may be far larger, up to :data:`~sentinel.wire.MAX_WORLD`).
         max_runs: runs tracked at once; frames of a further run are refused until one is forgotten.
         max_series: estimated series in the store, over every run (see :data:`BASE_SERIES`).
         max_scalars: scalars per frame (``Monitor.log``).
@@ -177,10 +179,7 @@ def fits(f: Frame, limits: Limits) -> bool:
             len(f.job) > limits.max_label_length or len(f.run) > limits.max_label_length):
         return False
     world = f.world
-    if world is None or world is UNSET:
-        if f.rank >= limits.max_ranks:
-            return False
-    elif world > limits.max_ranks or f.rank >= world:
+    if f.rank >= (MAX_WORLD if world is None or world is UNSET else world):
         return False
     groups = f.groups
     if groups is UNSET:
@@ -230,9 +229,9 @@ def check_frame(f: dict[str, Any], limits: Limits) -> Dropped:
     if not math.isfinite(t) or t < 0:
         raise Refused("range", "field 't' is not a finite time")
     world = f.get("world")
-    if world is not None and (type(world) is not int or not 0 < world <= limits.max_ranks):
-        raise Refused("range", f"field 'world' is not in 1..{limits.max_ranks}")
-    if not 0 <= rank < (world if world is not None else limits.max_ranks):
+    if world is not None and (type(world) is not int or not 0 < world <= MAX_WORLD):
+        raise Refused("range", f"field 'world' is not in 1..{MAX_WORLD}")
+    if not 0 <= rank < (world if world is not None else MAX_WORLD):
         raise Refused("range", "field 'rank' is not in 0..world-1")
     opt = f.get("opt")
     if opt is not None and not (type(opt) is str and 0 < len(opt) <= 2 and opt.isdigit() and opt.isascii()):

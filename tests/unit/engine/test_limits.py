@@ -46,7 +46,7 @@ def _contents(engine: Engine) -> list[str]:
     ({"rank": 2}, "range"),  # rank >= world
     ({"rank": -1}, "range"),
     ({"world": 0}, "range"),
-    ({"world": 1 << 20}, "range"),
+    ({"world": (1 << 20) + 1}, "range"),
     ({"job": ""}, "range"),
     ({"run": "x" * 500}, "range"),
     ({"kind": "other"}, "schema"),
@@ -140,9 +140,11 @@ def test_an_oversized_frame_changes_nothing() -> None:
     # runs: the third run is refused; its series never appear
     (Limits(max_runs=2), [{"run": "r0"}, {"run": "r1"}, {"run": "r2"}], "runs"),
     (Limits(max_ranks=2), [{"rank": 0, "world": _DROP}, {"rank": 1, "world": _DROP},
-                           {"rank": 2, "world": _DROP}], "range"),  # rank >= max_ranks without world
+                           {"rank": 2, "world": _DROP}], "ranks"),  # a third rank of the run, without world
     (Limits(max_ranks=2), [{"rank": 0, "world": 2}, {"rank": 1, "world": 2}, {"rank": 1, "run": "x"},
-                           {"rank": 2, "world": 3}], "range"),
+                           {"rank": 2, "world": 3}], "ranks"),
+    (Limits(max_ranks=2), [{"rank": 8192, "world": 16384}, {"rank": 8193, "world": 16384},
+                           {"rank": 8194, "world": 16384}], "ranks"),
     # the series estimate: 60 a rank + 5 a group + ...; the second rank no longer fits
     (Limits(max_series=100), [{"rank": 0}, {"rank": 1}], "series"),
 ])
@@ -154,6 +156,22 @@ def test_caps_are_enforced_by_the_engine(limits: Limits, frames: list[dict[str, 
     assert not engine.feed(_pack(step=len(frames), **frames[-1]))
     assert _contents(engine) == before
     assert engine.refused == {reason: 1}
+
+
+def test_a_node_of_a_job_larger_than_the_ranks_one_engine_tracks_is_watched() -> None:
+    """A node's daemon hears its node's 8 ranks of a 16,384-rank job (the largest trainings
+    run on tens of thousands of accelerators): the engine takes their frames, whose ``world``
+    is the job's and whose ranks are numbered from 8,192. ``limits.max_ranks`` bounds the
+    ranks one engine tracks in a run, not the job's size: every frame of such a job was
+    refused (``world`` above 4,096), and its nodes were watched by nothing."""
+    engine = Engine()
+    for step in (1, 2):
+        for rank in range(8192, 8200):
+            assert engine.feed(_pack(rank=rank, world=16384, step=step)), (rank, step)
+    assert engine.refused == {} and engine.frames_malformed == 0
+    for rank in (8192, 8199):
+        last = engine.store.last("sentinel_grad_norm", labels_of(job="j", run="r", rank=rank))
+        assert last is not None and last[0] == 2 and last[2] == pytest.approx(5 ** 0.5)
 
 
 @pytest.mark.parametrize(("limits", "frames", "field"), [
