@@ -62,7 +62,8 @@ CATALOG: dict[str, Spec] = {
     "sentinel_group_update_mean_abs_ratio": Spec(G, "UAR = mean|dw| / mean|w| of one group.", ("group",)),
     "sentinel_optimizer_state_bytes": Spec(
         G, "Bytes of optimizer state by state key (exp_avg, momentum_buffer, row_var, ... at their real, "
-           "factored sizes; the step counter is left out), this rank's (its shards under FSDP2).", ("state",)),
+           "factored sizes; the step counter is left out), this rank's (its shards under FSDP2); past 63 keys "
+           "the rest as state=\"other\".", ("state",)),
     "sentinel_model_optimizer_state_bytes": Spec(
         G, "Sharded runs (FSDP2): the whole model's optimizer state, the ranks' shards added up (written "
            "under every rank's labels, like the norms).", ("state",)),

@@ -123,6 +123,8 @@ _FLOAT_MAX = 1.7976931348623157e308
 MAX_WORLD = 1 << 20
 """The largest job (``world``, ranks numbered below it). An engine tracks at most
 ``Limits.max_ranks`` ranks of a run, which a node's daemon, hearing its node's, never nears."""
+MAX_STATE_KEYS = 64
+"""Optimizer state keys a frame carries (``state_bytes``), each a string of 1..64 characters."""
 MAX_GROUPS = 256
 """Parameter groups (by module) a frame carries: ``groups`` and the sums aligned to it. A
 monitor's ``max_groups`` is at most this."""
@@ -275,7 +277,7 @@ class Frame(Struct, kw_only=True):
     lr_peak: Annotated[list[float], Meta(max_length=MAX_PARAM_GROUPS)] | UnsetType = UNSET
     step_seconds: FiniteNonNeg | UnsetType = UNSET
     busy_seconds: FiniteNonNeg | UnsetType = UNSET
-    state_bytes: Annotated[dict[ShortKey, Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | UnsetType = UNSET
+    state_bytes: Annotated[dict[ShortKey, Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_STATE_KEYS)] | UnsetType = UNSET
     param_bytes: FiniteNonNeg | UnsetType = UNSET
     mem: Annotated[dict[ShortKey, FiniteNonNeg], Meta(max_length=32)] | UnsetType = UNSET
     optim: list[dict[str, Any]] | UnsetType = UNSET

@@ -38,6 +38,7 @@ from sentinel.wire import (
     MAX_GROUPS,
     MAX_LABEL_LENGTH,
     MAX_PARAM_GROUPS,
+    MAX_STATE_KEYS,
     MAX_STEP,
     MAX_WORLD,
     RESERVED_TAGS,
@@ -90,7 +91,7 @@ class Limits:
     max_scalar_names: int = 64
     max_scalar_name_length: int = 64
     max_param_groups: int = MAX_PARAM_GROUPS
-    max_state_keys: int = 64
+    max_state_keys: int = MAX_STATE_KEYS
 
 
 PER_GROUP = ("grad_sumsq", "param_sumsq", "delta_sumsq", "delta_l1", "param_l1", "trust_ratio")

@@ -11,7 +11,7 @@ import torch
 
 from sentinel.instrument import cgroup
 from sentinel.instrument.registry import stepper
-from sentinel.wire import MAX_PARAM_GROUPS
+from sentinel.wire import MAX_PARAM_GROUPS, MAX_STATE_KEYS
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -23,6 +23,10 @@ def state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
     ``trust_ratio``) count at their real size; the ``step`` counter is left out, so the
     ratio to parameter bytes is the state's. A DTensor (FSDP2) counts its local shard:
     what this rank holds. Reads tensor metadata only; no device work.
+
+    The keys are what a frame carries (:data:`~sentinel.wire.MAX_STATE_KEYS`): strings of up
+    to 64 characters (an optimizer's own key that is no string, or longer, is written out
+    and cut), and past the 63rd the bytes of further keys are summed under ``other``.
     """
     out: dict[str, int] = {}
     for opt in optimizers:
@@ -32,7 +36,10 @@ def state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
                     continue  # the step counter is bookkeeping, not state memory
                 local = getattr(val, "_local_tensor", None)  # FSDP2: this rank's shard, not the global size
                 t = local if isinstance(local, torch.Tensor) else val
-                out[key] = out.get(key, 0) + t.numel() * t.element_size()
+                name = key if type(key) is str and 0 < len(key) <= 64 else (str(key)[:64] or "?")
+                if name not in out and len(out) >= MAX_STATE_KEYS - 1:
+                    name = "other"
+                out[name] = out.get(name, 0) + t.numel() * t.element_size()
     return out
 
 

@@ -163,3 +163,46 @@ def test_lamb_trust_ratio_per_group_in_the_frame_and_the_engine() -> None:
                            ("figure", "lion_sign_agreement"))))
     last = sender.engine.store.last("sentinel_optimizer_health_ratio", labels)
     assert last is not None and 0.0 <= last[2] <= 1.0
+
+
+class _Blocked(torch.optim.Optimizer):
+    """SGD that keeps a buffer per block of each parameter under keys of its own making (as
+    blocked preconditioners do): ``block_0`` ... ``block_79``, one key of 80 characters and
+    one that is no string."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                for i in range(80):
+                    st.setdefault(f"block_{i}", torch.zeros(2))
+                st.setdefault("a_very_long_state_key_" + "x" * 58, torch.zeros(3))
+                st.setdefault(7, torch.zeros(5))
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+def test_a_state_of_many_keys_is_bounded_to_what_a_frame_carries() -> None:
+    """82 state keys, one of 80 characters and one an int: the frame carries 63 of them by
+    name and the rest summed as ``other``, every byte counted, and the engine takes it. The
+    engine dropped the whole ``state_bytes`` of every frame (more than 64 keys), so the run
+    had no optimizer state figure; the int key failed the frame's encoding."""
+    from sentinel import wire
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = _Blocked(model.parameters())
+    mon, sender = make_monitor(model, opt, state_every=1)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).pow(2).mean().backward()
+        opt.step()
+    mon.close()
+    st = sender.steps()[-1]["state_bytes"]
+    assert len(st) == wire.MAX_STATE_KEYS and all(isinstance(k, str) and 0 < len(k) <= 64 for k in st)
+    assert sum(st.values()) == 2 * (80 * 2 + 3 + 5) * 4  # two parameters, float32
+    assert st["block_0"] == 2 * 2 * 4 and "other" in st
+    assert sender.engine.fields_dropped == {} and sender.engine.frames_malformed == 0
