@@ -4,6 +4,7 @@ by segment name until the step's report closes (read back with it, never here)."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,7 +133,7 @@ class Measure:
             vec.index_add_(0, idx, picked.to(torch.float32).square())
             self.add("grad_sumsq", {norms.device: vec})
 
-    def close_step(self, report: Report, now: float) -> None:
+    def close_step(self, report: Report) -> None:
         """Put the step's host-side figures into its report (the schedules' peaks, the step's
         time and busy time, the gradients read, the clip's max, the groups whose update was
         sampled) and start counting the next step's."""
@@ -140,6 +141,7 @@ class Measure:
         peaks = probes.schedule_peaks(self.optimizers)
         if peaks is not None:
             frame.lr_peak = peaks
+        now = time.monotonic()  # not the wall clock, which an NTP step or a resumed VM sets back
         if self.last_step_time is not None:
             frame.step_seconds = now - self.last_step_time
         self.last_step_time = now

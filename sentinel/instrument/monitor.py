@@ -539,7 +539,7 @@ class Monitor:
         o, now, steps = self.options, time.time(), self.steps
         report = Report(self.reporter.step_frame(steps, now, self.groups, self.cadence.lrs))
         measure = self.measure
-        measure.close_step(report, now)
+        measure.close_step(report)
         if self._rewrite is not None:
             report.frame.rewrite, self._rewrite = self._rewrite, None
         self._record.add_to(report, measure.add, steps, self.optimizers, self.layout, self.devices)

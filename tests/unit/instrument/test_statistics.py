@@ -267,3 +267,28 @@ def test_store_block_and_single_series_of_one_metric_never_lose_samples() -> Non
     assert [store.last("m", ls) for ls in labels] == [(3, 3.0, 4.0), (3, 3.0, 5.0), (3, 3.0, 6.0)]
     w = store.window("m", labels[1])
     assert w is not None and w.values.tolist()[-1] == 5.0
+
+
+def test_the_wall_clock_set_back_leaves_the_step_times_whole(mlp: MLP, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NTP step (or a VM resumed from a snapshot) sets the wall clock back 30 s between
+    two steps: the frames' time stamps follow the clock, and each step's duration is still
+    its own, from the monotonic clock. It was the wall clock's difference, -30 s, which the
+    engine drops with a line on the script's stderr."""
+    import time
+
+    real = time.time
+    shift = [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + shift[0])
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    for i in range(4):
+        if i == 2:
+            shift[0] = -30.0
+        opt.zero_grad()
+        mlp(torch.randn(4, 16)).pow(2).mean().backward()
+        opt.step()
+    mon.close()
+    steps = sender.steps()
+    assert steps[2]["t"] < steps[1]["t"] - 25  # the time stamps are the wall clock's
+    assert [0 <= f["step_seconds"] < 5 for f in steps[1:]] == [True, True, True]
+    assert sender.engine.fields_dropped == {}
