@@ -137,6 +137,10 @@ class Engine:
                 frame, dropped = self._decode(data)
                 if pid is not None and self.running is not None:
                     self._split(frame, pid)
+                if (frame["kind"] == "step" and (frame["step"] == 1 or self.byes)
+                        and self._restarting(frame) is not None):
+                    # a new training's names: not counted against the last one's (those series go)
+                    self.admission.forget_rank(frame["job"], frame["run"], frame["rank"])
                 self.admission.admit(frame, dropped)
             except Refused as exc:
                 self._reject(exc.reason, exc)
@@ -245,9 +249,8 @@ class Engine:
         job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
         store = self.store
         if kind == "step":
-            last = self.ingestor.last_step(job, run, rank, frame.get("opt", ""))
-            if last is not None and (wire.starts_over(frame["step"], last) or (
-                    self.byes and (job, run, rank, frame.get("opt", "")) in self.byes)):
+            last = self._restarting(frame)
+            if last is not None:
                 self._start_over(job, run, rank, last)
         with store.lock:  # the GPU poller's thread writes the store too
             store.written.clear()
@@ -295,6 +298,16 @@ class Engine:
                     self._publish(self.rules.evaluate(job, run, other, frame["step"], float(frame["t"]),
                                                       only=self._cross_rules, opt=opt))
         return ctx
+
+    def _restarting(self, frame: dict[str, Any]) -> int | None:
+        """The last step of the frame's stream when this step frame begins its training again
+        (:func:`wire.starts_over`, or the first after the stream said goodbye), else None."""
+        job, run, rank, opt = frame["job"], frame["run"], frame["rank"], frame.get("opt", "")
+        last = self.ingestor.last_step(job, run, rank, opt)
+        if last is not None and (wire.starts_over(frame["step"], last) or (
+                self.byes and (job, run, rank, opt) in self.byes)):
+            return last
+        return None
 
     def _start_over(self, job: str, run: str, rank: int, last: int) -> None:
         """A rank's training began again at step 1 (:func:`wire.starts_over`: the next fold of

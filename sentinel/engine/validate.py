@@ -478,6 +478,14 @@ class Admission:
         if ranks:
             self.series -= sum(r.cost for r in ranks.values())
 
+    def forget_rank(self, job: str, run: str, rank: int) -> None:
+        """A rank whose training begins again (its series go): its streams' group and
+        scalar names, state keys and series count anew."""
+        ranks = self._runs.get((job, run))
+        if ranks:
+            for key in [k for k in ranks if (k[0] if isinstance(k, tuple) else k) == rank]:
+                self.series -= ranks.pop(key).cost
+
     @property
     def runs(self) -> int:
         return len(self._runs)

@@ -87,3 +87,25 @@ def test_a_stream_that_said_goodbye_and_reports_again_is_a_new_training_whatever
     assert engine.restarts == 1
     window = engine.store.window("sentinel_loss", RANK0)
     assert window is not None and window.steps.tolist() == [125, 126]  # the new training's only
+
+
+def test_each_new_training_of_a_stream_gets_the_group_names_it_reports() -> None:
+    """An architecture search in one process: five models in turn, each of 60 cells named
+    after its trial (``t3_cell17``), 300 group names over the stream's life. Each new
+    training keeps its groups, their norms and its gradient norm. The engine counted the
+    distinct names of a rank over every training it had, so from the fifth one on (past 256
+    names) it dropped the groups of every frame, and with them the gradient norm."""
+    engine = Engine()
+    t = 1000.0
+    for trial in range(5):
+        groups = [f"t{trial}_cell{i}" for i in range(60)]
+        for step in (1, 2, 3):
+            t += 0.1
+            assert engine.feed(wire.encode({"kind": "step", "job": "j", "run": "kfold", "rank": 0, "world": 1,
+                                            "step": step, "t": t, "groups": groups, "grad_sumsq": [1.0] * 60,
+                                            "scalars": {"loss": 1.0}}))
+        norm = engine.store.last("sentinel_grad_norm", RANK0)
+        assert norm is not None and norm[0] == 3 and norm[1] == t and norm[2] == 60 ** 0.5, trial
+        cell = engine.store.last("sentinel_group_grad_norm", labels_of(job="j", run="kfold", rank=0, group=groups[-1]))
+        assert cell is not None and cell[1] == t, trial
+    assert engine.fields_dropped == {}
