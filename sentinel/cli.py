@@ -284,6 +284,7 @@ def report(
     """Report one recorded run: plots over steps, alerts with causes and first checks, the environment."""
     from pathlib import Path
 
+    from sentinel.files import safe_name
     from sentinel.history import report as rep
 
     if format not in ("html", "png", "text"):
@@ -303,7 +304,7 @@ def report(
             raise typer.Exit(2) from None
         typer.echo("\n".join(str(p) for p in paths))
         return
-    path = Path(output or f"sentinel-report-{info.label}.html")  # type: ignore[attr-defined]
+    path = Path(output or f"sentinel-report-{safe_name(info.label, 100, keep='@')}.html")  # type: ignore[attr-defined]
     path.write_text(rep.html_report(conn, info), encoding="utf-8")  # type: ignore[arg-type]
     typer.echo(summary)
     typer.echo(f"report: {path}")

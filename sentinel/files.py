@@ -1,8 +1,11 @@
-"""Files of the daemon's that only their user may read: the SQLite history and outbox."""
+"""Files of the daemon's that only their user may read (the SQLite history and outbox), and
+file names made from what a run is called."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 SIDECARS = ("-wal", "-shm", "-journal")
@@ -23,3 +26,16 @@ def private_sqlite(path: str | os.PathLike[str]) -> None:
     for name in (p, *(p.with_name(p.name + s) for s in SIDECARS)):
         if name.exists():
             os.chmod(name, 0o600)
+
+
+def safe_name(s: str, limit: int = 64, keep: str = "") -> str:
+    """``s`` as one harmless path component: ``[A-Za-z0-9_.-]`` and the characters of
+    ``keep``, no leading dot, at most ``limit`` characters; a changed name gets a hash of
+    the original, so two runs whose names differ only in odd characters keep separate
+    files (a run named ``exp/lr-3e-4``, or ``../x``, stays one file of the folder)."""
+    out = re.sub(rf"[^A-Za-z0-9_.{re.escape(keep)}-]", "_", s)[:limit]
+    if out.startswith("."):
+        out = "_" + out[1:]
+    if out != s or not out:
+        out = f"{out}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
+    return out

@@ -25,7 +25,6 @@ run; the oldest go first (only folders named as above are ever deleted).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sentinel.files import safe_name
 from sentinel.rules.alert import Transition
 from sentinel.store import Labels, Store
 
@@ -59,18 +59,6 @@ def default_dir() -> Path:
     """``$XDG_STATE_HOME/sentinel/captures``, else ``~/.local/state/sentinel/captures``."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "sentinel" / "captures"
-
-
-def safe_name(s: str, limit: int = 64) -> str:
-    """``s`` as one harmless path component: ``[A-Za-z0-9_.-]``, no leading dot, at most
-    ``limit`` characters; a changed name gets a hash of the original, so two runs whose
-    names differ only in odd characters keep separate folders."""
-    out = re.sub(r"[^A-Za-z0-9_.-]", "_", s)[:limit]
-    if out.startswith("."):
-        out = "_" + out[1:]
-    if out != s or not out:
-        out = f"{out}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
-    return out
 
 
 def inputs_name(rank: int) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from sentinel.files import safe_name
 from sentinel.history import query
 from sentinel.history.query import RunInfo, Series
 from sentinel.history.svg import heatmap, line_chart
@@ -173,7 +174,7 @@ def png_report(db: sqlite3.Connection, run: RunInfo, folder: Path) -> list[Path]
             ax.legend(fontsize=8)
         fig.tight_layout()
         name = "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in title.lower()).strip("_")
-        path = folder / f"{run.label}-{name}.png"
+        path = folder / f"{safe_name(run.label, 100, keep='@')}-{name}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -244,6 +244,33 @@ def test_a_reused_run_name_is_a_new_run_listed_reported_and_compared_apart(tmp_p
     assert [float(r["final_loss_mean"]) for r in rows] == pytest.approx([first[-1], second[-1]], rel=1e-6)
 
 
+def test_a_run_named_with_a_slash_is_reported_into_one_file_of_the_folder(tmp_path: Path) -> None:
+    """A run named like a path (``exp/lr-3e-4``, ``../x``: a launcher's group/name, a typo)
+    gets its HTML report and its PNGs as files of the folder asked for, named after the run
+    with the odd characters replaced and a hash of the name. ``sentinel report`` ended on a
+    traceback (``FileNotFoundError``: no folder ``sentinel-report-exp``), and where such
+    folders existed it wrote outside the current one."""
+    train("exp/lr-3e-4", 1e-2, 1, 12, [])
+    train("../x", 1e-2, 1, 12, [])
+    db = str(hdb.default_path())
+    here = tmp_path / "here"
+    here.mkdir()
+    for run, name in (("exp/lr-3e-4", "sentinel-report-exp_lr-3e-4-523f6405.html"),
+                      ("../x", "sentinel-report-_._x-d6b96a97.html")):
+        res = subprocess.run([sys.executable, "-m", "sentinel.cli", "report", run, "--db", db], cwd=here,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip().splitlines()[-1] == f"report: {name}"
+    assert sorted(p.name for p in here.iterdir()) == ["sentinel-report-_._x-d6b96a97.html",
+                                                       "sentinel-report-exp_lr-3e-4-523f6405.html"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+    pytest.importorskip("matplotlib")
+    png = cli("report", "exp/lr-3e-4", "--format", "png", "-o", str(tmp_path / "png"), "--db", db)
+    assert png.returncode == 0, png.stderr
+    files = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert files and all(f.startswith("exp_lr-3e-4-523f6405-") and f.endswith(".png") for f in files)
+
+
 def test_a_locked_history_file_is_waited_out_and_the_run_recorded_whole(tmp_path: Path) -> None:
     """Another process holds the history file's write lock during part of a real run: training
     goes on, the writer retries (counted in /metrics), and once the lock goes every step is there."""

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from sentinel.config import load_config
-from sentinel.daemon.evidence import Capturer, safe_name
+from sentinel.daemon.evidence import Capturer
+from sentinel.files import safe_name
 from sentinel.instrument.capture import bound, tensors_of
 from sentinel.rules.alert import Transition
 from sentinel.rules.config import ConfigError
