@@ -154,7 +154,6 @@ Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
 FiniteNonNeg = Annotated[float, Meta(ge=0, le=_FLOAT_MAX)]
 NonNegOrInf = Annotated[float, Meta(ge=0)]
 MAX_LABEL_LENGTH = 128
-"""Characters of ``job`` and ``run`` (``Limits.max_label_length`` may lower the cap)."""
 Label = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL_LENGTH)]
 """``job`` and ``run`` (``Limits.max_label_length`` may lower the cap)."""
 MAX_GROUP_NAME_LENGTH = 200

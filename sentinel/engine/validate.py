@@ -70,7 +70,7 @@ class Limits:
         max_group_name_length: characters of a group name.
         max_label_length: characters of ``job`` and ``run``.
         max_ranks: ranks of a run one engine tracks (a node's daemon hears its node's; the job's
-            ``world`` may be far larger, up to :data:`~sentinel.wire.MAX_WORLD`).
+            ``world`` may be far larger, up to 2^20 ranks).
         max_runs: runs tracked at once; frames of a further run are refused until one is forgotten.
         max_series: estimated series in the store, over every run (see :data:`BASE_SERIES`).
         max_scalars: scalars per frame (``Monitor.log``).
