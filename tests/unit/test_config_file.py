@@ -59,10 +59,10 @@ def test_sentinel_run_refuses_a_bad_monitor_option_before_its_command_starts(tmp
                                                                             line: str) -> None:
     """The zero-code monitors take their options from ``SENTINEL_*`` variables. With a bad
     one each would fail to attach, and the script trained unwatched: a traceback in its
-    stderr, then the end's "sent no report", or nothing at all, as with a job name over the
-    frame's 128 characters (every frame refused: a history row of 0 steps). ``sentinel run``
-    now says which variable is wrong, in one line, with exit status 2, and does not start
-    the command."""
+    stderr, then the end's "sent no report"; or, for a job name over the frame's 128
+    characters, every frame refused (a history row of 0 steps) with one line of the engine's
+    that named no variable. ``sentinel run`` now says which variable is wrong, in one line,
+    with exit status 2, and does not start the command."""
     marker = tmp_path / "ran"
     proc = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--",
                            sys.executable, "-c", f"open({str(marker)!r}, 'w')"], capture_output=True, text=True,
@@ -76,7 +76,8 @@ def test_sentinel_run_refuses_a_bad_monitor_option_before_its_command_starts(tmp
 def test_an_empty_sentinel_variable_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     """A job template's ``SENTINEL_JOB=`` left blank is no job name: the default, ``train``,
     as ``sentinel run`` records it. It was the empty name, which the engine refuses in every
-    frame: the run's history row had 0 steps and no word was said."""
+    frame: the run's history row had 0 steps, and the one line said the field 'job' was
+    empty, not which variable made it so."""
     from sentinel.instrument.options import env_problem, from_kwargs
 
     for name in ("SENTINEL_JOB", "SENTINEL_UPDATE_EVERY", "SENTINEL_CAPTURE_LOSS"):
