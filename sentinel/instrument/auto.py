@@ -90,6 +90,12 @@ def install() -> bool:
         return False
     _installed = True
     _own_lines()
+    from sentinel.instrument.options import env_problem
+
+    problem = env_problem()  # what sentinel run checks before its command; a process started otherwise
+    if problem is not None:  # (a pod's trainer beside its sidecar) would fail at each attach, unwatched
+        log.warning("sentinel: %s; this process is not watched", problem)
+        return False
     atexit.register(close_all)
     leaving.install()
     from torch.optim.optimizer import register_optimizer_step_post_hook

@@ -295,12 +295,15 @@ def env_problem() -> str | None:
     variable (``SENTINEL_MAX_GROUPS: max_groups: must be 1..256 ...``), or None. ``sentinel
     run`` asks before it starts its command: the zero-code monitors it loads take their
     options from these variables, and with a bad one they would watch nothing."""
+    named = set(DEFAULTED_RUNS)
     try:
         from_kwargs({})
     except (TypeError, ValueError) as exc:
         text = str(exc)
         var = f"SENTINEL_{text.split(':', 1)[0].upper()}"
         return f"{var}: {text}" if var in os.environ else text
+    finally:
+        DEFAULTED_RUNS.intersection_update(named)  # a question only: no run name is taken
     return None
 
 

@@ -172,3 +172,31 @@ def test_an_error_raised_inside_backward_reaches_the_script_as_torch_raised_it(m
     assert all(p.grad is not None for p in mlp.parameters())
     assert torch.autograd.backward.__name__ == "autograd_backward"  # Sentinel's, back in place
     mon.close()
+
+
+def test_a_process_started_with_a_bad_sentinel_variable_says_so_once_and_trains_unwatched() -> None:
+    """A trainer started beside a daemon without ``sentinel run`` (a pod's container next to
+    its sidecar, with ``SENTINEL_AUTO=1`` in its manifest) and a ``SENTINEL_MAX_GROUPS`` the
+    frames cannot carry: one line names the variable, the script trains as it would
+    unwatched, and nothing attaches. It failed at the first optimizer step with a traceback
+    on the script's stderr ("could not attach"), the variable named nowhere."""
+    import os
+
+    hooks = os.path.join(os.path.dirname(__file__), "..", "..", "..", "hooks")
+    env = {**os.environ, "SENTINEL_AUTO": "1", "PYTHONPATH": hooks, "SENTINEL_MAX_GROUPS": "400"}
+    env.pop("SENTINEL_SOCKET", None)
+    code = ("import torch, sentinel.instrument.auto as a\n"
+            "torch.manual_seed(0)\n"
+            "m = torch.nn.Linear(4, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+            "for _ in range(3):\n"
+            "    o.zero_grad(); m(torch.ones(2, 4)).sum().backward(); o.step()\n"
+            "print(round(float(m.weight.detach().sum()), 6), len(a.monitors()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    plain = subprocess.run([sys.executable, "-c", code.replace("import torch, sentinel.instrument.auto as a",
+                                                               "import torch\nclass a:\n    monitors = list")],
+                           capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == plain.stdout and out.stdout.split()[1] == "0"
+    assert out.stderr.strip().splitlines() == [
+        "sentinel: SENTINEL_MAX_GROUPS: max_groups: must be 1..256 (the groups a report carries), got 400; "
+        "this process is not watched"]
