@@ -59,11 +59,11 @@ def test_a_v1_file_is_migrated_in_place_and_keeps_its_runs(tmp_path: Path) -> No
     assert info is not None and info.env == {"torch": "2.13.0"}
 
 
-_OPEN_AT = """
-import sys, time
+_OPEN_ON_GO = """
+import sys
 from sentinel.history import db
-start = float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))
+print("ready", flush=True)
+sys.stdin.read(1)  # the go: every process is ready, past its imports
 db.connect(sys.argv[1]).close()
 """
 
@@ -72,15 +72,21 @@ def test_engines_that_open_a_new_file_at_once_all_record(tmp_path: Path) -> None
     """Two scripts started together, or two engines of one script's trials in threads, open
     the default history file at the same moment: every step of the schema ran in both, and
     the second failed on ``table runs already exists`` and recorded no history for its run.
-    Eight real processes open each of three new files at one instant."""
+    Eight real processes, each past its imports, are told to open each of three new files
+    at once."""
     import subprocess
     import sys
 
     for k in range(3):
         path = tmp_path / f"h{k}.sqlite"
-        start = time.time() + 1.0
-        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT, str(path), str(start)], stderr=subprocess.PIPE,
-                                  text=True) for _ in range(8)]
+        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_ON_GO, str(path)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        for p in procs:  # each waits for the go with its imports done
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("g")
+            p.stdin.flush()
         errors = [p.communicate(timeout=60)[1] for p in procs]
         assert [p.returncode for p in procs] == [0] * 8, "\n".join(e for e in errors if e)
         with hdb.connect(path, readonly=True) as db:
