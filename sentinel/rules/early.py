@@ -18,7 +18,10 @@ unseen. This one judges only the samples of steps ``1..until`` and needs no base
   throws the weights makes the loss rise at some step among them (each fault scenario's
   did by step 3), and a minibatch loss's noise does the same, so those fire as before;
 - ``growth``: the value rose at every one of the last ``count`` samples, by ``factor``
-  overall (gradient norms growing step over step);
+  overall (gradient norms growing step over step), and no single rise carried more than
+  half of it on a log scale: a norm that crept up 1.5× over seven steps and then jumped
+  17× at a regularization step (StyleGAN2's lazy R1 step) grew by one jump, which is
+  ``spike``'s to judge, not step over step;
 - ``rise``: from ``at_step`` on, the level (median of the last ``chunk`` samples) has
   risen to ``factor`` times the starting level: with ``start: first`` the first sample,
   the loss of the model before any update was applied (a loss that blows up at step 1
@@ -152,8 +155,12 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
             run = run + 1 if math.isfinite(b) and b > a else 0
         if len(vals) <= p.count or run < p.count:
             return Verdict(False, float(run), float(p.count))
-        grown = vals[-1] / vals[-p.count - 1] if vals[-p.count - 1] > 0 else math.inf
+        last = vals[-p.count - 1:]
+        grown = last[-1] / last[0] if last[0] > 0 else math.inf
         detail = f"rose at each of the last {p.count} steps, {grown:.3g}× in all"
+        jump = max(b / a if a > 0 else math.inf for a, b in zip(last, last[1:]))
+        if grown >= p.factor and jump * jump > grown:
+            return Verdict(False, float(run), float(p.count), detail=f"{detail}, {jump:.3g}× of it in one step")
         return Verdict(grown >= p.factor, float(run), float(p.count), detail=detail)
     # rise / stall: from at_step on, the level against the start
     need = p.chunk + 1 if p.start == "first" else 2 * p.chunk  # the first sample, then a chunk

@@ -21,6 +21,16 @@ must be ``factor`` times their median and ``z`` robust deviations above it. With
 than 5 of them there is no scale, and no verdict (the margin losses' own level rules still
 judge a loss that leaves 0 for good).
 
+A spike on the script's own schedule is no trouble: rosinality's StyleGAN2 ``train.py``
+(and its many ports) steps the discriminator a second time every 16 iterations on the R1
+penalty alone (lazy regularization), whose gradient norm was 10-25 against 0.5-1 for the
+other steps, every 17th step of its stream; ``GradientSpike`` paged at each. With
+``skip_periodic``, a sample that would fire is not a spike when the two latest samples of
+its window (the warm-up's included) at or above the threshold lie at the same interval as
+it does from the later of them (the spikes at steps 19, 36 and 53: every 17 steps). The
+first two of a schedule can fire, and spikes at uneven steps (an unstable run's) fire each
+time.
+
 Samples before ``ctx.since_step`` (warm-up, the last learning-rate change) are not part of
 the baseline, so an lr decay or the first steps' fast fall never form a baseline that a
 later sample seems to "spike" from.
@@ -38,6 +48,7 @@ threshold.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from bisect import bisect_left, bisect_right, insort
 from typing import Any
@@ -61,6 +72,9 @@ class SpikeParams(Params):
             ``|baseline|`` (linear), so a perfectly flat series has a finite z-score.
         min_value: the latest must also be at least this (an absolute level that matters,
             e.g. GVR 0.5: a rise from 0.01 to 0.05 is no noise worth a page).
+        skip_periodic: no fire when the two latest samples before it at or above the
+            threshold (the warm-up's included) came at its interval: a spike every N
+            steps is the script's schedule (lazy regularization), not trouble.
     """
 
     window: int = Field(default=50, ge=3)
@@ -70,6 +84,7 @@ class SpikeParams(Params):
     log: bool = True
     min_spread: float = Field(default=0.05, gt=0.0)
     min_value: float = -math.inf
+    skip_periodic: bool = True
 
     def samples(self) -> int:
         return self.window + 1
@@ -99,7 +114,7 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         ctx.memo.update(base=base, ring=ring, latest=last, since=ctx.since_step, step=int(window.steps[-1]))
     baseline = quantile(base, 0.5)
     if baseline == 0.0 and base[0] >= 0.0:  # resting at its floor of 0: the scale is its largest
-        return _at_floor(last, base, params)
+        return _periodic(_at_floor(last, base, params), window, params)
     threshold = baseline + (params.factor - 1.0) * abs(baseline)
     if last < params.min_value:
         return Verdict(False, last, max(threshold, params.min_value), baseline=baseline)
@@ -118,7 +133,24 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}"
     else:  # a loss without a floor at 0 (a negative ELBO, a learned-variance weighting): no ratio
         detail = f"{last - baseline:.3g} above the baseline {baseline:.3g}, {z:.1f}× its usual spread"
-    return Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail)
+    return _periodic(Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail), window, params)
+
+
+def _periodic(verdict: Verdict | None, window: Window, params: SpikeParams) -> Verdict | None:
+    """``verdict``, made quiet where it fires on a schedule (``params.skip_periodic``): the
+    two latest of the window's samples before it at or above its threshold came at the
+    interval of the latest from the later of them. The warm-up's samples count here: a
+    schedule is the script's from its first step, though no baseline is."""
+    if verdict is None or not verdict.firing or not params.skip_periodic:
+        return verdict
+    n = params.window
+    steps = window.steps[-n - 1:].tolist()
+    at = [s for s, v in zip(steps[:-1], window.values[-n - 1:-1].tolist()) if v >= verdict.threshold]
+    if len(at) < 2 or not steps[-1] - at[-1] == at[-1] - at[-2] > 0:
+        return verdict
+    return dataclasses.replace(verdict, firing=False, detail=(
+        f"{verdict.detail}; as at steps {at[-2]} and {at[-1]}: every {steps[-1] - at[-1]} steps, the script's "
+        "schedule (a regularization step), not a spike"))
 
 
 def _at_floor(last: float, base: list[float], params: SpikeParams) -> Verdict | None:

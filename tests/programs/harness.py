@@ -51,6 +51,10 @@ class Program:
         first_unread: its first step reports no gradient norm: an optimizer's stand-in
             (apex's LARC) scaled the gradients before calling the optimizer's step, whose
             hooks found it (``sentinel/instrument/outerstep.py``); later steps read them first.
+        stepped: the optimizers (by creation index) in the order they first step, where
+            that is not their creation order: zero-code mode labels its streams in that
+            order (``docs/instrumenting.md``), ``sentinel.watch`` in the order of the
+            monitors, which the programs make in creation order.
     """
 
     id: str
@@ -66,6 +70,7 @@ class Program:
     opt: str = ""
     objective: tuple[int, ...] = ()
     first_unread: bool = False
+    stepped: tuple[int, ...] = ()
 
 
 @dataclass

@@ -212,6 +212,31 @@ def test_a_loss_resting_at_exactly_0_is_judged_by_its_samples_above_0() -> None:
     assert DETECTORS["spike"].fn(win([0.0] * 96 + [0.01] * 4 + [0.5]), p, ctx()) is None
 
 
+def test_a_spike_on_the_scripts_schedule_is_no_spike() -> None:
+    """Lazy regularization (rosinality's StyleGAN2 ``train.py``): every 17th step of the
+    discriminator's stream is its R1 step, with a gradient norm 10-25× the others'. The
+    third such spike, at the interval of the two before it, is the script's schedule,
+    warm-up samples counted; one at another step, or the second of a schedule, fires."""
+    rng = np.random.default_rng(0)
+    values = [float(rng.uniform(0.5, 1.0)) for _ in range(70)]
+    for s in (2, 19, 36, 53):
+        values[s] = float(rng.uniform(10.0, 25.0))
+    p = SpikeParams(window=100, min_samples=20, factor=3.0, z=6.0)
+    on = DETECTORS["spike"].fn(win(values[:54]), p, ctx(since_step=20))
+    assert on is not None and on.firing is False and on.value == values[53]
+    assert on.detail.endswith("; as at steps 19 and 36: every 17 steps, the script's schedule (a regularization "
+                              "step), not a spike"), on.detail
+    # the same spike two steps early: uneven, a spike
+    off = values[:52] + [values[53]]
+    assert fires("spike", win(off), p, ctx(since_step=20)) is True
+    # the second of a schedule (one before it in the window) fires; so does every spike without the option
+    second = values[:37]
+    second[2] = 0.7
+    assert fires("spike", win(second), p, ctx(since_step=0)) is True
+    assert fires("spike", win(values[:37]), p, ctx(since_step=0)) is False  # the third
+    assert fires("spike", win(values[:54]), p.model_copy(update={"skip_periodic": False}), ctx(since_step=20)) is True
+
+
 @pytest.mark.parametrize(
     ("values", "since_step"),
     [

@@ -40,6 +40,12 @@ SWINGING = [2.0, 0.1, 1.5, 0.09, 1.2, 0.3, 1.4, 0.5, 0.6, 0.7]
         ([1.0 * 1.5**i for i in range(10)], {"check": "growth", "count": 8, "factor": 10.0}, True),
         ([1.0, 2, 1, 2, 1, 2, 1, 2, 1, 2], {"check": "growth", "count": 8, "factor": 10.0}, False),
         ([1.0 + 0.001 * i for i in range(10)], {"check": "growth", "count": 8, "factor": 10.0}, False),  # slow creep
+        # an explosion that speeds up: the last rise is 5× of its 85×
+        ([1.0, 1.0, 1.1, 1.21, 1.45, 1.89, 2.83, 5.66, 17.0, 85.0], {"check": "growth", "count": 8, "factor": 10.0},
+         True),
+        # a creep of 1.5× and then one 17× jump (StyleGAN2's lazy R1 step): a spike's, not growth
+        ([0.6, 0.538, 0.555, 0.592, 0.66, 0.723, 0.741, 0.757, 0.787, 13.454],
+         {"check": "growth", "count": 8, "factor": 10.0}, False),
         ([1.0] * 10 + [1.5] * 45, {"check": "rise", "at_step": 50, "chunk": 10, "factor": 1.3}, True),
         (FALLING, {"check": "rise", "at_step": 50, "chunk": 10, "factor": 1.3}, False),
         ([1.386] * 55, {"check": "stall", "at_step": 50, "chunk": 10}, True),
