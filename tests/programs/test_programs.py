@@ -6,7 +6,7 @@ CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket
 YOLOv5's trainer, a small DDPM, a sparse mixture of experts, Hugging Face's re-entrant
 gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn,
 ULMFiT's gradual unfreezing, PCGrad's gradient surgery, SwAV's LARC, fast neural style,
-StyleGAN2's lazy regularization), each run plainly, under ``sentinel run`` (zero-code) and,
+litgpt's Fabric loop, StyleGAN2's lazy regularization), each run plainly, under ``sentinel run`` (zero-code) and,
 where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
@@ -98,6 +98,8 @@ PROGRAMS = [
     Program("pcgrad", "pcgrad.py", watch=True, opt="Adam"),
     Program("swav", "swav.py", watch=True, opt="SGD", first_unread=True),
     Program("fast_style", "fast_style.py", watch=True, opt="Adam"),
+    Program("fabric_gpt", "fabric_gpt.py", watch=True, opt="AdamW"),
+    Program("fabric_ddp", "fabric_gpt.py", ("40", "--devices", "2"), spawns=2, slow=True, opt="AdamW"),
     Program("stylegan2", "stylegan2.py", watch=True, optimizers=2, opt="Adam", objective=(0, 1), stepped=(1, 0)),
     Program("zero_torchrun", "zero.py", ranks=2, slow=True, opt="ZeroRedundancyOptimizer"),
 ]
