@@ -4,11 +4,11 @@
 ``/metrics`` afterwards. This file sits on the program's ``PYTHONPATH`` (in the plain runs
 too, so both runs see the same path); Sentinel's shim chains to it. Only when
 ``ZOO_SNAPSHOT`` and ``SENTINEL_URL`` are set, in the program's own process (not a forked or
-spawned worker; rank 0 under torchrun), it registers an ``atexit`` function. That runs after Sentinel's own exit
-handler (``atexit`` is last in, first out, and Sentinel's is registered later, at
-``import torch``), waits until ``/metrics`` shows the step counts the program wrote to its
-reference file (``ZOO_REF``), or 10 s, and writes ``/metrics`` and ``/api/v1/alerts`` to
-``ZOO_SNAPSHOT``. Standard library only; it never imports sentinel.
+spawned worker; rank 0 under torchrun, the first process under Fabric's launcher), it
+registers an ``atexit`` function. That runs after Sentinel's own exit handler (``atexit`` is
+last in, first out, and Sentinel's is registered later, at ``import torch``), waits until
+``/metrics`` shows the step counts the program wrote to its reference file (``ZOO_REF``), or
+10 s, and writes ``/metrics`` and ``/api/v1/alerts`` to ``ZOO_SNAPSHOT``. Standard library only; it never imports sentinel.
 """
 
 import atexit
@@ -69,7 +69,10 @@ def _snapshot():
 
 def _is_the_program() -> bool:
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return script == os.environ.get("ZOO_PROGRAM") and os.environ.get("RANK", "0") == "0"
+    # rank 0 of torchrun's; the first process of a launcher that starts the others by running
+    # the command line again with only LOCAL_RANK set (Lightning Fabric's, Lightning's)
+    return (script == os.environ.get("ZOO_PROGRAM") and os.environ.get("RANK", "0") == "0"
+            and os.environ.get("LOCAL_RANK", "0") == "0")
 
 
 if os.environ.get("ZOO_SNAPSHOT") and os.environ.get("SENTINEL_URL") and _is_the_program():
