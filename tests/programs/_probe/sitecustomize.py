@@ -8,7 +8,8 @@ spawned worker; rank 0 under torchrun, the first process under Fabric's launcher
 registers an ``atexit`` function. That runs after Sentinel's own exit handler (``atexit`` is
 last in, first out, and Sentinel's is registered later, at ``import torch``), waits until
 ``/metrics`` shows the step counts the program wrote to its reference file (``ZOO_REF``), or
-10 s, and writes ``/metrics`` and ``/api/v1/alerts`` to ``ZOO_SNAPSHOT``. Standard library only; it never imports sentinel.
+10 s, and writes ``/metrics`` and ``/api/v1/alerts`` to ``ZOO_SNAPSHOT``. Standard library
+only; it never imports sentinel.
 """
 
 import atexit
