@@ -67,7 +67,8 @@ class RankState:
 def compile_rule(idx: int, rule: Rule) -> Compiled:
     spec = DETECTORS[rule.kind]
     p = rule.params
-    fast = isinstance(p, ThresholdParams) and p.reduce == "last" and p.unless_reference is None and not p.step_share
+    fast = (isinstance(p, ThresholdParams) and p.reduce == "last" and p.unless_reference is None
+            and p.while_reference_below is None and not p.step_share)
     offset = zlib.crc32(rule.name.encode()) % rule.every_steps
     gate = 0 if rule.severity == "critical" else rule.warmup_steps
     return Compiled(

@@ -34,6 +34,10 @@ class ThresholdParams(Params):
             optimizers are all adaptive (``sentinel_optimizer_adaptive`` 1).
         step_share: with ``>`` or ``>=``, the threshold is at least this share of the step
             number: a count of steps that must be long next to the run so far.
+        while_reference_below: the value fails only while the rule's ``reference``
+            metric's latest sample is below this (none yet: it holds), a condition that
+            says the failing value matters: ``OptimizerStateSaturated`` while the updates
+            have stalled (``sentinel_update_ratio`` under 1e-4).
     """
 
     op: Op = ">"
@@ -43,6 +47,7 @@ class ThresholdParams(Params):
     skip_zero: bool = False
     unless_reference: float | None = None
     step_share: float = Field(default=0.0, ge=0.0)
+    while_reference_below: float | None = None
 
     def samples(self) -> int:
         return 1 if self.reduce == "last" else self.window
@@ -73,6 +78,9 @@ def check(value: float, params: ThresholdParams, reference: float | None = None,
     firing = compare(value, params.op, threshold)
     if firing and params.unless_reference is not None and reference == params.unless_reference:
         return Verdict(False, value, threshold, detail="holds: the reference says it does not apply")
+    if firing and params.while_reference_below is not None and not (
+            reference is not None and reference < params.while_reference_below):
+        return Verdict(False, value, threshold, detail=f"holds: the reference is not below {params.while_reference_below:g}")
     return Verdict(firing, value, threshold)
 
 
