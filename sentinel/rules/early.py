@@ -10,13 +10,21 @@ unseen. This one judges only the samples of steps ``1..until`` and needs no base
   (PPO's surrogate + value loss − entropy bonus, a Gaussian VAE's negative ELBO) the 0 is
   arbitrary, and a step from 0.003 to 0.012 is noise, not a 4× jump;
 - ``above``: how many samples exceed ``value`` (updates larger than 10 % of the weights);
-  with ``unless_falling``, none while the loss (the rule's ``reference``) fell at every
-  step since the first of them. A fit from a far start takes large steps that each lower
-  the loss: the PyTorch tutorial's cubic polynomial (four ``randn`` coefficients, SGD on a
-  summed loss over 2,000 points) updated its weights by 46 %, 23 % and 12 % at steps
-  1-3 while its loss fell from 295,569 to 40,748, and paged critical. A learning rate that
-  throws the weights makes the loss rise at some step among them (each fault scenario's
-  did by step 3), and a minibatch loss's noise does the same, so those fire as before;
+  with ``unless_falling``, the loss (the rule's ``reference``) decides whether they are
+  trouble. A fit from a small or far start takes large steps that each lower the loss: the
+  PyTorch tutorial's cubic polynomial (four ``randn`` coefficients, SGD on a summed loss
+  over 2,000 points) updated its weights by 46 %, 23 % and 12 % at steps 1-3 while its
+  loss fell from 295,569 to 40,748; d2l.ai's first example (linear regression, weights
+  drawn with a standard deviation of 0.01, SGD at lr 0.03 on batches of 10) by 4,300 %,
+  150 % and 32 % while its loss fell from 35 to 6 in ten steps, through batches as noisy
+  as 46; its softmax regression by 18-29 % a step for twelve steps, its loss falling at
+  each. All paged critical. So the check fires at once when the loss has risen to
+  ``factor`` times its value at the first large update (a thrown loss: each fault
+  scenario's did by step 4), and otherwise waits for ``at_step`` samples of the loss from
+  there: then it fires while the loss's level (the median of its last 3 samples) has not
+  fallen below ``falls_to`` of its start (the median of its first 3). A minibatch's noise
+  neither doubles a falling loss nor keeps its level up for ten steps. Without a positive,
+  finite loss to read, the updates alone decide;
 - ``growth``: the value rose at every one of the last ``count`` samples, by ``factor``
   overall (gradient norms growing step over step), and no single rise carried more than
   half of it on a log scale: a norm that crept up 1.5× over seven steps and then jumped
@@ -85,10 +93,14 @@ class EarlyParams(Params):
             starting level (median of the first 3 samples): a loss thrown back towards
             where it began, not a noisy batch near its floor (a small-batch MSE there
             jumps 3-10× between batches on a healthy run).
-        unless_falling: for ``above``: no fire while the rule's ``reference`` metric (the
-            loss) fell at every step from the first sample above ``value`` on: large
-            updates that each lower the loss are a descent from a far start, not a
+        unless_falling: for ``above``: the rule's ``reference`` metric (the loss) decides
+            (see the module docstring): fire when it has risen to ``factor`` times its value
+            at the first sample above ``value``, or when ``at_step`` of its samples from
+            there have not brought its level below ``falls_to`` of its start; large
+            updates that lower the loss are a descent from a small or far start, not a
             learning rate that throws the weights.
+        falls_to: for ``above`` with ``unless_falling``: the share of its start the loss's
+            level must have fallen to.
     """
 
     check: Check
@@ -104,6 +116,7 @@ class EarlyParams(Params):
     level: Literal["median", "min"] = "median"
     separation: float = Field(default=0.0, ge=0.0, le=1.0)
     unless_falling: bool = False
+    falls_to: float = Field(default=2 / 3, gt=0.0, lt=1.0)
 
     def samples(self) -> int:
         return self.until + 1
@@ -145,9 +158,11 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
         over = [i for i, v in enumerate(vals) if v > p.value]
         detail = f"{len(over)} samples above {p.value:g} since step 1 (largest {max(vals):.3g})"
         firing = len(over) >= p.count
-        if firing and p.unless_falling and _fell_throughout(ctx.reference_window, steps[over[0]], ctx.step):
-            return Verdict(False, float(len(over)), float(p.count),
-                           detail=detail + "; the loss fell at every step since the first")
+        if firing and p.unless_falling:
+            said = _loss_says(ctx.reference_window, steps[over[0]], ctx.step, p)
+            if said is not None:
+                firing, why = said
+                detail += why
         return Verdict(firing, float(len(over)), float(p.count), detail=detail)
     if p.check == "growth":
         run = 0
@@ -210,10 +225,21 @@ def _stall(pairs: list[tuple[int, float]], p: EarlyParams, start: float, detail:
                    detail=f"fell {fall:.2%} over the first {len(pairs)} steps (trend); {detail}")
 
 
-def _fell_throughout(window: Window | None, first: int, last: int) -> bool:
-    """Whether ``window`` (the loss) has two or more samples at steps ``first..last``, each
-    finite and below the one before it."""
+def _loss_says(window: Window | None, first: int, last: int, p: EarlyParams) -> tuple[bool, str] | None:
+    """Whether large updates since step ``first`` are trouble, by the loss (``window``) at
+    steps ``first..last``: ``(fire, why)``; None when there is no positive, finite loss
+    there to read."""
     if window is None:
-        return False
+        return None
     vals = [v for s, v in zip(window.steps.tolist(), window.values.tolist()) if first <= s <= last]
-    return len(vals) >= 2 and all(math.isfinite(a) and math.isfinite(b) and b < a for a, b in zip(vals, vals[1:]))
+    if not vals or not all(math.isfinite(v) and v > 0 for v in vals):
+        return None
+    top = max(vals)
+    if top >= p.factor * vals[0]:
+        return True, f"; the loss rose to {top / vals[0]:.3g}× its {vals[0]:.4g} at step {first}"
+    if len(vals) < p.at_step:
+        return False, f"; the loss has not risen to {p.factor:g}× its start: {len(vals)} of {p.at_step} samples"
+    start, level = median(vals[:3]), median(vals[-3:])
+    if level < p.falls_to * start:
+        return False, f"; the loss fell to {level / start:.2g} of its start ({start:.4g} → {level:.4g}) meanwhile"
+    return True, f"; the loss is at {level / start:.2g} of its start ({start:.4g} → {level:.4g})"

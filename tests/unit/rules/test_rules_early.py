@@ -173,16 +173,45 @@ POLY_LOSS = [295568.6, 85235.8, 40748.2, 28699.8, 23413.0, 19880.7]
     ("loss", "fires"),
     [
         (POLY_LOSS, False),  # each large update lowered the loss: a descent from a far start
-        ([295568.6, 85235.8, 90000.0, 28699.8, 23413.0, 19880.7], True),  # one rose: thrown
+        ([295568.6, 85235.8, 90000.0, 28699.8, 23413.0, 19880.7], False),  # one noisy batch: still falling
+        ([295568.6, 85235.8, 600000.0, 28699.8, 23413.0, 19880.7], True),  # risen to twice its start: thrown
+        ([295568.6, 85235.8, -1.0, 28699.8, 23413.0, 19880.7], True),  # a loss not above 0: no ratios to read
         (None, True),  # no loss reported: the updates alone decide
     ],
 )
-def test_large_first_updates_that_lower_the_loss_at_every_step(loss: list[float] | None, fires: bool) -> None:
-    p = EarlyParams(check="above", value=0.1, count=3, unless_falling=True)
+def test_large_first_updates_that_lower_the_loss(loss: list[float] | None, fires: bool) -> None:
+    p = EarlyParams(check="above", value=0.1, count=3, unless_falling=True, factor=2.0, at_step=10)
     assert p.reference_samples() == 101 and EarlyParams(check="above").reference_samples() == 0
     ctx = Context(step=6, now=0.0, reference_window=None if loss is None else win(loss))
     v = detect(win(POLY_UAR), p, ctx)
     assert v is not None and v.firing is fires and v.value == 3.0
+
+
+# d2l.ai's linear regression (3.3, concise): weights drawn with a standard deviation of 0.01,
+# SGD at lr 0.03 on batches of 10: its update ratios (UAR) and batch losses of steps 1-12
+D2L_UAR = [43.45, 1.4997, 0.3166, 0.2244, 0.0882, 0.1798, 0.1208, 0.1044, 0.0571, 0.1195, 0.0367, 0.074]
+D2L_LOSS = [34.62, 45.86, 22.33, 21.62, 9.995, 20.08, 15.08, 8.98, 5.951, 15.48, 5.282, 9.568]
+
+
+@pytest.mark.parametrize(
+    ("loss", "fires"),
+    [
+        (D2L_LOSS, [False] * 12),  # noisy batches, but ten of them brought the level from 34.6 to 9
+        ([34.62, 45.86, 22.33, 21.62, 80.0] + D2L_LOSS[5:], [False] * 4 + [True] * 8),  # risen to 2.3×: at once
+        # a level that stays where it began: judged at the tenth loss
+        ([34.62, 45.86, 22.33, 31.0, 36.0, 29.0, 40.0, 33.0, 30.0, 38.0, 35.0, 30.0], [False] * 9 + [True] * 3),
+    ],
+)
+def test_large_first_updates_wait_for_ten_losses_unless_the_loss_doubles(loss: list[float], fires: list[bool]) -> None:
+    p = EarlyParams(check="above", value=0.1, count=3, unless_falling=True, factor=2.0, at_step=10)
+    got = []
+    for step in range(1, 13):
+        ctx = Context(step=step, now=0.0, reference_window=win(loss[:step]))
+        v = detect(win(D2L_UAR[:step]), p, ctx)
+        got.append(v is not None and v.firing)
+    assert got == fires, got
+    assert "; the loss fell to 0.26 of its start (34.62 → 8.98) meanwhile" in detect(
+        win(D2L_UAR), p, Context(step=10, now=0.0, reference_window=win(D2L_LOSS[:10]))).detail
 
 
 @pytest.mark.parametrize("rises", [False, True])

@@ -236,10 +236,21 @@ def test_the_first_two_steps_outsized_updates_page_no_one() -> None:
     assert updates == [], updates
 
 
-def test_updates_too_large_from_the_start_still_page_by_the_third_step() -> None:
-    _, out = run(_updates({s: 0.3 for s in range(1, 11)}), range(1, 12))
+@pytest.mark.parametrize(("rise_at", "paged_at"), [(None, 10), (3, 3)])
+def test_updates_too_large_from_the_start_still_page(rise_at: int | None, paged_at: int) -> None:
+    """With a loss that does not fall, by the tenth step; with one that doubles (a thrown
+    loss), by the third. The warning comes at the fourth either way."""
+    values = _updates({s: 0.3 for s in range(1, 11)})
+
+    def v(s: int) -> dict[str, Any]:
+        out = values(s)
+        if rise_at is not None and s >= rise_at:
+            out["loss"] = 2.5
+        return out
+
+    _, out = run(v, range(1, 12))
     early, high = first(out, "EarlyUpdateTooLarge"), first(out, "UpdateRatioHigh")
-    assert early is not None and early.step == 3 and early.severity == "critical"
+    assert early is not None and early.step == paged_at and early.severity == "critical"
     assert high is not None and high.step == 4
 
 
