@@ -31,6 +31,17 @@ it does from the later of them (the spikes at steps 19, 36 and 53: every 17 step
 first two of a schedule can fire, and spikes at uneven steps (an unstable run's) fire each
 time.
 
+A spike is rare, too. Multi-task training that draws each batch from one task in proportion
+to the tasks' sizes (MT-DNN's shape: one optimizer over a shared trunk and a head per task)
+reports one task's loss per step, and a task whose loss is 10× the others' at 15 % of the
+batches gave LossSpike and GradientSpike verdicts at 44 and 47 of 1,500 steps: in a long
+run, a page every cooldown. With ``max_share``, a sample that would fire is not a spike when
+at least that share of its baseline (and two samples) was already at its level (within
+``factor`` of its value, and above the threshold): a level the series keeps visiting is one
+of its levels; the mixture above then gave 1 verdict of each in 1,500 steps. (Near its
+value, not merely above the threshold: the earlier half of a falling loss's baseline is
+above 1.5 times its median, and a spike 60 times it is at no level it visited.)
+
 Samples before ``ctx.since_step`` (warm-up, the last learning-rate change) are not part of
 the baseline, so an lr decay or the first steps' fast fall never form a baseline that a
 later sample seems to "spike" from.
@@ -75,6 +86,9 @@ class SpikeParams(Params):
         skip_periodic: no fire when the two latest samples before it at or above the
             threshold (the warm-up's included) came at its interval: a spike every N
             steps is the script's schedule (lazy regularization), not trouble.
+        max_share: no fire when at least this share of the baseline's samples (and two)
+            were at its level already (within ``factor`` of it, above the threshold): one of
+            the series' levels (a mixture of tasks drawn per batch), not a spike. 0: off.
     """
 
     window: int = Field(default=50, ge=3)
@@ -85,6 +99,7 @@ class SpikeParams(Params):
     min_spread: float = Field(default=0.05, gt=0.0)
     min_value: float = -math.inf
     skip_periodic: bool = True
+    max_share: float = Field(default=0.05, ge=0.0, le=1.0)
 
     def samples(self) -> int:
         return self.window + 1
@@ -114,7 +129,8 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         ctx.memo.update(base=base, ring=ring, latest=last, since=ctx.since_step, step=int(window.steps[-1]))
     baseline = quantile(base, 0.5)
     if baseline == 0.0 and base[0] >= 0.0:  # resting at its floor of 0: the scale is its largest
-        return _periodic(_at_floor(last, base, params), window, params)
+        verdict, level = _at_floor(last, base, params)
+        return _recurring(verdict, level, base, window, params)
     threshold = baseline + (params.factor - 1.0) * abs(baseline)
     if last < params.min_value:
         return Verdict(False, last, max(threshold, params.min_value), baseline=baseline)
@@ -129,23 +145,41 @@ def detect(window: Window, params: SpikeParams, ctx: Context) -> Verdict | None:
         dev = sorted(abs(x - baseline) for x in base)
         spread = max(quantile(dev, 0.5) * 1.4826, params.min_spread * abs(baseline), 1e-12)
         z = (last - baseline) / spread
+    # where a sample of the series counts as at the latest's level: within the factor of it
+    # and above the threshold (a falling loss's earlier samples are above the threshold, not
+    # at a spike's level), or where the spread is the scale (a baseline at or below 0), z
+    # robust deviations above it
+    level = max(threshold, last / params.factor) if baseline > 0 else max(threshold, baseline + params.z * spread)
     if baseline > 0:
         detail = f"{last / baseline:.3g}× the baseline {baseline:.3g}"
     else:  # a loss without a floor at 0 (a negative ELBO, a learned-variance weighting): no ratio
         detail = f"{last - baseline:.3g} above the baseline {baseline:.3g}, {z:.1f}× its usual spread"
-    return _periodic(Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail), window, params)
+    return _recurring(Verdict(z >= params.z, last, threshold, baseline=baseline, detail=detail), level, base, window,
+                      params)
 
 
-def _periodic(verdict: Verdict | None, window: Window, params: SpikeParams) -> Verdict | None:
-    """``verdict``, made quiet where it fires on a schedule (``params.skip_periodic``): the
-    two latest of the window's samples before it at or above its threshold came at the
-    interval of the latest from the later of them. The warm-up's samples count here: a
-    schedule is the script's from its first step, though no baseline is."""
-    if verdict is None or not verdict.firing or not params.skip_periodic:
+def _recurring(verdict: Verdict | None, level: float, base: list[float], window: Window,
+               params: SpikeParams) -> Verdict | None:
+    """``verdict``, made quiet where it fires on a level the series has been at before:
+    ``params.max_share`` of the (sorted) baseline ``base`` at or above ``level`` (within
+    ``factor`` of the latest and above the threshold; ``z`` deviations above a baseline at or
+    below 0), or (``params.skip_periodic``) the two
+    latest of the window's samples before it there at the interval of the latest from the
+    later of them. The warm-up's samples count for the schedule: a schedule is the
+    script's from its first step, though no baseline is."""
+    if verdict is None or not verdict.firing:
+        return verdict
+    if params.max_share > 0:
+        seen = len(base) - bisect_left(base, level)
+        if seen >= 2 and seen >= params.max_share * len(base):
+            return dataclasses.replace(verdict, firing=False, detail=(
+                f"{verdict.detail}; {seen} of the {len(base)} samples before it reached {level:.3g} too: "
+                "a level of the series (tasks or sources of different losses), not a spike"))
+    if not params.skip_periodic:
         return verdict
     n = params.window
     steps = window.steps[-n - 1:].tolist()
-    at = [s for s, v in zip(steps[:-1], window.values[-n - 1:-1].tolist()) if v >= verdict.threshold]
+    at = [s for s, v in zip(steps[:-1], window.values[-n - 1:-1].tolist()) if v >= level]
     if len(at) < 2 or not steps[-1] - at[-1] == at[-1] - at[-2] > 0:
         return verdict
     return dataclasses.replace(verdict, firing=False, detail=(
@@ -153,20 +187,23 @@ def _periodic(verdict: Verdict | None, window: Window, params: SpikeParams) -> V
         "schedule (a regularization step), not a spike"))
 
 
-def _at_floor(last: float, base: list[float], params: SpikeParams) -> Verdict | None:
+def _at_floor(last: float, base: list[float], params: SpikeParams) -> tuple[Verdict | None, float]:
     """The verdict on ``last`` over a sorted baseline whose median is 0 and nothing below
-    it: against the samples above 0 (None with fewer than 5 of them: no scale)."""
+    it: against the samples above 0 (None with fewer than 5 of them: no scale); and the
+    level a sample of the series counts as at the latest's (within ``factor`` of it, and
+    the threshold)."""
     above = [x for x in base if x > 0.0]
     if len(above) < 5:
-        return None
+        return None, math.inf
     med = quantile(above, 0.5)
     threshold = max(params.factor * med, params.min_value)
     detail = f"{last / med:.3g}× the median {med:.3g} of the {len(above)} of {len(base)} before it above 0"
     if not last >= threshold:
-        return Verdict(False, last, threshold, baseline=0.0, detail=detail)
+        return Verdict(False, last, threshold, baseline=0.0, detail=detail), threshold
     logs = sorted(abs(math.log(x / med)) for x in above)
     spread = max(quantile(logs, 0.5) * 1.4826, params.min_spread)
-    return Verdict(math.log(last / med) / spread >= params.z, last, threshold, baseline=0.0, detail=detail)
+    return Verdict(math.log(last / med) / spread >= params.z, last, threshold, baseline=0.0, detail=detail), max(
+        threshold, last / params.factor)
 
 
 def quiet(value: float, params: SpikeParams, memo: dict[str, Any], appended: int) -> bool:

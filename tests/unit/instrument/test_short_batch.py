@@ -80,10 +80,12 @@ def _frames(flagged: bool) -> list[bytes]:
 @pytest.mark.parametrize("flagged", [True, False])
 def test_the_spike_rules_and_gvr_leave_a_short_batch_out(flagged: bool) -> None:
     """An epoch's short batch comes every epoch, so from the third on the spike rules take
-    it for the script's schedule too (``skip_periodic``); that is off here, so the flag
+    it for the script's schedule too (``skip_periodic``), and once they make 5 % of the
+    baseline for one of the series' levels (``max_share``); both are off here, so the flag
     alone is what keeps them quiet (and it keeps quiet the first two epochs' as well)."""
     spikes = {"GradientSpike", "LossSpike", "GradientNoiseRising"}
-    eng = Engine(pack=load_pack({"rules": {name: {"params": {"skip_periodic": False}} for name in spikes}}))
+    off = {"skip_periodic": False, "max_share": 0.0}
+    eng = Engine(pack=load_pack({"rules": {name: {"params": off} for name in spikes}}))
     for data in _frames(flagged):
         assert eng.feed(data)
     fired = {t.alertname for t in eng.transitions if t.state_to == "firing"}

@@ -237,6 +237,27 @@ def test_a_spike_on_the_scripts_schedule_is_no_spike() -> None:
     assert fires("spike", win(values[:54]), p.model_copy(update={"skip_periodic": False}), ctx(since_step=20)) is True
 
 
+def test_a_level_the_series_keeps_visiting_is_no_spike() -> None:
+    """MT-DNN's shape: each batch from one task, drawn in proportion to the tasks' sizes; a
+    task at 15 % of the batches whose loss is 10× the others'. From the baseline's share of
+    samples at the level (5 %, and two), it is one of the series' levels; a series that
+    reached it at fewer of its samples still spikes there, at uneven steps."""
+    rng = np.random.default_rng(0)
+    values = [float(rng.uniform(8.0, 12.0)) if rng.random() < 0.15 else float(rng.uniform(0.8, 1.2))
+              for _ in range(200)]
+    p = SpikeParams(window=100, min_samples=20, factor=1.5, z=5.0)
+    verdicts = [DETECTORS["spike"].fn(win(values[:i + 1]), p, ctx(since_step=0)) for i in range(40, 200)]
+    high = [v for v in verdicts if v is not None and v.value > 5.0]
+    assert len(high) > 15 and not any(v.firing for v in high)
+    assert "of the 100 samples before it reached" in high[-1].detail and high[-1].detail.endswith(
+        "too: a level of the series (tasks or sources of different losses), not a spike")
+    rare = [float(rng.uniform(0.8, 1.2)) for _ in range(100)]
+    for s in (20, 47, 81):  # 3 % of the window, at uneven steps
+        rare[s] = 10.0
+    assert fires("spike", win(rare + [10.0]), p, ctx()) is True
+    assert fires("spike", win(values[:150]), p.model_copy(update={"max_share": 0.0}), ctx()) is (values[149] > 5.0)
+
+
 @pytest.mark.parametrize(
     ("values", "since_step"),
     [
