@@ -25,6 +25,15 @@ from torch.utils import data
 from tests.helpers import make_monitor
 
 
+def _step(loss: torch.Tensor, trainer: torch.optim.Optimizer, mon: object, losses: list[float]) -> None:
+    """The book's step: zero the gradients, backward, step; and the loss logged."""
+    trainer.zero_grad()
+    loss.backward()
+    trainer.step()
+    mon.log(loss=loss)  # type: ignore[attr-defined]
+    losses.append(loss.item())
+
+
 def _fired(sender: object) -> list[tuple[str, str, int]]:
     return [(t.alertname, t.severity, t.step) for t in sender.engine.transitions  # type: ignore[attr-defined]
             if t.state_to == "firing"]
@@ -41,16 +50,11 @@ def test_linear_regression_from_weights_of_a_hundredth() -> None:
     net[0].bias.data.fill_(0)
     trainer = torch.optim.SGD(net.parameters(), lr=0.03)
     mon, sender = make_monitor(net, trainer)
-    losses = []
+    losses: list[float] = []
     try:
         for _ in range(3):
             for x, y in loader:
-                loss = nn.functional.mse_loss(net(x), y)
-                trainer.zero_grad()
-                loss.backward()
-                trainer.step()
-                mon.log(loss=loss)
-                losses.append(loss.item())
+                _step(nn.functional.mse_loss(net(x), y), trainer, mon, losses)
     finally:
         mon.close()
     # the run is the book's: it finds the weights, its first batches noisy
@@ -68,17 +72,12 @@ def test_softmax_regression_from_weights_of_a_hundredth() -> None:
     nn.init.zeros_(net[1].bias)
     trainer = torch.optim.SGD(net.parameters(), lr=0.1)
     mon, sender = make_monitor(net, trainer)
-    losses = []
+    losses: list[float] = []
     try:
         for _ in range(120):
             y = torch.randint(0, 10, (256,), generator=gen)
             x = (0.5 * prototypes[y] + 0.5 * torch.rand(256, 784, generator=gen)).reshape(256, 1, 28, 28)
-            loss = nn.functional.cross_entropy(net(x), y)
-            trainer.zero_grad()
-            loss.backward()
-            trainer.step()
-            mon.log(loss=loss)
-            losses.append(loss.item())
+            _step(nn.functional.cross_entropy(net(x), y), trainer, mon, losses)
     finally:
         mon.close()
     assert all(b < a for a, b in zip(losses[:12], losses[1:12])) and losses[-1] < 0.5

@@ -28,6 +28,13 @@ def _series(sender: object, metric: str) -> list[float]:
     return values
 
 
+def _step(loss: torch.Tensor, opt: torch.optim.Optimizer, mon: object) -> None:
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    mon.log(loss=loss)  # type: ignore[attr-defined]
+
+
 def _fired(sender: object) -> list[tuple[str, int]]:
     return [(t.alertname, t.step) for t in sender.engine.transitions if t.state_to == "firing"]  # type: ignore[attr-defined]
 
@@ -47,11 +54,7 @@ def test_a_vae_with_a_summed_loss_fills_its_second_moment_and_pages_nothing() ->
             z = mu + torch.randn(mu.shape, generator=gen) * (0.5 * logvar).exp()
             recon = F.mse_loss(decoder(z), x, reduction="sum") / x.shape[0]
             kl = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp()) / x.shape[0]
-            loss = recon + kl
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            mon.log(loss=loss)
+            _step(recon + kl, opt, mon)
     finally:
         mon.close()
     saturation = _series(sender, "sentinel_optimizer_state_saturation_ratio")
@@ -76,11 +79,7 @@ def test_a_second_moment_that_remembers_larger_gradients_and_stalls_the_updates_
         for step in range(1, 401):
             x = torch.randn(64, 32, generator=gen)
             weight = 1e4 if step <= 150 else 1e-2
-            loss = weight * F.mse_loss(model(x), x @ target)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            mon.log(loss=loss)
+            _step(weight * F.mse_loss(model(x), x @ target), opt, mon)
     finally:
         mon.close()
     updates = _series(sender, "sentinel_update_ratio")
