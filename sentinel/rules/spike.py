@@ -26,10 +26,9 @@ A spike on the script's own schedule is no trouble: rosinality's StyleGAN2 ``tra
 penalty alone (lazy regularization), whose gradient norm was 10-25 against 0.5-1 for the
 other steps, every 17th step of its stream; ``GradientSpike`` paged at each. With
 ``skip_periodic``, a sample that would fire is not a spike when the two latest samples of
-its window (the warm-up's included) at or above the threshold lie at the same interval as
-it does from the later of them (the spikes at steps 19, 36 and 53: every 17 steps). The
-first two of a schedule can fire, and spikes at uneven steps (an unstable run's) fire each
-time.
+its window (the warm-up's included) at its level (below) lie at the same interval as it
+does from the later of them (the spikes at steps 19, 36 and 53: every 17 steps). The first
+two of a schedule can fire, and spikes at uneven steps (an unstable run's) fire each time.
 
 A spike is rare, too. Multi-task training that draws each batch from one task in proportion
 to the tasks' sizes (MT-DNN's shape: one optimizer over a shared trunk and a head per task)
@@ -83,9 +82,10 @@ class SpikeParams(Params):
             ``|baseline|`` (linear), so a perfectly flat series has a finite z-score.
         min_value: the latest must also be at least this (an absolute level that matters,
             e.g. GVR 0.5: a rise from 0.01 to 0.05 is no noise worth a page).
-        skip_periodic: no fire when the two latest samples before it at or above the
-            threshold (the warm-up's included) came at its interval: a spike every N
-            steps is the script's schedule (lazy regularization), not trouble.
+        skip_periodic: no fire when the two latest samples before it at its level (within
+            ``factor`` of it, above the threshold; the warm-up's included) came at its
+            interval: a spike every N steps is the script's schedule (lazy
+            regularization), not trouble.
         max_share: no fire when at least this share of the baseline's samples (and two)
             were at its level already (within ``factor`` of it, above the threshold): one of
             the series' levels (a mixture of tasks drawn per batch), not a spike. 0: off.
@@ -162,11 +162,11 @@ def _recurring(verdict: Verdict | None, level: float, base: list[float], window:
                params: SpikeParams) -> Verdict | None:
     """``verdict``, made quiet where it fires on a level the series has been at before:
     ``params.max_share`` of the (sorted) baseline ``base`` at or above ``level`` (within
-    ``factor`` of the latest and above the threshold; ``z`` deviations above a baseline at or
-    below 0), or (``params.skip_periodic``) the two
-    latest of the window's samples before it there at the interval of the latest from the
-    later of them. The warm-up's samples count for the schedule: a schedule is the
-    script's from its first step, though no baseline is."""
+    ``factor`` of the latest and above the threshold; ``z`` deviations above a baseline at
+    or below 0), or (``params.skip_periodic``) the two latest of the window's samples
+    before it at that level at the interval of the latest from the later of them. The
+    warm-up's samples count for the schedule: a schedule is the script's from its first
+    step, though no baseline is."""
     if verdict is None or not verdict.firing:
         return verdict
     if params.max_share > 0:
