@@ -137,9 +137,8 @@ class Engine:
                 frame, dropped = self._decode(data)
                 if pid is not None and self.running is not None:
                     self._split(frame, pid)
-                if (frame["kind"] == "step" and (frame["step"] == 1 or self.byes)
-                        and self._restarting(frame) is not None):
-                    # a new training's names: not counted against the last one's (those series go)
+                last = self._restarting(frame) if frame["kind"] == "step" else None
+                if last is not None:  # a new training's names: not counted against the last one's
                     self.admission.forget_rank(frame["job"], frame["run"], frame["rank"])
                 self.admission.admit(frame, dropped)
             except Refused as exc:
@@ -151,7 +150,7 @@ class Engine:
             for field, reason, detail in dropped:
                 self._drop_field(field, reason, detail)
             try:
-                ctx = self.ingest(frame)
+                ctx = self._ingest(frame, last)
             except Exception as exc:  # a bug: the checks above let through what ingest cannot take
                 self._reject("error", exc)
                 return False
@@ -246,12 +245,16 @@ class Engine:
 
     def ingest(self, frame: dict[str, Any]) -> Ingested:
         """Record a decoded frame and evaluate the rules; returns what ingesting it found."""
+        return self._ingest(frame, self._restarting(frame) if frame["kind"] == "step" else None)
+
+    def _ingest(self, frame: dict[str, Any], restarting: int | None) -> Ingested:
+        """:meth:`ingest`, told whether the frame begins its stream's training again
+        (``restarting``: the stream's last step, from :meth:`_restarting`; :meth:`feed`
+        asks once, before admission, and passes it on)."""
         job, run, rank, kind = frame["job"], frame["run"], frame["rank"], frame["kind"]
         store = self.store
-        if kind == "step":
-            last = self._restarting(frame)
-            if last is not None:
-                self._start_over(job, run, rank, last)
+        if restarting is not None:
+            self._start_over(job, run, rank, restarting)
         with store.lock:  # the GPU poller's thread writes the store too
             store.written.clear()
         ctx = self.ingestor.ingest(frame)
