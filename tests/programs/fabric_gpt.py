@@ -26,7 +26,7 @@ import os
 import lightning as L
 import torch
 import zoolib
-from torch import nn
+from models import GPT  # the zoo's nanoGPT-shaped model (litgpt's is a GPT too)
 from torch.nn import functional as F
 
 parser = argparse.ArgumentParser()
@@ -36,37 +36,6 @@ parser.add_argument("--devices", type=int, default=1)
 cli = parser.parse_args()
 out_dir, max_steps, devices = cli.out_dir, cli.steps, cli.devices
 ACCUM, BLOCK, VOCAB, BATCH, WARMUP, LR, MIN_LR, EVAL_INTERVAL = 4, 16, 64, 8, 10, 3e-3, 3e-4, 20
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.norm_1 = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, 4, batch_first=True)
-        self.norm_2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.norm_1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.norm_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, dim: int = 32, layers: int = 2) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, dim)
-        self.wpe = nn.Embedding(BLOCK, dim)
-        self.h = nn.ModuleList(Block(dim) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(dim)
-        self.lm_head = nn.Linear(dim, VOCAB, bias=False)
-        self.register_buffer("mask", torch.triu(torch.full((BLOCK, BLOCK), float("-inf")), 1), persistent=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for block in self.h:
-            x = block(x, self.mask)
-        return self.lm_head(self.ln_f(x))
 
 
 def get_lr(it: int) -> float:
@@ -87,7 +56,7 @@ def get_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 fabric = L.Fabric(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", precision="32-true")
 fabric.launch()
 fabric.seed_everything(0, verbose=False)
-model = GPT()
+model = GPT(VOCAB, BLOCK, n_layer=2, n_head=4, n_embd=32)
 optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1, betas=(0.9, 0.95))
 model, optimizer = fabric.setup(model, optimizer)
 ref = zoolib.Reference()
@@ -107,7 +76,7 @@ while step_count < max_steps:
     is_accumulating = iter_num % ACCUM != 0
     input_ids, targets = get_batch(gen)
     with fabric.no_backward_sync(model, enabled=is_accumulating):
-        logits = model(input_ids)
+        logits, _ = model(input_ids)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
         fabric.backward(loss / ACCUM)
     summed += float(loss.detach()) / ACCUM
@@ -124,7 +93,7 @@ while step_count < max_steps:
         if step_count % EVAL_INTERVAL == 0:
             model.eval()
             with torch.no_grad():
-                val = [F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1)) for x, y in
+                val = [F.cross_entropy(model(x)[0].reshape(-1, VOCAB), y.reshape(-1)) for x, y in
                        (get_batch(val_gen) for _ in range(4))]
             model.train()
             fabric.print(f"step {step_count}: loss {loss.item()!r}, val loss {float(torch.stack(val).mean())!r}")
@@ -132,7 +101,7 @@ while step_count < max_steps:
 os.makedirs(out_dir, exist_ok=True)
 path = os.path.join(out_dir, "lit_model.pth")
 fabric.save(path, {"model": model, "optimizer": optimizer, "iter_num": iter_num, "step_count": step_count})
-fresh = GPT()
+fresh = GPT(VOCAB, BLOCK, n_layer=2, n_head=4, n_embd=32)
 fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=LR)
 fresh, fresh_opt = fabric.setup(fresh, fresh_opt)
 state = {"model": fresh, "optimizer": fresh_opt, "iter_num": 0, "step_count": 0}
