@@ -186,7 +186,8 @@ class _HandWatch:
                     return
                 first = self.first
                 self._finish()
-                _attach_hand(p, self.calls - 1, first if self.calls == 2 else None)
+                if not any(not m.closed for m in registry.owners([p])):  # the script's watch(model) watches it
+                    _attach_hand(p, self.calls - 1, first if self.calls == 2 else None)
         except Exception:
             self._finish()
             log.warning("sentinel: could not watch a loop without an optimizer; training continues", exc_info=True)
@@ -292,23 +293,30 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
     model = _find_model(param)
     params = [p for p in model.parameters() if p.requires_grad] if model is not None else [param]
     early, _early = _early, LossSum()
-    log.warning("%s", hand_line(_foreign_stepper(param), steps_so_far + 1))
+    replay = first if steps_so_far == 1 else None  # the first backward()'s step, from what it left
+    log.warning("%s", hand_line(_foreign_stepper(param, model), steps_so_far + 1, 1 if replay else None))
     mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early,
                   hand=params)
-    if first is not None and steps_so_far == 1:  # the first backward()'s step, from what it left
-        mon.replay_first(*first, clip=_last_clip[:2] if _last_clip is not None else None)
+    if replay is not None:
+        mon.replay_first(*replay, clip=_last_clip[:2] if _last_clip is not None else None)
     else:
         mon.sync_step(steps_so_far)
         early.take()  # the losses before this backward() belong to steps that were not watched
     _keep(mon)
 
 
-def _foreign_stepper(param: torch.Tensor) -> str | None:
+def _foreign_stepper(param: torch.Tensor, model: torch.nn.Module | None = None) -> str | None:
     """The class (``module.name``) of an object that steps ``param`` and is no torch
     optimizer: one with a ``step`` method whose ``param_groups`` hold it. fastai's own
     ``Optimizer`` (its ``Learner``'s default) is one; it zeroes the gradients in place, so
-    the loop read as parameters updated by hand, and the line said so. One gc scan, once;
+    the loop read as parameters updated by hand, and the line said so. A Keras 3 model on
+    the torch backend (``model``) is stepped by its own optimizer (``model.optimizer``, set
+    by ``compile``), which holds Keras variables, not param groups. One gc scan, once;
     None when there is none."""
+    if model is not None and type(model).__module__.startswith("keras."):
+        keras_optimizer = getattr(model, "optimizer", None)
+        if keras_optimizer is not None:
+            return f"{type(keras_optimizer).__module__}.{type(keras_optimizer).__qualname__}"
     kinds: dict[type, bool] = {}  # whether a class can be such a stepper, asked once per class
 
     def steps_it(obj: Any) -> bool:
@@ -324,10 +332,11 @@ def _foreign_stepper(param: torch.Tensor) -> str | None:
     return None if found is None else f"{type(found).__module__}.{type(found).__qualname__}"
 
 
-def hand_line(stepper: str | None, calls: int) -> str:
+def hand_line(stepper: str | None, calls: int, since: int | None = None) -> str:
     """The one line that says a loop is watched without an optimizer, ``calls`` being the
-    ``backward()`` calls by then; ``stepper``: the class that steps its parameters, when
-    one that is no torch optimizer does (:func:`_foreign_stepper`)."""
+    ``backward()`` calls by then and ``since`` the first one watched (None: the last);
+    ``stepper``: the class that steps its parameters, when one that is no torch optimizer
+    does (:func:`_foreign_stepper`)."""
     if stepper is None:
         return (f"sentinel: no optimizer has stepped after {calls} backward() calls: the parameters are updated by "
                 "hand. Watching the loss, gradient norms and NaN/Inf after each backward(), one step each; update "
@@ -335,7 +344,8 @@ def hand_line(stepper: str | None, calls: int) -> str:
     hint = (" (fastai: Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.AdamW)) steps a torch "
             "optimizer, watched whole)" if stepper.startswith("fastai.") else "")
     return (f"sentinel: the parameters are stepped by {stepper}, which is no torch.optim.Optimizer and has no step "
-            f"hooks. Watching the loss, gradient norms and NaN/Inf after each backward() from backward() {calls} on, "
+            f"hooks. Watching the loss, gradient norms and NaN/Inf after each backward() from backward() "
+            f"{calls if since is None else since} on, "
             f"one step each; update ratios, optimizer state and learning rates are not reported{hint}.")
 
 

@@ -27,11 +27,19 @@ def group_name(param_name: str, depth: int | str = "auto") -> str:
     component (``layers.7``, ``transformer.h.3``), else the first two module components
     (``transformer.wte``, ``head``). An integer keeps that many module components.
 
+    A Keras 3 model on the torch backend holds all its variables in one ``ParameterDict``
+    keyed by their paths (``_functional._torch_params.sequential/conv2d/kernel``): the
+    path's layers are the components there (``sequential/conv2d``), or every layer would
+    be in one group.
+
     Args:
         param_name: as from ``model.named_parameters()``, e.g. ``layers.7.attn.q.weight``; a
             parametrized one (``conv.parametrizations.weight.original0``) is its module's.
         depth: ``"auto"`` or a positive number of module-path components.
     """
+    own = param_name.rsplit(".", 1)[-1]
+    if "/" in own.strip("/"):  # a Keras variable's path: its layers, joined as Keras joins them
+        return _prefix([p for p in own.split("/")[:-1] if p], depth, "/") or own
     parts = param_name.split(".")[:-1]  # drop the parameter's own name
     if len(parts) >= 2 and parts[-2] == "parametrizations":
         # torch.nn.utils.parametrize (the parametrizations' weight_norm and spectral_norm):
@@ -41,12 +49,17 @@ def group_name(param_name: str, depth: int | str = "auto") -> str:
             return own  # the root module's: its own group, as its unparametrized weight is
     if not parts:
         return param_name  # a parameter held by the root module is its own group
+    return _prefix(parts, depth, ".")
+
+
+def _prefix(parts: list[str], depth: int | str, sep: str) -> str:
+    """The group of a parameter held at the module path ``parts`` (see :func:`group_name`)."""
     if depth == "auto":
         for i, part in enumerate(parts):
             if part.isdigit():
-                return ".".join(parts[: i + 1])
-        return ".".join(parts[:2])
-    return ".".join(parts[: max(1, int(depth))])
+                return sep.join(parts[: i + 1])
+        return sep.join(parts[:2])
+    return sep.join(parts[: max(1, int(depth))])
 
 
 def assign_groups(

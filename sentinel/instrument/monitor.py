@@ -149,6 +149,8 @@ class Monitor:
         losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step
         if self.optimizers:
             registry.add_stream(self)
+        elif hand is not None:
+            registry.claim_hand(self, hand)  # one monitor of them: zero-code's gives way to watch's
         self.guard = make_guard(self)  # issue 21: the step guard (opt-in); None when off, nothing hooked
         self.measure.guard = self.reporter.guard = self.guard
         try:

@@ -170,6 +170,13 @@ def claim(monitor: Any, opt: torch.optim.Optimizer, params: list[torch.Tensor]) 
         _owner[id(p)] = ref
 
 
+def claim_hand(monitor: Any, params: Sequence[torch.Tensor]) -> None:
+    """Record that ``monitor`` watches ``params``, which no optimizer steps (updated by hand)."""
+    ref = weakref.ref(monitor)
+    for p in params:
+        _owner[id(p)] = ref
+
+
 def release(monitor: Any, opt: torch.optim.Optimizer | None = None) -> None:
     """Forget ``opt`` (or every optimizer and parameter of ``monitor``, and stop holding it)."""
     for o in [o for o, r in list(_by_opt.items()) if r is not None and r() is monitor and (opt is None or o is opt)]:

@@ -20,7 +20,7 @@ inert monitor)."""
 
 
 def watch(model: torch.nn.Module | None,
-          optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | Any,
+          optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | Any = None,
           *, scaler: Any = None,
           on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]] = (),
           **options: Any) -> Monitor:
@@ -31,7 +31,11 @@ def watch(model: torch.nn.Module | None,
         optimizer: one optimizer or several; a report closes when each has stepped once.
             Framework wrappers (Accelerate's ``AcceleratedOptimizer``, Lightning's
             ``LightningOptimizer``, anything holding the real one as ``.optimizer``) are
-            unwrapped and the real optimizer is hooked.
+            unwrapped and the real optimizer is hooked. None (left out): the model's
+            parameters are stepped by no torch optimizer (updated by hand, or by a Keras
+            model's own optimizer): a step per ``backward()``, its loss taken from it
+            (``capture_loss``, unless set), and no update ratios, optimizer state or
+            learning rates, as zero-code mode watches such a loop.
         scaler: a ``torch.amp.GradScaler``, to export its scale and count skipped steps.
         on_alert: callables given each alert's change to firing or resolved (a dict of
             :class:`sentinel.wire.Alert`'s fields: ``state_from``, ``state_to``,
@@ -53,6 +57,8 @@ def watch(model: torch.nn.Module | None,
         ConfigError: an invalid config file.
     """
     global unsupported_total
+    if optimizer is None and isinstance(model, torch.nn.Module):
+        return _watch_by_hand(model, options, scaler, on_alert)
     opts = from_kwargs(options)
     try:
         many = not isinstance(optimizer, torch.optim.Optimizer) and outerstep.inner_of(optimizer) is None
@@ -87,3 +93,31 @@ def watch(model: torch.nn.Module | None,
         return Monitor.inert(opts, f"{type(exc).__name__}: {exc}")
     mon.sync_step(start)
     return mon
+
+
+def _watch_by_hand(model: torch.nn.Module, options: dict[str, Any], scaler: Any,
+                   on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]]) -> Monitor:
+    """:func:`watch` of a model whose parameters no torch optimizer steps."""
+    global unsupported_total
+    opts = from_kwargs({"capture_loss": True, **options})
+    try:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise registry.UnsupportedOptimizer("the model has no parameter that requires grad")
+        owners = [m for m in registry.owners(params) if not m.closed]
+        for m in owners:
+            if not m.auto:
+                log.warning("sentinel: this model is already watched (run %r); returning that monitor", m.options.run)
+                return m  # type: ignore[no-any-return]
+        start = max((m.steps for m in owners), default=0)
+        for m in owners:  # zero-code mode's gives way, and its step count goes on
+            m.close()
+        mon = Monitor(model, [], opts, scaler=scaler, on_alert=on_alert, hand=params)
+        mon.sync_step(start)
+        return mon
+    except Exception as exc:
+        if type(exc).__name__ == "ConfigError":
+            raise
+        unsupported_total += 1
+        log.warning("sentinel: cannot watch this (%s); training continues unmonitored", exc)
+        return Monitor.inert(opts, str(exc))

@@ -154,3 +154,19 @@ def test_a_group_name_longer_than_a_frame_takes_is_shortened_and_stays_apart() -
     norm = sender.engine.store.last("sentinel_grad_norm", base)
     assert norm is not None and norm[2] == pytest.approx(
         float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])), rel=1e-5)
+
+
+def test_a_keras_variables_path_names_its_layer() -> None:
+    """Keras 3 on the torch backend keeps every variable of a model in one ``ParameterDict``
+    keyed by its path: the module path alone put every layer in one group,
+    ``_functional._torch_params``, so a vanishing gradient could not say where."""
+    from sentinel.instrument.groups import assign_groups, group_name
+
+    sequential = ["_functional._torch_params.sequential/conv2d/bias", "_functional._torch_params.sequential/conv2d/kernel",
+                  "_functional._torch_params.sequential/dense/bias", "_functional._torch_params.sequential/dense/kernel"]
+    assert assign_groups(sequential) == (["sequential/conv2d", "sequential/dense"], [0, 0, 1, 1])
+    # the functional API: layers made before their model, so no model name in their paths
+    assert group_name("_torch_params.embedding/embeddings") == "embedding"
+    assert group_name("_torch_params.multi_head_attention/query/kernel") == "multi_head_attention/query"
+    assert group_name("_torch_params.multi_head_attention/query/kernel", depth=1) == "multi_head_attention"
+    assert group_name("layers.7.attn.q.weight") == "layers.7"  # torch's own names as before
