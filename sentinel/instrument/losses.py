@@ -54,6 +54,26 @@ def calls() -> int:
     return getattr(_local, "calls", 0)
 
 
+_depth: dict[int, int] = {}
+"""Per thread in a ``backward()`` now: how deep (Tensor.backward's own call of
+torch.autograd.backward, a re-entrant checkpoint's during the pass). Per thread: another
+thread's backward() is another training's (trials in threads)."""
+
+
+def caller() -> int:
+    """The thread of the training that runs this code: this one, or, in autograd's device
+    thread (a thread Python did not start, running a CUDA backward's hooks: an optimizer
+    stepped as soon as its parameter's gradient is ready), the one thread inside a
+    ``backward()`` now."""
+    me = threading.get_ident()
+    if me in _depth or len(_depth) != 1 or not isinstance(threading.current_thread(), _DUMMY):
+        return me
+    return next(iter(_depth))
+
+
+_DUMMY = getattr(threading, "_DummyThread", ())
+
+
 def mine(thread: int | None, me: int | None = None) -> bool:
     """Whether a sum or listener of a training that steps in ``thread`` (None: not known
     yet) is concerned by a ``backward()``, a step or a clipping of thread ``me`` (this one
@@ -376,15 +396,12 @@ def install() -> None:
     # __torch_function__'s dispatch): for a plain tensor the wrapper calls torch's
     # torch.autograd.backward itself, so a traceback out of backward() has one frame of Sentinel's
     direct = getattr(original, "__module__", None) == "torch._tensor"
-    depth: dict[int, int] = {}  # per thread in a backward() now: how deep (Tensor.backward's own call of
-    # torch.autograd.backward, a re-entrant checkpoint's during the pass). Per thread: another thread's
-    # backward() is another training's (trials in threads)
-    dummy = getattr(threading, "_DummyThread", ())
+    depth = _depth
 
     def nested(me: int) -> bool:
         # on CUDA a re-entrant checkpoint's nested call comes from autograd's device thread, a thread
         # Python did not start (threading's dummy for it), while the training thread is inside its pass
-        return me in depth or (bool(depth) and isinstance(threading.current_thread(), dummy))
+        return me in depth or (bool(depth) and isinstance(threading.current_thread(), _DUMMY))
 
     def backward(self: torch.Tensor, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False,
                  inputs: Any = None) -> Any:

@@ -10,7 +10,6 @@ does what."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -96,7 +95,7 @@ class Monitor:
         self.url: str | None = None
         self.engine: Any = None
         self.closed = False
-        self._stepped_in: int | None = threading.get_ident()
+        self._stepped_in: int | None = losses.caller()
         self._record = StateRecord(self.boundary, o)
         self._farewell: weakref.finalize[Any, Any] | None = None
         self._adopted = 0  # optimizers made anew over the watched parameters, followed (adopt)

@@ -342,7 +342,7 @@ def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     leaving.stepped()  # a sys.exit before this step did not end the script
     mon = monitor_of(opt)
     if mon is not None:
-        mon.stepped_in = threading.get_ident()  # the thread whose failure ends its training
+        mon.stepped_in = losses.caller()  # the thread whose failure ends its training
         mon.step_post(opt, args, kwargs)
     else:  # its step took the losses since the last one: no other optimizer's step may count them
         losses.unclaimed()

@@ -84,6 +84,7 @@ PROGRAMS = [
     Program("sac", "sac.py", watch=True, optimizers=3, opt="Adam", objective=(0, 1, 2)),
     Program("dqn", "dqn.py", watch=True, opt="AdamW", objective=(0,)),
     Program("sgdr", "sgdr.py", watch=True, opt="SGD"),
+    Program("optimizer_in_backward", "optimizer_in_backward.py", watch=True, opt="AdamW"),
     Program("sngan", "sngan.py", watch=True, optimizers=2, opt="Adam", objective=(0, 1)),
     Program("lottery", "lottery.py", opt="Adam"),
     Program("cyclegan", "cyclegan.py", optimizers=2, opt="Adam", objective=(0, 1)),
