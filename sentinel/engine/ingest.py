@@ -30,7 +30,7 @@ class _Rank:
     and which of its counters exist."""
 
     __slots__ = ("base", "plan", "rows", "groups", "group_labels", "totals", "nonfinite", "amp_counted", "step",
-                 "loss_seen")
+                 "loss_seen", "loss_first", "loss_start")
 
     def __init__(self, base: Labels) -> None:
         self.base = base
@@ -43,6 +43,8 @@ class _Rank:
         self.amp_counted = False
         self.step: int | None = None  # the last step frame's step
         self.loss_seen = False  # a sentinel_loss series of this stream exists
+        self.loss_first: list[float] = []  # its first 3 finite losses (since the script last set its weights)
+        self.loss_start: float | None = None  # their median, once there are 3
 
     def add(self, metric: str, value: float, /, **extra: str) -> None:
         """Queue a gauge sample of this rank for the frame's one write. ``metric`` is
@@ -85,7 +87,7 @@ class Ingestor:
         base = r.base
         step, t = f["step"], float(f["t"])
         ctx = Ingested(lr_change_step=self.lr_change_step.get(base), lr_restart_step=self.lr_restart_step.get(base),
-                       lr_fraction=self.schedule.fraction(base))
+                       lr_fraction=self.schedule.fraction(base), loss_start=r.loss_start)
         r.rows = []  # a fresh queue: a frame that failed halfway leaves nothing behind
         add = r.add
         if "errors" in f:
@@ -223,6 +225,11 @@ class Ingestor:
                 add("sentinel_loss", float(value))
                 r.loss_seen = True
                 bad = not math.isfinite(value)
+                if r.loss_start is None and not bad:
+                    first = r.loss_first
+                    first.append(float(value))
+                    if len(first) == 3:
+                        ctx.loss_start = r.loss_start = sorted(first)[1]
                 self._nonfinite("loss", bad or skipped > 0, r, int(bad) + skipped)
                 if bad:
                     ctx.nonfinite_groups["loss"] = []
@@ -233,6 +240,7 @@ class Ingestor:
                     # generator's step shows the game; an environment library imported late): its first
                     # steps' loss series goes, so no stale sentinel_loss stays beside the objective
                     r.loss_seen = False
+                    r.loss_first, r.loss_start = [], None
                     self.store.remove("sentinel_loss", r.base)
 
     def _step(self, f: dict[str, Any], r: _Rank, ctx: Ingested) -> None:
@@ -312,6 +320,8 @@ class Ingestor:
             add("sentinel_learning_rate_vanished_steps", 0.0)
         if "rewrite" in f:  # weights the script set itself (a rewind, a pruning): the loss starts anew there
             self.lr_restart_step[base] = self.rewrite_step[base] = step
+            r.loss_first, r.loss_start = [], None
+            ctx.loss_start = None
         ctx.lr_restart_step = self.lr_restart_step.get(base)
         ctx.rewrite_step = self.rewrite_step.get(base)
         st = f.get("state_bytes")

@@ -78,6 +78,9 @@ class Context:
             the engine's factor, or None (for detectors that judge what followed it).
         rewrite_step: the last step at which the script had set the weights itself (a
             checkpoint restored: a tuner's trials undone before the fit; a rewind), or None.
+        loss_start: the level the rank's loss began at: the median of its first 3 finite
+            values since its training began or the script last set its weights; None
+            before the third (and for the time-based rules).
         heartbeat: for the time-based rules, the Unix time of the last heartbeat of any
             rank of the run (it evaluated between steps), or None.
         sibling_step: for the time-based rules, the Unix time of the latest step of
@@ -97,6 +100,7 @@ class Context:
     memo: dict[str, Any] | None = None
     lr_fraction: float | None = None
     rewrite_step: int | None = None
+    loss_start: float | None = None
     lr_change_step: int | None = None
     heartbeat: float | None = None
     sibling_step: float | None = None

@@ -47,6 +47,7 @@ class Evaluation:
     lr_restart: int | None = None  # the last warm restart of the rank's schedule, or weights the script set
     short_batch: bool = False  # the step's batch was its loader's short last one
     rewrite: int | None = None  # the last step whose weights the script had set itself
+    loss_start: float | None = None  # the level the stream's loss began at (Ingested.loss_start)
 
 
 
@@ -207,6 +208,7 @@ class Judge:
         cctx.lr_change_step = lr_change
         cctx.guard_skipped = ev.guard_skipped  # the step guard kept this step out
         cctx.rewrite_step = ev.rewrite
+        cctx.loss_start = ev.loss_start
         if c.rule.reference is not None and (n := c.params.reference_samples()) > 0:
             cctx.reference_window = self.store.window(c.rule.reference, ev.rs.labels, n)
         if c.spec.quiet is not None:

@@ -14,6 +14,14 @@ with the threshold:
 Below ``min_fraction`` (the last steps of a decay to exactly zero) there is no verdict: the
 quotient of two tiny numbers says nothing. Without a known fraction, the value is judged
 as it is.
+
+With ``unless_converged``, there is no verdict either while the loss (the rule's
+``reference``: the median of its last 3 samples) is below that fraction of where it began
+(``ctx.loss_start``): a training that has fitted its data has tiny gradients, so tiny
+updates, by its own success. A classifier memorising 256 samples (its loss 1.39 → 9e-5)
+and d2l.ai's linear regression (35 → 5e-5, its noise floor) warned ``UpdateRatioLow``,
+whose causes (a learning rate too small, vanishing gradients) sent the reader the wrong
+way. A loss still near its start (vanishing gradients, an lr too low from step 1) fires.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import math
 
 from pydantic import Field
 
-from sentinel.rules.base import Context, Params, Verdict
+from sentinel.rules.base import Context, Params, Verdict, median
 from sentinel.rules.threshold import Op, compare
 from sentinel.store import Window
 
@@ -35,12 +43,18 @@ class ScheduledParams(Params):
         value: the threshold, for the value at the peak learning rate.
         skip_zero: an exact 0.0 gives no verdict.
         min_fraction: below this schedule fraction, no verdict.
+        unless_converged: no verdict while the loss (the rule's ``reference``) is below
+            this fraction of where it began; None: the loss is not read.
     """
 
     op: Op = "<"
     value: float
     skip_zero: bool = False
     min_fraction: float = Field(default=1e-3, ge=0.0, le=1.0)
+    unless_converged: float | None = Field(default=None, gt=0.0, lt=1.0)
+
+    def reference_samples(self) -> int:
+        return 3 if self.unless_converged is not None else 0
 
 
 def detect(window: Window, params: ScheduledParams, ctx: Context) -> Verdict | None:
@@ -56,6 +70,8 @@ def detect(window: Window, params: ScheduledParams, ctx: Context) -> Verdict | N
     v = float(window.values[-1])
     if math.isnan(v) or (params.skip_zero and v == 0.0):
         return None
+    if params.unless_converged is not None and _converged(ctx, params.unless_converged):
+        return None
     f = ctx.lr_fraction
     if f is None or not math.isfinite(f) or f >= 1.0:
         return Verdict(compare(v, params.op, params.value), v, params.value)
@@ -63,3 +79,13 @@ def detect(window: Window, params: ScheduledParams, ctx: Context) -> Verdict | N
         return None
     detail = f"lr at {f:.2g} of its peak, so held to {params.value * f:.2g}"
     return Verdict(compare(v / f, params.op, params.value), v, params.value * f, detail=detail)
+
+
+def _converged(ctx: Context, share: float) -> bool:
+    """Whether the loss's level (the median of its last 3 samples) is below ``share`` of
+    where it began; False when either is unknown or the start is not positive."""
+    start, ref = ctx.loss_start, ctx.reference_window
+    if start is None or not start > 0 or ref is None or len(ref) == 0:
+        return False
+    level = median(ref.values[-3:].tolist())
+    return level < share * start

@@ -14,7 +14,8 @@ writes them: nothing critical fires.
   before.
 
 The learning rates are the book's, and the runs train well. Real monitor, real engine, in
-this process."""
+this process. The linear regression's tiny updates once it sits at its noise floor warned
+``UpdateRatioLow`` (an lr too small) at step 200: no longer."""
 
 from __future__ import annotations
 
@@ -61,6 +62,10 @@ def test_linear_regression_from_weights_of_a_hundredth() -> None:
     assert torch.allclose(net[0].weight.data, true_w.reshape(1, 2), atol=0.01)
     assert max(losses[:3]) > losses[0] and losses[9] < losses[0] / 2
     assert [f for f in _fired(sender) if f[1] == "critical"] == []
+    # at its noise floor (a loss of 5e-5 from 35) its updates are tiny by its own success:
+    # UpdateRatioLow warned at step 200 that the lr was too small (sentinel/rules/scheduled.py)
+    assert max(losses[-10:]) < 1e-3 * losses[0]
+    assert "UpdateRatioLow" not in [f[0] for f in _fired(sender)]
 
 
 def test_softmax_regression_from_weights_of_a_hundredth() -> None:
