@@ -559,8 +559,10 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
     from sentinel.instrument.options import from_kwargs
 
     global _early, _optimizer_seen
-    model = _find_model(next((p for g in opt.param_groups for p in g["params"]), None))
-    parts = _stepped_with(opt, model) if torch._C._current_graph_task_id() != -1 else []
+    first_param = next((p for g in opt.param_groups for p in g["params"]), None)
+    in_backward = torch._C._current_graph_task_id() != -1  # stepped by a gradient hook
+    model = _find_model(first_param) if in_backward else None
+    parts = _stepped_with(opt, model) if in_backward else []
     if not _optimizer_seen:  # a GAN's optimizers: labelled streams from the first report on
         from sentinel.instrument import registry
 
@@ -578,6 +580,8 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
         early, _early = _early, LossSum()  # this step's losses so far are the new monitor's
     else:  # they are another thread's training's (trials in threads): this first step's loss is not known
         early = LossSum()
+    if not in_backward:  # (one gc scan: not for an attach deferred above)
+        model = _find_model(first_param)
     optimizers = _in_model_order([opt, *parts], model) if parts and model is not None else [opt]
     mon = Monitor(model, optimizers, from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early)
     _keep(mon)
