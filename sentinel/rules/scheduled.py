@@ -15,7 +15,7 @@ Below ``min_fraction`` (the last steps of a decay to exactly zero) there is no v
 quotient of two tiny numbers says nothing. Without a known fraction, the value is judged
 as it is.
 
-With ``unless_converged``, there is no verdict either while the loss (the rule's
+With ``unless_converged``, the value holds while the loss (the rule's
 ``reference``: the median of its last 3 samples) is below that fraction of where it began
 (``ctx.loss_start``): a training that has fitted its data has tiny gradients, so tiny
 updates, by its own success. A classifier memorising 256 samples (its loss 1.39 → 9e-5)
@@ -43,8 +43,8 @@ class ScheduledParams(Params):
         value: the threshold, for the value at the peak learning rate.
         skip_zero: an exact 0.0 gives no verdict.
         min_fraction: below this schedule fraction, no verdict.
-        unless_converged: no verdict while the loss (the rule's ``reference``) is below
-            this fraction of where it began; None: the loss is not read.
+        unless_converged: the value holds while the loss (the rule's ``reference``) is
+            below this fraction of where it began; None: the loss is not read.
     """
 
     op: Op = "<"
@@ -62,7 +62,7 @@ def detect(window: Window, params: ScheduledParams, ctx: Context) -> Verdict | N
 
     Returns:
         None for an empty window, NaN, a skipped zero, or a fraction below
-        ``min_fraction``. The verdict's value is the latest sample as it is; its
+        ``min_fraction``; a quiet verdict for a fitted training (``unless_converged``). The verdict's value is the latest sample as it is; its
         threshold is the one it was held to (``value × fraction``).
     """
     if len(window) == 0:
@@ -71,7 +71,8 @@ def detect(window: Window, params: ScheduledParams, ctx: Context) -> Verdict | N
     if math.isnan(v) or (params.skip_zero and v == 0.0):
         return None
     if params.unless_converged is not None and _converged(ctx, params.unless_converged):
-        return None
+        # a quiet verdict, not none: an alert raised before the fit resolves
+        return Verdict(False, v, params.value, detail=f"the loss is below {params.unless_converged:.0%} of its start")
     f = ctx.lr_fraction
     if f is None or not math.isfinite(f) or f >= 1.0:
         return Verdict(compare(v, params.op, params.value), v, params.value)
