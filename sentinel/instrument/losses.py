@@ -403,8 +403,18 @@ def install() -> None:
         # Python did not start (threading's dummy for it), while the training thread is inside its pass
         return me in depth or (bool(depth) and isinstance(threading.current_thread(), _DUMMY))
 
+    # Traced by dynamo (torch.compile), each wrapper calls itself through
+    # torch.compiler.disable: dynamo breaks the graph there, as it does at torch's own
+    # backward(), and runs it as it is (AOTAutograd's own autograd.grad, while it traces a
+    # compiled backward, is no dynamo trace: is_compiling() is True there, and the call
+    # went round in circles).
+    # Traced, its bookkeeping (a thread-local count) was a guard that changed every step:
+    # Keras's jit_compile=True train step recompiled until dynamo gave up on it, and the
+    # step's numbers differed in their 6th digit.
     def backward(self: torch.Tensor, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False,
                  inputs: Any = None) -> Any:
+        if torch.compiler.is_dynamo_compiling():
+            return eager_backward(self, gradient, retain_graph, create_graph, inputs)
         _seen(self, None, None if gradient is None else (gradient,))
         me = threading.get_ident()
         d = depth.get(me, 0)
@@ -423,9 +433,12 @@ def install() -> None:
         return out
 
     backward.__doc__ = original.__doc__
+    eager_backward = torch.compiler.disable(backward)
     torch.Tensor.backward = backward  # type: ignore[method-assign]
 
     def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_dynamo_compiling():
+            return eager_autograd_backward(tensors, *args, **kwargs)
         me = threading.get_ident()
         if nested(me):
             return original_backward(tensors, *args, **kwargs)
@@ -445,11 +458,14 @@ def install() -> None:
         return out
 
     autograd_backward.__doc__ = original_backward.__doc__
+    eager_autograd_backward = torch.compiler.disable(autograd_backward)
     torch.autograd.backward = autograd_backward  # type: ignore[assignment]
 
     original_grad = torch.autograd.grad
 
     def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_dynamo_compiling():
+            return eager_grad(outputs, inputs, *args, **kwargs)
         if not isinstance(inputs, (list, tuple, dict, torch.Tensor)) and hasattr(inputs, "__iter__"):
             inputs = tuple(inputs)  # model.parameters(): read once here, handed on whole
         loss = _grad_loss(outputs, inputs, args, kwargs)
@@ -461,6 +477,7 @@ def install() -> None:
         return out
 
     grad.__doc__ = original_grad.__doc__
+    eager_grad = torch.compiler.disable(grad)
     torch.autograd.grad = grad  # type: ignore[assignment]
 
     scaler_cls = torch.amp.GradScaler
