@@ -405,12 +405,12 @@ def install() -> None:
 
     # Traced by dynamo (torch.compile), each wrapper calls itself through
     # torch.compiler.disable: dynamo breaks the graph there, as it does at torch's own
-    # backward(), and runs it as it is (AOTAutograd's own autograd.grad, while it traces a
-    # compiled backward, is no dynamo trace: is_compiling() is True there, and the call
-    # went round in circles).
-    # Traced, its bookkeeping (a thread-local count) was a guard that changed every step:
-    # Keras's jit_compile=True train step recompiled until dynamo gave up on it, and the
-    # step's numbers differed in their 6th digit.
+    # backward(), and runs it as it is. Traced through, its bookkeeping (a thread-local
+    # count) was a guard that changed at every step: Keras's jit_compile=True train step
+    # was compiled again at each call until dynamo gave up, and its losses differed in
+    # their 6th digit. The test is is_dynamo_compiling(), not is_compiling(): AOTAutograd's
+    # own autograd.grad, while it traces a compiled backward, is no dynamo trace, and with
+    # is_compiling() the call went round in circles.
     def backward(self: torch.Tensor, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False,
                  inputs: Any = None) -> Any:
         if torch.compiler.is_dynamo_compiling():
