@@ -164,14 +164,12 @@ def hold(monitor: Any) -> None:
 def claim(monitor: Any, opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
     """Record that ``monitor`` hooks ``opt`` and watches ``params``."""
     _hook()
-    ref = weakref.ref(monitor)
-    _by_opt[opt] = ref
-    for p in params:
-        _owner[id(p)] = ref
+    _by_opt[opt] = weakref.ref(monitor)
+    claim_hand(monitor, params)
 
 
 def claim_hand(monitor: Any, params: Sequence[torch.Tensor]) -> None:
-    """Record that ``monitor`` watches ``params``, which no optimizer steps (updated by hand)."""
+    """Record that ``monitor`` watches ``params`` (with no optimizer: updated by hand)."""
     ref = weakref.ref(monitor)
     for p in params:
         _owner[id(p)] = ref

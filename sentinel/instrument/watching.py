@@ -57,33 +57,39 @@ def watch(model: torch.nn.Module | None,
         ConfigError: an invalid config file.
     """
     global unsupported_total
-    if optimizer is None and isinstance(model, torch.nn.Module):
-        return _watch_by_hand(model, options, scaler, on_alert)
-    opts = from_kwargs(options)
+    by_hand = optimizer is None and isinstance(model, torch.nn.Module)  # no torch optimizer steps it
+    opts = from_kwargs({"capture_loss": True, **options} if by_hand else options)
+    hand: list[torch.Tensor] | None = None
     try:
-        many = not isinstance(optimizer, torch.optim.Optimizer) and outerstep.inner_of(optimizer) is None
-        given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
-        optimizers = [registry.unwrap(o) for o in given]
-        if not optimizers:
-            raise registry.UnsupportedOptimizer("no optimizer was given")
+        if by_hand:
+            optimizers: list[torch.optim.Optimizer] = []
+            hand = [p for p in model.parameters() if p.requires_grad]  # type: ignore[union-attr]
+            if not hand:
+                raise registry.UnsupportedOptimizer("the model has no parameter that requires grad")
+        else:
+            many = not isinstance(optimizer, torch.optim.Optimizer) and outerstep.inner_of(optimizer) is None
+            given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
+            optimizers = [registry.unwrap(o) for o in given]
+            if not optimizers:
+                raise registry.UnsupportedOptimizer("no optimizer was given")
         if model is not None and not isinstance(model, torch.nn.Module):
             raise registry.UnsupportedOptimizer(f"the model is a {type(model).__name__}, not a torch.nn.Module")
     except Exception as exc:
         unsupported_total += 1
         log.warning("sentinel: cannot watch this (%s); training continues unmonitored", exc)
         return Monitor.inert(opts, str(exc))
-    owners = [registry.monitor_of(o) for o in optimizers]
+    owners = registry.owners(hand) if hand is not None else [registry.monitor_of(o) for o in optimizers]
     for m in owners:
         if m is not None and not m.auto and not m.closed:
-            log.warning("sentinel: this optimizer is already watched (run %r); returning that monitor",
-                        m.options.run)
+            log.warning("sentinel: this %s is already watched (run %r); returning that monitor",
+                        "model" if by_hand else "optimizer", m.options.run)
             return m  # type: ignore[no-any-return]
     autos = {m for m in owners if m is not None and not m.closed}  # zero-code monitors give way
     start = max((m.steps for m in autos), default=0)
     for m in autos:
         m.close()
     try:
-        mon = Monitor(model, optimizers, opts, scaler=scaler, on_alert=on_alert)
+        mon = Monitor(model, optimizers, opts, scaler=scaler, on_alert=on_alert, hand=hand)
     except Exception as exc:
         if type(exc).__name__ == "ConfigError":  # sentinel.rules.config's: loud at construction
             raise
@@ -93,31 +99,3 @@ def watch(model: torch.nn.Module | None,
         return Monitor.inert(opts, f"{type(exc).__name__}: {exc}")
     mon.sync_step(start)
     return mon
-
-
-def _watch_by_hand(model: torch.nn.Module, options: dict[str, Any], scaler: Any,
-                   on_alert: Callable[[dict[str, Any]], None] | Sequence[Callable[[dict[str, Any]], None]]) -> Monitor:
-    """:func:`watch` of a model whose parameters no torch optimizer steps."""
-    global unsupported_total
-    opts = from_kwargs({"capture_loss": True, **options})
-    try:
-        params = [p for p in model.parameters() if p.requires_grad]
-        if not params:
-            raise registry.UnsupportedOptimizer("the model has no parameter that requires grad")
-        owners = [m for m in registry.owners(params) if not m.closed]
-        for m in owners:
-            if not m.auto:
-                log.warning("sentinel: this model is already watched (run %r); returning that monitor", m.options.run)
-                return m  # type: ignore[no-any-return]
-        start = max((m.steps for m in owners), default=0)
-        for m in owners:  # zero-code mode's gives way, and its step count goes on
-            m.close()
-        mon = Monitor(model, [], opts, scaler=scaler, on_alert=on_alert, hand=params)
-        mon.sync_step(start)
-        return mon
-    except Exception as exc:
-        if type(exc).__name__ == "ConfigError":
-            raise
-        unsupported_total += 1
-        log.warning("sentinel: cannot watch this (%s); training continues unmonitored", exc)
-        return Monitor.inert(opts, str(exc))
