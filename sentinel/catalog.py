@@ -128,7 +128,8 @@ CATALOG: dict[str, Spec] = {
     "sentinel_optimizer_hyperparameter": Spec(
         G, "An optimizer's hyperparameter (lr, beta1, beta2, eps, weight_decay, momentum), reduced over "
            "its param groups (smallest beta1/momentum/eps, largest beta2/weight_decay/lr); lr as the script set "
-           "it, before any schedule (sentinel_lr is each step's).",
+           "it, before any schedule, or the highest a group has been at where a schedule written by hand set "
+           "it higher (sentinel_lr is each step's).",
         ("class", "index", "name")),
     "sentinel_optimizer_beta1": Spec(G, "An optimizer's smallest beta1 (first-moment decay).", ("class", "index")),
     "sentinel_optimizer_beta2_memory_ratio": Spec(

@@ -159,7 +159,7 @@ class Hooks:
             return None
         if opt.state is not self.states.get(id(opt)):  # load_state_dict gives it new state
             self.states[id(opt)] = opt.state
-            self.record.due = True
+            self.record.restart()
         return fn(opt, args, kwargs)
 
     def step_post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -543,7 +543,7 @@ class Monitor:
         measure.close_step(report)
         if self._rewrite is not None:
             report.frame.rewrite, self._rewrite = self._rewrite, None
-        self._record.add_to(report, measure.add, steps, self.optimizers, self.layout, self.devices)
+        self._record.add_to(report, measure.add, steps, self.optimizers, self.layout, self.devices, self.cadence.lrs)
         if steps % o.memory_every == 0 or steps == 1:
             mem = self.boundary.run("memory", measure.memory)
             if mem:

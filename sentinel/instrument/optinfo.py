@@ -11,7 +11,9 @@ fp16, §5.2 weight decay). One small map per optimizer, whatever the number of g
   and ``momentum`` the smallest, ``beta2`` the largest, ``eps`` the smallest,
   ``weight_decay`` and ``lr`` the largest; ``decoupled`` 1 when weight decay is applied
   apart from the gradient (AdamW, Lion, ``decoupled_weight_decay=True``). ``lr`` is the
-  one the script set, before any schedule (:func:`_configured_lr`).
+  one the script set, before any schedule (:func:`_configured_lr`), or the highest a group
+  has been at since the optimizer's state began, where that is higher (a schedule written
+  by hand, which keeps no base).
 
 Host-side reads of the param groups only: a tensor-valued hyperparameter on an accelerator
 is left out (reading it would sync).
@@ -52,13 +54,22 @@ def _configured_lr(group: dict[str, Any]) -> Any:
     return group.get("initial_lr", group.get("lr"))
 
 
-def describe(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict[str, Any]]:
-    """The bounded description of each optimizer (see the module docstring)."""
+def describe(optimizers: Sequence[torch.optim.Optimizer], top: Sequence[float] = ()) -> list[dict[str, Any]]:
+    """The bounded description of each optimizer (see the module docstring). ``top``: the
+    highest lr each param group has been at (the groups of every optimizer in order, as
+    ``probes.learning_rates``), for a schedule written by hand: nanoGPT's ``get_lr``, MAE's
+    ``adjust_learning_rate`` set ``group["lr"]`` at each step, keep no base, and left a run
+    recorded at its last rate, 1e-7 for a fine-tune at 1e-3."""
     out: list[dict[str, Any]] = []
+    flat = 0  # the position of the optimizer's first group in ``top``
     for opt in optimizers[:MAX_OPTIMIZERS]:
         hp: dict[str, list[float]] = {}
         dtypes: set[torch.dtype] = set()
         for g in opt.param_groups:
+            seen = top[flat] if flat < len(top) else math.nan
+            flat += 1
+            if seen == seen:
+                hp.setdefault("lr", []).append(seen)
             for p in g["params"]:
                 if p.is_floating_point():
                     dtypes.add(p.dtype)

@@ -32,16 +32,31 @@ class StateRecord:
         self.due = True  # the first step; set again after load_state_dict and a new layout
         self._sat_cursor = 0
         self._health_cursor = 0
+        # the highest lr each param group has been at since the optimizer's state began (the
+        # order of probes.learning_rates): a schedule written by hand sets group["lr"] itself
+        self._top: list[float] = []
+
+    def restart(self) -> None:
+        """The optimizer loaded a state (a resume, an LR finder's reset): record it again,
+        and its peak lr from here (a range test's lr of 10 was no setting of the run's)."""
+        self.due = True
+        self._top = []
 
     def add_to(self, report: Report, add: Add, step: int, optimizers: Sequence[torch.optim.Optimizer],
-               layout: Layout, devices: Sequence[torch.device]) -> None:
-        """Put the record into the report's frame (and its device counts through ``add``) when due."""
+               layout: Layout, devices: Sequence[torch.device], lrs: Sequence[float] = ()) -> None:
+        """Put the record into the report's frame (and its device counts through ``add``) when
+        due; ``lrs`` are the step's learning rates, each group's (``Cadence.lrs``)."""
         o = self.options
+        top = self._top
+        if len(top) != len(lrs):  # the first step, or a group added: from here
+            self._top = list(lrs)
+        elif lrs:
+            self._top = [b if b > a or a != a else a for a, b in zip(top, lrs)]  # NaN: a tensor lr unread
         if not (self.due or step % o.state_every == 0):
             return
         self.due = False
         frame = report.frame
-        optim = self.boundary.run("optimizer", optinfo.describe, optimizers)
+        optim = self.boundary.run("optimizer", optinfo.describe, optimizers, self._top)
         if optim:
             frame.optim = optim
             if o.total_steps > 0:

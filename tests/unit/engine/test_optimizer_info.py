@@ -52,6 +52,59 @@ def test_the_recorded_lr_is_the_one_the_script_set_not_where_its_schedule_is(sch
     assert seen == [pytest.approx(lr)] * 30
 
 
+def _recorded_lrs(mlp: MLP, opt: torch.optim.Optimizer, steps: int, lr_at: Any, **options: Any) -> list[tuple[int, float]]:
+    """``steps`` of a loop that sets every group's lr by hand before each step, as
+    nanoGPT's ``get_lr`` and MAE's ``adjust_learning_rate`` do (scaled by a group's
+    ``lr_scale``); the optimizer record's lr at each step that carried one."""
+    mon, sender = make_monitor(mlp, opt, **options)
+
+    def set_lr(i: int) -> None:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(i) * g.get("lr_scale", 1.0)
+
+    train_steps(mlp, opt, steps, mon, before_step=set_lr)
+    mon.close()
+    return [(f["step"], f["optim"][0]["hp"]["lr"]) for f in sender.steps() if "optim" in f]
+
+
+def test_a_schedule_written_by_hand_is_recorded_at_its_peak(mlp: MLP) -> None:
+    """nanoGPT's warmup from 0 to 6e-4 in 20 steps and cosine decay to a tenth, the groups
+    of a layer-wise decay below the head's rate: the run is recorded at 6e-4, not at its
+    rate when a record is due (the first step's 3e-5, the last's 6e-5), so ``sentinel
+    compare`` names the lr the sweep gave each run."""
+    import math
+
+    def get_lr(it: int) -> float:
+        if it < 20:
+            return 6e-4 * (it + 1) / 20
+        return 6e-5 + 0.5 * (1 + math.cos(math.pi * (it - 20) / 130)) * (6e-4 - 6e-5)
+
+    groups = [{"params": list(layer.parameters()), "lr_scale": 0.75 ** (3 - i)} for i, layer in enumerate(mlp.layers)]
+    opt = torch.optim.AdamW([*groups, {"params": list(mlp.head.parameters()), "lr_scale": 1.0}], lr=6e-4)
+    recorded = _recorded_lrs(mlp, opt, 150, get_lr, state_every=50)
+    assert [s for s, _ in recorded] == [1, 50, 100, 150]
+    assert recorded[0][1] == pytest.approx(3e-5)  # all it had been at: the warmup's first rate
+    assert [lr for _, lr in recorded[1:]] == [pytest.approx(6e-4)] * 3
+
+
+def test_an_lr_range_test_undone_by_load_state_dict_is_not_the_runs_lr(mlp: MLP) -> None:
+    """torch-lr-finder's ``range_test`` raises the optimizer's lr to 10, then ``reset()``
+    loads its saved state: the fit after it is recorded at its own 1e-3."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=1e-3)
+    mon, sender = make_monitor(mlp, opt, state_every=1000)
+    saved = opt.state_dict()
+
+    def ramp(i: int) -> None:
+        opt.param_groups[0]["lr"] = 1e-3 * 10 ** (4 * i / 9)  # 1e-3 → 10 in 10 steps
+
+    train_steps(mlp, opt, 10, mon, before_step=ramp)
+    opt.load_state_dict(saved)
+    train_steps(mlp, opt, 5, mon)
+    mon.close()
+    recorded = [(f["step"], f["optim"][0]["hp"]["lr"]) for f in sender.steps() if "optim" in f]
+    assert recorded == [(1, pytest.approx(1e-3)), (11, pytest.approx(1e-3))]
+
+
 def _fired(opt: torch.optim.Optimizer, total_steps: int | None = None) -> set[str]:
     frame: dict[str, Any] = {"kind": "step", "job": "j", "run": "r", "rank": 0, "step": 1, "t": 1.0,
                              "groups": ["w"], "grad_sumsq": [1.0], "optim": optinfo.describe([opt])}
