@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from sentinel import wire
-from sentinel.instrument import games, leaving, loaders, losses, preclip, registry, replaced, rewrites
+from sentinel.instrument import games, leaving, loaders, losses, notebook, preclip, registry, replaced, rewrites
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
@@ -116,6 +116,7 @@ class Monitor:
             self._player.adversarial = True
         losses.install()  # counts backward() calls: which step a log() belongs to
         loaders.install()  # an evaluation's batches are heartbeats (an EMA copy's too)
+        notebook.watch(self)  # a Jupyter kernel waiting for its next cell is no stall
         rewrites.install()  # weights the script sets itself (a rewind, a pruning) restart the loss's baselines
         self._rewrite: wire.Rewrite | None = None  # how the script set the watched weights since the last step
         close_at_exit(self)
@@ -527,6 +528,12 @@ class Monitor:
                 run("report", finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
+
+    def idle_beat(self) -> None:
+        """A heartbeat from :mod:`.notebook`'s thread, while the kernel whose thread trains
+        this monitor waits for its next cell (nothing of the training runs meanwhile)."""
+        if self.active and not self.closed and self.steps > 0:
+            self._beat(0)
 
     def _beat(self, beats: int) -> None:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
