@@ -67,6 +67,11 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    ``DataLoader`` batches drawn with gradients off and the
                    ``Monitor.heartbeat()`` calls since then. Sent at most once per
                    ``heartbeat_seconds``
+``where``?         on a ``log`` frame: where the training thread was when no step had
+                   come for ``heartbeat_seconds`` (its innermost Python frame, and the
+                   script's innermost one: ``wait (threading.py:355) from
+                   load_batch (train.py:40)``); no heartbeat: a hang sends it too. The
+                   engine keeps it until the rank's next step (``TrainingStalled`` says it)
 ``short_batch``?   ``[size, batch size]``: the step's batch was its ``DataLoader``'s
                    short last one (``drop_last=False``), less than half a batch: its
                    gradient norm and loss are a few samples', not a batch's
@@ -297,6 +302,7 @@ class Frame(Struct, kw_only=True):
     tags: Tags | UnsetType = UNSET
     cmd: Annotated[str, Meta(max_length=1000)] | UnsetType = UNSET
     reply: Text200 | UnsetType = UNSET
+    where: Text200 | UnsetType = UNSET
     exc: Text200 | UnsetType = UNSET
     status: Annotated[int, Meta(ge=-1, le=255)] | UnsetType = UNSET
     thread: Annotated[str, Meta(max_length=64)] | UnsetType = UNSET

@@ -91,6 +91,10 @@ class Engine:
         self.pids: dict[tuple[str, str, int, str], int] = {}
         # looked up at each call: a run forgotten replaces the dict
         self.rules.process_of = lambda key: self.pids.get(key)
+        # where each stream's training thread was, told while no step came (a frame's
+        # ``where``); a step clears it. TrainingStalled says it
+        self.wheres: dict[tuple[str, str, int, str], str] = {}
+        self.rules.where_of = lambda key: self.wheres.get(key)
         self.exited_ranks: dict[tuple[str, str, int], int] = {}  # rank → its recorded exit status
         self.owned_pids: set[int] = set()  # whose exit status the caller reports (sentinel run's CMD)
         self._scan: deque[tuple[str, str, int, str]] = deque()  # streams still to check in this sweep
@@ -261,6 +265,13 @@ class Engine:
         rk = (job, run, rank)
         opt: str = frame.get("opt", "")
         self.runs_seen[(job, run)] = float(frame["t"])
+        if kind == "step":
+            if self.wheres:
+                self.wheres.pop((*rk, opt), None)
+        elif "where" in frame:
+            if len(self.wheres) > 10_000:
+                self.wheres.clear()
+            self.wheres[(job, run, rank, opt)] = frame["where"]
         if kind == "bye" and not frame.get("exc") and not frame.get("status"):
             if len(self.byes) > 10_000:
                 self.byes.clear()
@@ -443,6 +454,8 @@ class Engine:
         """The rank ended: none of its streams' processes is watched any more."""
         for key in [k for k in self.pids if k[:3] == rk]:
             del self.pids[key]
+        for key in [k for k in self.wheres if k[:3] == rk]:
+            del self.wheres[key]
 
     def _labels(self, rk: tuple[str, str, int]) -> tuple[tuple[str, str], ...]:
         return labels_of(job=rk[0], run=rk[1], rank=rk[2])
@@ -493,6 +506,7 @@ class Engine:
             self.finished = {rk for rk in self.finished if rk[:2] != (job, run)}
             self.exited_ranks = {rk: v for rk, v in self.exited_ranks.items() if rk[:2] != (job, run)}
             self.pids = {rk: v for rk, v in self.pids.items() if rk[:2] != (job, run)}
+            self.wheres = {rk: v for rk, v in self.wheres.items() if rk[:2] != (job, run)}
             self.aliases = {k: v for k, v in self.aliases.items() if (k[0], v) != (job, run)}
             self.streams = {rk: v for rk, v in self.streams.items() if rk[:2] != (job, run)}
             self.byes = {k for k in self.byes if k[:2] != (job, run)}

@@ -305,7 +305,7 @@ def _scalars(f: dict[str, Any], limits: Limits, dropped: Dropped) -> None:
 def _schema_ok(key: str, value: Any) -> bool:
     """Whether a field that failed its test at least had the right shape (a range problem)."""
     shape = {"lr": list, "sat": list, "mem": dict, "state_bytes": dict, "amp": dict, "shard": str,
-             "exc": str, "thread": str, "reply": str, "ddp": bool, "status": int, "short_batch": list, "rewrite": str,
+             "exc": str, "thread": str, "reply": str, "where": str, "ddp": bool, "status": int, "short_batch": list, "rewrite": str,
              "tags": dict, "cmd": str}.get(key)
     if shape is not None:
         return type(value) is shape
@@ -368,6 +368,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "status": lambda v, _: type(v) is int and -1 <= v <= 255,
     "thread": lambda v, _: type(v) is str and len(v) <= 64,
     "reply": lambda v, _: type(v) is str and len(v) <= 200,
+    "where": lambda v, _: type(v) is str and len(v) <= 200,
     "guard": guard_note_valid,  # the step guard's note (sentinel/engine/guard.py)
 }
 

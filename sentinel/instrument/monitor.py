@@ -18,7 +18,18 @@ from typing import Any
 import torch
 
 from sentinel import wire
-from sentinel.instrument import games, leaving, loaders, losses, notebook, preclip, registry, replaced, rewrites
+from sentinel.instrument import (
+    games,
+    leaving,
+    loaders,
+    losses,
+    notebook,
+    preclip,
+    registry,
+    replaced,
+    rewrites,
+    whereabouts,
+)
 from sentinel.instrument.boundary import Boundary
 from sentinel.instrument.cadence import Cadence
 from sentinel.instrument.capture import InputCapture
@@ -117,6 +128,7 @@ class Monitor:
         losses.install()  # counts backward() calls: which step a log() belongs to
         loaders.install()  # an evaluation's batches are heartbeats (an EMA copy's too)
         notebook.watch(self)  # a Jupyter kernel waiting for its next cell is no stall
+        whereabouts.watch(self)  # where the training thread waits, once no step comes
         rewrites.install()  # weights the script sets itself (a rewind, a pruning) restart the loss's baselines
         self._rewrite: wire.Rewrite | None = None  # how the script set the watched weights since the last step
         close_at_exit(self)
@@ -528,6 +540,12 @@ class Monitor:
                 run("report", finalize)
             self.probe_seconds += time.perf_counter() - t0
         return post
+
+    def say_where(self, where: str) -> None:
+        """From :mod:`.whereabouts`' thread: where this training's thread is, no step
+        having come for a heartbeat's interval."""
+        if self.active and not self.closed:
+            self.boundary.run("where", self.reporter.where, self.steps, where)
 
     def idle_beat(self) -> None:
         """A heartbeat from :mod:`.notebook`'s thread, while the kernel whose thread trains

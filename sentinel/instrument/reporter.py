@@ -168,6 +168,14 @@ class Reporter:
         frame.beat = beats
         self.send(frame)
 
+    def where(self, steps: int, where: str) -> None:
+        """Say where the training thread is, no step having come since ``steps``
+        (:mod:`.whereabouts`, from its own thread: the sender is thread-safe, and nothing
+        held is touched)."""
+        frame = self.frame("log", steps, time.time())
+        frame.where = where
+        self.send(frame)
+
     # -- reports --------------------------------------------------------------------------
 
     def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False) -> None:

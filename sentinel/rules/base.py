@@ -85,6 +85,8 @@ class Context:
             rank of the run (it evaluated between steps), or None.
         sibling_step: for the time-based rules, the Unix time of the latest step of
             another stream of the same process (another optimizer of the rank), or None.
+        where: for the time-based rules, where the stream's training thread was when it
+            last said so, after its last step (the frame's ``where``), or None.
     """
 
     step: int
@@ -104,6 +106,7 @@ class Context:
     lr_change_step: int | None = None
     heartbeat: float | None = None
     sibling_step: float | None = None
+    where: str | None = None
 
 
 class Params(BaseModel):

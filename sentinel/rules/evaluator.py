@@ -88,6 +88,8 @@ class RuleEngine:
         # the process a stream reports from, (job, run, rank, stream) -> pid, where the
         # transport knows it (the engine sets it; None: taken for one process per rank)
         self.process_of: Callable[[tuple[str, str, int, str]], int | None] = lambda key: None
+        # where a stream's training thread was while no step came, (job, run, rank, stream) -> text
+        self.where_of: Callable[[tuple[str, str, int, str]], str | None] = lambda key: None
         # the step rules to consider per (gauges written, only): see _candidates
         self._cands: dict[tuple[frozenset[str] | None, tuple[str, ...] | None], list[Compiled]] = {}
 
@@ -340,7 +342,8 @@ class RuleEngine:
             return
         for _, extra, series in sel.series:
             window = series.window(c.samples)
-            cctx = Context(step=step, now=t, series=dict(extra), heartbeat=beat, sibling_step=sibling)
+            cctx = Context(step=step, now=t, series=dict(extra), heartbeat=beat, sibling_step=sibling,
+                           where=self.where_of((job, run, rank, rs.opt)))
             verdict = c.spec.fn(window, c.rule.params, cctx)
             self._judge.evaluations += 1
             self._life.observe(c.rule, job, run, rank, extra, verdict, step, now)

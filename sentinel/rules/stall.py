@@ -16,6 +16,11 @@ is not stalled either: a script that trains in phases, one optimizer after anoth
 PyTorch examples' Forward-Forward trains each layer by its own Adam in turn, every one kept
 alive by its layer), leaves the done ones silent while the process works. A hang stops
 every stream of the process, and pages each.
+
+Where the training thread waits, the instrument says, once no step came for a heartbeat's
+interval (``ctx.where``: its innermost Python frame and the script's, ``wait
+(threading.py:355) from load_batch (train.py:40)``): the detail ends with it, so the page
+answers the runbook's first question (``py-spy dump``) for the Python side.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ def detect(window: Window, params: StallParams, ctx: Context) -> Verdict | None:
         detail = f"no step for {since_step:.0f} s, the run's last heartbeat {silence:.0f} s ago (limit {limit:.0f} s)"
     else:
         detail = f"no step for {silence:.0f} s (limit {limit:.0f} s)"
+    if ctx.where:
+        detail += f"; its training thread is in {ctx.where}"
     return Verdict(silence > limit, silence, limit, baseline=typical, detail=detail)
 
 

@@ -301,8 +301,11 @@ def test_an_exception_fires_training_crashed_with_exit_status_1() -> None:
     assert "raised RuntimeError at faulty_train.py:45;" in line and "illegal memory" not in line, line
 
 
-def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> None:
-    # the stall limit is max(min_seconds, factor x median step time): 2 s here, so the test is quick
+def test_a_script_that_stops_stepping_fires_training_stalled_and_says_where_it_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the stall limit is max(min_seconds, factor x median step time): 2 s here, so the test is
+    # quick; where the training thread waits is looked at every heartbeat interval, 0.5 s here
+    monkeypatch.setenv("SENTINEL_HEARTBEAT_SECONDS", "0.5")
     cfg = _config(tmp_path, "rules:\n  TrainingStalled:\n    params: {min_seconds: 2}\n")
     proc, url = _start([sys.executable, str(SCRIPTS / "faulty_train.py"), "30", "stall"], config=cfg)
     try:
@@ -314,6 +317,11 @@ def test_a_script_that_stops_stepping_fires_training_stalled(tmp_path: Path) -> 
         assert alert["ranks"] == [0] and alert["step"] == 30 and alert["severity"] == "critical"
         assert alert["threshold"] == pytest.approx(2.0) and alert["value"] > 2.0
         assert "no step for" in alert["summary"]
+        # the page says what py-spy would: the call it waits in, and the script's line that made it
+        line = next(i for i, text in enumerate((SCRIPTS / "faulty_train.py").read_text().splitlines(), 1)
+                    if "threading.Event().wait(seconds)" in text)
+        assert re.search(r"its training thread is in wait \(threading\.py:\d+\) from wait_for_peer "
+                         rf"\(\S*faulty_train\.py:{line}\)", alert["summary"]), alert["summary"]
     finally:
         end_process(proc)
 

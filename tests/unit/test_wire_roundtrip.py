@@ -166,7 +166,7 @@ _GOOD: dict[str, Any] = {
     "step_seconds": 0.5, "busy_seconds": 0.0, "state_bytes": {"m": 1}, "param_bytes": 2, "mem": {"x": 1.5},
     "amp": {"scale": 2.0, "skipped": 1}, "scalars": {"loss": 1.0}, "errors": 1, "dropped": 0, "exc": "E",
     "skipped_nonfinite": 3, "no_gradient": 21, "not_reset": 3,
-    "status": 0, "thread": "t", "reply": "/r", "tags": {"k": "v"}, "cmd": "c", "opt": "0",
+    "status": 0, "thread": "t", "reply": "/r", "where": "w", "tags": {"k": "v"}, "cmd": "c", "opt": "0",
     "guard": {"skipped": False, "reason": "", "norm": 1.0, "bound": 2.0}}
 
 

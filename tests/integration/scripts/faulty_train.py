@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import urllib.request
 
@@ -19,6 +20,13 @@ from torch import nn
 
 steps, fault = int(sys.argv[1]), sys.argv[2]
 torch.manual_seed(0)
+
+
+def wait_for_peer(seconds: float) -> None:
+    """A rank waiting for one that never comes (a hung collective, a stuck data loader)."""
+    threading.Event().wait(seconds)
+
+
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
 for i in range(steps):
@@ -52,4 +60,4 @@ elif fault in ("stall", "evaluate"):
                 model(torch.randn(64, 8))
                 time.sleep(0.02)
         print("evaluated", flush=True)
-    time.sleep(60)
+    wait_for_peer(60)

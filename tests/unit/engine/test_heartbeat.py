@@ -141,3 +141,34 @@ def test_an_optimizer_of_another_process_stepping_does_not_hide_a_hang() -> None
     alert = _stalled(engine)
     assert alert is not None and alert["optimizers"] == ["0"], alert
     assert "no step for" in alert["summary"] and "another optimizer" not in alert["summary"]
+
+
+def _where(rank: int, step: int, t: float, where: str) -> bytes:
+    return wire.encode(wire.Frame(kind="log", job="train", run="r1", rank=rank, world=2, step=step, t=t, where=where))
+
+
+def test_a_stall_says_where_each_ranks_thread_waits_until_it_steps_again() -> None:
+    """Where a rank's training thread was once no step came (the instrument's ``where``) ends
+    the stall's detail; it is no heartbeat, and the next step forgets it."""
+    engine, clock = _trained()
+    clock.t += 40
+    assert engine.feed(_where(0, 100, clock.t, "all_reduce (torch/distributed/distributed_c10d.py:2501) "
+                                              "from train_step (train.py:88)"))
+    assert engine.feed(_where(1, 100, clock.t, "_next_data (torch/utils/data/dataloader.py:1300) "
+                                              "from main (train.py:120)"))
+    clock.t += 570  # 610 s since the last step: the where frames held off nothing
+    engine.tick()
+    alert = _stalled(engine)
+    assert alert is not None and alert["ranks"] == [0, 1]
+    # each rank's place: the one in the collective, and the one that never reached it
+    assert "its training thread is in all_reduce (torch/distributed/distributed_c10d.py:2501) from train_step" \
+           " (train.py:88)" in alert["summary"], alert["summary"]
+    assert "its training thread is in _next_data (torch/utils/data/dataloader.py:1300) from main (train.py:120)" \
+           in alert["summary"], alert["summary"]
+    for rank in (0, 1):  # they step again, then stall again without saying where
+        assert engine.feed(_step(rank, 101, clock.t))
+    clock.t += 700
+    engine.tick()
+    again = _stalled(engine)
+    assert again is not None and again["state"] == "firing" and again["step"] == 101
+    assert "training thread" not in again["summary"], again["summary"]

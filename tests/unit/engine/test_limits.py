@@ -244,7 +244,7 @@ _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st
 _KEYS = st.sampled_from(sorted({*GOOD, "world", "groups", "grad_sumsq", "param_sumsq", "delta_sumsq", "lr", "mem",
                                 "scalars", "amp", "sat", "state_bytes", "param_bytes", "step_seconds",
                                 "busy_seconds", "grad_l1", "grad_count", "clip_norm", "clip_max", "shard", "ddp",
-                                "exc", "reply"} - {"v"}))
+                                "exc", "reply", "where"} - {"v"}))
 
 
 @settings(max_examples=300, deadline=None)
