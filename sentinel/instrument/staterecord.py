@@ -50,7 +50,7 @@ class StateRecord:
         top = self._top
         if len(top) != len(lrs):  # the first step, or a group added: from here
             self._top = list(lrs)
-        elif lrs:
+        elif lrs != top:  # a constant lr costs one comparison a step
             self._top = [b if b > a or a != a else a for a, b in zip(top, lrs)]  # NaN: a tensor lr unread
         if not (self.due or step % o.state_every == 0):
             return
