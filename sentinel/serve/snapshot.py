@@ -4,7 +4,8 @@ Bounded whatever the job's size, so polling stays light for the engine at 64 ran
 groups:
 
 - at most :data:`MAX_RUNS` runs (the most recently active first), every rank of each
-  with its state and latest key values (a few numbers per rank);
+  with its state and latest key values (a few numbers per rank), and for a stalled one
+  the call its training thread waits in, where it said (``where``);
 - chart series for the selected run only (``?run=JOB/RUN``, else the most recent), for at
   most :data:`MAX_CHART_RANKS` ranks, each thinned to at most ``points`` samples (default
   :data:`POINTS`, capped at :data:`MAX_POINTS`) of the store's last 512;
@@ -157,16 +158,18 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
     # a stream silent while another of its rank and process steps (the engine's pids where known)
     siblings = (siblings_stepped(last_times, getattr(engine, "pids", {}).get)
                 if len({k[:3] for k in last_times}) < len(last_times) else {})
+    wheres: dict[Key, str] = getattr(engine, "wheres", {})
     for key in sorted(ranks):
         values = ranks[key]
         last_time = last_times.get(key)
         window = store.window("sentinel_step_duration_seconds", series.get(key, {}).get("step_time", ()), 50)
         step_times = [] if window is None else [float(v) for v in window.values if math.isfinite(v)]
         state = _state(engine, key, last_time, step_times, now, beats.get(key[:2]), siblings.get(key))
+        where = wheres.get(key) if state == "stalled" else None  # the call its training thread waits in
         runs.setdefault(key[:2], []).append({
             "rank": key[2], "state": state, "values": values,
             "seconds_since_step": None if last_time is None else max(0.0, now - last_time),
-            **({"optimizer": key[3]} if key[3] else {})})
+            **({"optimizer": key[3]} if key[3] else {}), **({"where": where} if where else {})})
         recency[key[:2]] = max(recency.get(key[:2], 0.0), last_time or 0.0)
     order = sorted(runs, key=lambda k: -recency[k])[:MAX_RUNS]
     wanted = query.get("run")

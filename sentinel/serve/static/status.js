@@ -118,7 +118,9 @@ function renderRanks(run) {
   body.replaceChildren(...run.ranks.map((r) => {
     const v = r.values;
     const who = r.optimizer === undefined ? String(r.rank) : `${r.rank} (optimizer ${r.optimizer})`;
-    return el("tr", { "data-rank": r.rank }, el("td", {}, who), el("td", {}, badge(r.state)),
+    const state = r.where ? el("td", {}, badge(r.state), el("div", { class: "where" }, `in ${r.where}`))
+      : el("td", {}, badge(r.state));
+    return el("tr", { "data-rank": r.rank }, el("td", {}, who), state,
       el("td", {}, v.step === undefined ? "—" : Math.round(v.step)), el("td", {}, fmt(v.loss)),
       el("td", {}, fmt(v.grad_norm)), el("td", {}, fmt(v.update_ratio)), el("td", {}, fmt(v.learning_rate)),
       el("td", {}, v.step_time === undefined ? "—" : `${fmt(v.step_time)} s`),

@@ -130,3 +130,29 @@ def test_an_optimizer_done_while_another_of_its_process_trains_is_idle_not_stall
     engine.pids = {("j", "r", 0, "0"): 11, ("j", "r", 0, "1"): 12}  # type: ignore[attr-defined]
     assert [r["state"] for r in status_json(engine, now=1105.0)["runs"][0]["ranks"]] == ["stalled", "training"]
     assert [r["state"] for r in status_json(_Engine(store), now=1140.0)["runs"][0]["ranks"]] == ["stalled"] * 2
+
+
+def test_a_stalled_rank_shows_the_call_its_training_thread_waits_in() -> None:
+    """A real engine fed a rank's steps and then its ``where``: the status page's rank row
+    holds it while the rank is stalled, and not once it steps again."""
+    from sentinel import wire
+    from sentinel.engine.engine import Engine
+    from tests.unit.engine.test_crash import Clock
+
+    clock = Clock()
+    engine = Engine(clock=clock)
+
+    def frame(**f: object) -> bytes:
+        return wire.encode({"job": "j", "run": "r", "rank": 0, "world": 1, "t": clock.t, **f})
+
+    for step in range(1, 21):
+        clock.t += 0.5
+        engine.feed(frame(kind="step", step=step, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5))
+    clock.t += 20
+    engine.feed(frame(kind="log", step=20, where="wait (threading.py:331) from load_batch (train.py:40)"))
+    [rank] = status_json(engine, now=clock.t + 60)["runs"][0]["ranks"]
+    assert rank["state"] == "stalled" and rank["where"] == "wait (threading.py:331) from load_batch (train.py:40)"
+    clock.t += 60
+    engine.feed(frame(kind="step", step=21, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5))
+    [rank] = status_json(engine, now=clock.t + 60)["runs"][0]["ranks"]
+    assert rank["state"] == "stalled" and "where" not in rank
