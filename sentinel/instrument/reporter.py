@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
@@ -115,6 +116,10 @@ class Reporter:
                  request_stop: Callable[[str], None], stream_label: Callable[[], str],
                  loss_sum: LossSum | None, layout: Layout, *, scaler: Any = None, auto: bool = False) -> None:
         self.options, self.boundary, self.rank, self.world = options, boundary, rank, world
+        # whereabouts' and the notebook's threads send until the goodbye, never after it (a log
+        # frame after it reopens the finished rank at the engine)
+        self._leaving = threading.Lock()
+        self._left = False
         self.sender, self.engine, self.capture, self.on_alert = sender, engine, capture, on_alert
         self.request_stop, self.stream_label, self.losses = request_stop, stream_label, loss_sum
         self.layout, self.scaler, self.auto = layout, scaler, auto
@@ -161,20 +166,27 @@ class Reporter:
     def beat(self, steps: int, beats: int) -> None:
         """Say the rank works between steps (``beats``: evaluation forwards, batches and
         heartbeat calls since step ``steps``): reports still held go first, so the engine has the last
-        step before its heartbeat."""
-        self.submit_open()
-        self.emit_ready(False)
-        frame = self.frame("log", steps, time.time())
-        frame.beat = beats
-        self.send(frame)
+        step before its heartbeat. Also from :mod:`.notebook`'s thread, while the kernel's
+        thread that trains waits for a cell; never after the goodbye."""
+        with self._leaving:
+            if self._left:
+                return
+            self.submit_open()
+            self.emit_ready(False)
+            frame = self.frame("log", steps, time.time())
+            frame.beat = beats
+            self.send(frame)
 
     def where(self, steps: int, where: str) -> None:
         """Say where the training thread is, no step having come since ``steps``
         (:mod:`.whereabouts`, from its own thread: the sender is thread-safe, and nothing
         held is touched)."""
-        frame = self.frame("log", steps, time.time())
-        frame.where = where
-        self.send(frame)
+        with self._leaving:
+            if self._left:
+                return
+            frame = self.frame("log", steps, time.time())
+            frame.where = where
+            self.send(frame)
 
     # -- reports --------------------------------------------------------------------------
 
@@ -367,6 +379,8 @@ class Reporter:
         ``status``: the exit status a ``sys.exit`` asked for; ``thread``: the name of the
         training thread ``exc`` ended, the process going on), the sender's backlog; then
         the engine stops and its last alerts reach ``on_alert``."""
+        with self._leaving:
+            self._left = True
         run = self.boundary.run
         run("report", self.submit_open)
         run("report", self.thrown_away, steps, True)
