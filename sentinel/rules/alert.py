@@ -331,7 +331,7 @@ class Alert:
         ranks: set[int] = set()
         optimizers: set[str] = set()
         groups: dict[str, None] = {}
-        details: dict[str, None] = {}
+        details: dict[str, list[int]] = {}  # each distinct detail, and the ranks it is of
         latest: _Series | None = None
         for s in sorted(series, key=lambda s: s.rank):
             if s.rank >= 0:  # node-level series (GPUs) have no rank
@@ -343,14 +343,16 @@ class Alert:
             if s.last is not None:
                 groups.update(dict.fromkeys(s.last.groups))
                 if s.last.detail:
-                    details[s.last.detail] = None
+                    details.setdefault(s.last.detail, []).append(s.rank)
                 if latest is None or s.step > latest.step:
                     latest = s
                 self._worst(s)
         self.ranks = tuple(sorted(ranks))
         self.optimizers = tuple(sorted(optimizers, key=lambda o: (len(o), o)))
         self.groups = tuple(groups)
-        self.detail = ", ".join(details)
+        # ranks that differ say which is which: the one rank of eight that waits elsewhere
+        self.detail = ", ".join(details) if len(details) < 2 or len(self.ranks) < 2 else ", ".join(
+            f"{d} ({compact_ranks(sorted(set(r for r in ranks if r >= 0)))})" for d, ranks in details.items())
         if latest is not None and latest.last is not None:
             v = latest.last
             self.step, self.value, self.threshold = latest.step, v.value, v.threshold

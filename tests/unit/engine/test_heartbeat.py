@@ -160,11 +160,11 @@ def test_a_stall_says_where_each_ranks_thread_waits_until_it_steps_again() -> No
     engine.tick()
     alert = _stalled(engine)
     assert alert is not None and alert["ranks"] == [0, 1]
-    # each rank's place: the one in the collective, and the one that never reached it
+    # each rank's place, named: the one in the collective, and the one that never reached it
     assert "its training thread is in all_reduce (torch/distributed/distributed_c10d.py:2501) from train_step" \
-           " (train.py:88)" in alert["summary"], alert["summary"]
+           " (train.py:88) (rank 0)" in alert["summary"], alert["summary"]
     assert "its training thread is in _next_data (torch/utils/data/dataloader.py:1300) from main (train.py:120)" \
-           in alert["summary"], alert["summary"]
+           " (rank 1)" in alert["summary"], alert["summary"]
     for rank in (0, 1):  # they step again, then stall again without saying where
         assert engine.feed(_step(rank, 101, clock.t))
     clock.t += 700
