@@ -89,11 +89,18 @@ class _Idle:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
 
+    def _mine(self) -> list[Any]:
+        """The open monitors that train in the kernel's thread; held only while beating (a
+        list kept over the wait kept a dropped model and its optimizer alive)."""
+        return [m for m in list(_monitors) if m.stepped_in == self.kernel and m.active and not m.closed]
+
     def _run(self) -> None:
         while True:
-            mons = [m for m in list(_monitors) if m.stepped_in == self.kernel and m.active and not m.closed]
-            every = min((float(m.options.heartbeat_seconds) for m in mons), default=20.0)
+            every = min((float(m.options.heartbeat_seconds) for m in self._mine()), default=20.0)
             if self._stop.wait(every / 2):  # twice per interval: the engine never sees a gap of one
                 return
-            for m in mons:
-                m.idle_beat()
+            self._beat()
+
+    def _beat(self) -> None:  # a function's locals: no monitor is left referenced over the wait
+        for m in self._mine():
+            m.idle_beat()

@@ -60,15 +60,19 @@ def watch(monitor: Any) -> None:
         log.debug("sentinel: could not follow where training waits", exc_info=True)
 
 
+def _live() -> list[Any]:
+    """This process's open monitors. Held only for a look: a list kept over the sleep kept a
+    dropped model (a k-fold loop's last fold) and its optimizer alive."""
+    me = os.getpid()
+    return [m for m, pid in list(_monitors.items()) if pid == me and m.active and not m.closed]
+
+
 def _run() -> None:
     looked: dict[int, tuple[int, str]] = {}  # id(monitor) -> (its steps when looked, where it was said to be)
     while True:
         try:
-            me = os.getpid()
-            mons = [m for m, pid in list(_monitors.items()) if pid == me and m.active and not m.closed]
-            every = min((float(m.options.heartbeat_seconds) for m in mons), default=20.0)
-            time.sleep(every)
-            _look(mons, looked)
+            time.sleep(min((float(m.options.heartbeat_seconds) for m in _live()), default=20.0))
+            _look(_live(), looked)
         except Exception:
             log.debug("sentinel: could not tell where training waits", exc_info=True)
             time.sleep(20.0)
