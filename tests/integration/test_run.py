@@ -298,7 +298,9 @@ def test_an_exception_fires_training_crashed_with_exit_status_1() -> None:
     assert line.startswith("sentinel: [FIRING] critical TrainingCrashed — run "), out.stderr
     assert "since step 5: Training crashed on rank 0 at step 5: exited with status 1" in line, line
     # the type and the script's line, never the message: a message may hold anything
-    assert "raised RuntimeError at faulty_train.py:45;" in line and "illegal memory" not in line, line
+    raised = next(i for i, text in enumerate((SCRIPTS / "faulty_train.py").read_text().splitlines(), 1)
+                  if "raise RuntimeError(" in text)
+    assert f"raised RuntimeError at faulty_train.py:{raised};" in line and "illegal memory" not in line, line
 
 
 def test_a_script_that_stops_stepping_fires_training_stalled_and_says_where_it_waits(
