@@ -29,6 +29,8 @@ from types import FrameType
 from typing import Any
 
 log = logging.getLogger("sentinel")
+MAX_CHARS = 200  # wire.Frame's ``where``
+_SENTINEL = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # each monitor and the process that made it: a forked child (a DataLoader worker, a Hogwild
 # worker) inherits its parent's monitors, whose streams it must never speak for
 _monitors: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -42,8 +44,6 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-MAX_CHARS = 200  # wire.Frame's ``where``
-_SENTINEL = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def watch(monitor: Any) -> None:
