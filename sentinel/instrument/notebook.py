@@ -96,10 +96,17 @@ class _Idle:
 
     def _run(self) -> None:
         while True:
-            every = min((float(m.options.heartbeat_seconds) for m in self._mine()), default=20.0)
+            try:
+                every = min((float(m.options.heartbeat_seconds) for m in self._mine()), default=20.0)
+            except Exception:  # nothing of Sentinel's reaches the notebook's output
+                log.debug("sentinel: the notebook's idle beats failed", exc_info=True)
+                every = 20.0
             if self._stop.wait(every / 2):  # twice per interval: the engine never sees a gap of one
                 return
-            self._beat()
+            try:
+                self._beat()
+            except Exception:
+                log.debug("sentinel: the notebook's idle beats failed", exc_info=True)
 
     def _beat(self) -> None:  # a function's locals: no monitor is left referenced over the wait
         for m in self._mine():
