@@ -110,6 +110,21 @@ def test_a_noisy_loss_near_its_floor_is_no_swing() -> None:
     assert verdict(SWINGING, check="jumps", rebound=0.5) is True  # 1.5 and 1.2 and 1.4 are near the start of 2
 
 
+def test_a_training_watched_from_its_middle_has_no_first_steps_to_swing_in() -> None:
+    """Reptile's fine-tune, watched once it had trained for a while (its steps go on from
+    Adam's count, here from 61): its first watched losses are near its floor, no start, and
+    their batch-to-batch swings paged EarlyLossSwing in runs whose watch began late enough. The same losses
+    from step 1 are judged as before."""
+    assert verdict(SWINGING, check="jumps", rebound=0.5) is True
+    assert verdict_from(SWINGING, 61, check="jumps", rebound=0.5) is None
+    assert verdict_from(SWINGING, 3, check="jumps", rebound=0.5) is True  # a first step or two unseen
+
+
+def verdict_from(values: list[float], start: int, **params: Any) -> bool | None:
+    out = detect(win(values, start), EarlyParams(**params), Context(step=start + len(values) - 1, now=0.0))
+    return None if out is None else out.firing
+
+
 def _signed(level: float, sigma: float, n: int, seed: int) -> list[float]:
     return list(level + sigma * np.random.default_rng(seed).standard_normal(n))
 
