@@ -146,14 +146,15 @@ def detect(window: Window, params: EarlyParams, ctx: Context) -> Verdict | None:
     vals = [v for s, v in zip(steps, window.values.tolist()) if s <= p.until]
     if not vals:
         return None
+    begun = 1 if ctx.rewrite_step is None else ctx.rewrite_step
+    if p.check in ("jumps", "rise", "stall") and steps[0] > begun + 2:
+        # the checks against the start judge no training watched from its middle (an
+        # optimizer made per task, watched once it had trained a while: its steps go on from
+        # Adam's count): its first watched losses are no start, and a fine-tune near its
+        # floor swings 3-4× between batches
+        return None
     if p.check == "jumps":
         if any(v <= 0 for v in vals):  # a loss that reaches 0 or below has no ratios to judge
-            return None
-        begun = 1 if ctx.rewrite_step is None else ctx.rewrite_step
-        if steps[0] > begun + 2:
-            # watched from the middle of its training (an optimizer made per task, watched once
-            # it had trained for a while: its steps go on from Adam's count): its first losses
-            # are no start, and a fine-tune near its floor swings 3-4× between batches
             return None
         floor = p.rebound * median(vals[:3]) if p.rebound > 0 else -math.inf
         jumps = [(b / a, i) for i, (a, b) in enumerate(zip(vals, vals[1:]), 1)

@@ -118,6 +118,10 @@ def test_a_training_watched_from_its_middle_has_no_first_steps_to_swing_in() -> 
     assert verdict(SWINGING, check="jumps", rebound=0.5) is True
     assert verdict_from(SWINGING, 61, check="jumps", rebound=0.5) is None
     assert verdict_from(SWINGING, 3, check="jumps", rebound=0.5) is True  # a first step or two unseen
+    # the other checks against the start too: a 3× rise from step 1, none from the middle
+    rising = [1.0] * 10 + [3.5] * 20
+    assert verdict_from(rising, 1, check="rise", factor=3.0, chunk=5, at_step=20) is True
+    assert verdict_from(rising, 41, check="rise", factor=3.0, chunk=5, at_step=20) is None
 
 
 def verdict_from(values: list[float], start: int, **params: Any) -> bool | None:
