@@ -56,7 +56,13 @@ def test_hogwild_workers_are_streams_of_their_own_and_say_goodbye() -> None:
     for w in workers:
         w.start()
     for w in workers:
-        w.join()  # a few small frames: the pipe holds them all
+        w.join(timeout=120)  # a few small frames: the pipe holds them all
+    hung = [w.pid for w in workers if w.is_alive()]
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+            w.join()
+    assert not hung, f"workers {hung} did not finish in 120 s"
     assert [w.exitcode for w in workers] == [0, 0]
     frames = []
     while not queue.empty():
