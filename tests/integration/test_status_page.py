@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import end_process, wait_for
+from tests.integration.test_run import SCRIPTS, _config, _start
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,3 +145,29 @@ def test_status_page_before_any_run_says_so(browser: Any) -> None:
     finally:
         page.close()
         service.stop()
+
+
+def test_a_stalled_ranks_row_shows_where_its_training_thread_waits(browser: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sentinel run` of a script that stops stepping in ``wait_for_peer``: the rank's row turns
+    *stalled* and names the call, what the on-call person would otherwise py-spy for."""
+    monkeypatch.setenv("SENTINEL_HEARTBEAT_SECONDS", "0.5")  # where it waits is looked at every 0.5 s
+    cfg = _config(tmp_path, "rules:\n  TrainingStalled:\n    params: {min_seconds: 2}\n")
+    proc, url = _start([sys.executable, str(SCRIPTS / "faulty_train.py"), "30", "stall"], config=cfg)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(url + "/")
+        row = page.locator("#ranks tr[data-rank='0']")
+        wait_for(lambda: row.count() == 1 and row.locator(".badge").inner_text() == "stalled", timeout=60,
+                 what="rank 0 shown as stalled")
+        wait_for(lambda: row.locator(".where").count() == 1, timeout=15, what="where rank 0 waits")
+        where = row.locator(".where").inner_text()
+        assert re.fullmatch(r"in wait \(threading\.py:\d+\) from wait_for_peer \(\S*faulty_train\.py:\d+\)",
+                            where), where
+        assert errors == [], errors
+    finally:
+        page.close()
+        end_process(proc)
