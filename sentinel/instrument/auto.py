@@ -285,7 +285,7 @@ def _readable(t: torch.Tensor) -> bool:
 
 def _attach_hand(param: torch.Tensor, steps_so_far: int,
                  first: tuple[list[torch.Tensor], torch.Tensor] | None) -> None:
-    from sentinel.instrument.losses import LossSum, scaler
+    from sentinel.instrument.losses import LossSum
     from sentinel.instrument.monitor import Monitor
     from sentinel.instrument.options import from_kwargs
 
@@ -295,7 +295,8 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
     early, _early = _early, LossSum()
     replay = first if steps_so_far == 1 else None  # the first backward()'s step, from what it left
     log.warning("%s", hand_line(_foreign_stepper(param, model), steps_so_far + 1, 1 if replay else None))
-    mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early,
+    mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=early.grad_scaler() if early is not None else None,
+                  auto=True, loss_sum=early,
                   hand=params)
     if replay is not None:
         mon.replay_first(*replay, clip=_last_clip[:2] if _last_clip is not None else None)
@@ -554,7 +555,7 @@ def _in_model_order(optimizers: list[torch.optim.Optimizer], model: torch.nn.Mod
 
 
 def _attach(opt: torch.optim.Optimizer) -> Any:
-    from sentinel.instrument.losses import LossSum, scaler
+    from sentinel.instrument.losses import LossSum
     from sentinel.instrument.monitor import Monitor
     from sentinel.instrument.options import from_kwargs
 
@@ -583,7 +584,8 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
     if not in_backward:  # (one gc scan: not for an attach deferred above)
         model = _find_model(first_param)
     optimizers = _in_model_order([opt, *parts], model) if parts and model is not None else [opt]
-    mon = Monitor(model, optimizers, from_kwargs({"capture_loss": True}), scaler=scaler(), auto=True, loss_sum=early)
+    mon = Monitor(model, optimizers, from_kwargs({"capture_loss": True}),
+                  scaler=early.grad_scaler() if early is not None else None, auto=True, loss_sum=early)
     _keep(mon)
     _turns.attached(opt, mon, began)
     if _last_clip is not None and _last_clip[2] == losses.caller():  # clipped just before this first step

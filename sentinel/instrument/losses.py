@@ -6,7 +6,8 @@ scalar losses passed to ``backward()`` since the previous step of any optimizer 
 optimizers, as in a GAN, each step gets the losses of its own backward() calls; optimizers
 stepped one after another after the same ``backward()``, as a sparse table's SparseAdam and
 a dense head's Adam, each get its loss), each divided by the
-``GradScaler`` scale when the scaler scaled it. With gradient accumulation, scripts and
+``GradScaler`` scale when the scaler scaled it, or by a hand-rolled scaler's power-of-two
+scale (:func:`hand_scale`: apex's amp, fairseq, DeepSpeed's fp16). With gradient accumulation, scripts and
 frameworks divide each micro-batch loss by the number of micro-batches before
 ``backward()`` (HF Trainer, Accelerate, Lightning), so the sum is the step's mean loss,
 which is what they log; a script that does not divide gets the sum of its micro-batches.
@@ -30,6 +31,7 @@ evaluation's loss, the one ``step()`` returns.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import weakref
 from typing import Any
@@ -108,7 +110,8 @@ class LossSum:
     was not finite are counted (:attr:`skipped`): a script that skips its step on a NaN
     (``loss.backward()``, then ``if not torch.isfinite(loss): continue``, or the same test
     of the clipped norm) leaves nothing else to see, as no step reports it.
-    Losses a ``GradScaler`` scaled are not counted: the scaler reports its skipped steps."""
+    Losses a loss scaler scaled are not counted: its skipped steps are its overflows (a
+    ``GradScaler`` reports them itself)."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
@@ -129,7 +132,8 @@ class LossSum:
         """Resets that threw away passes with a non-finite loss or norm, so far: a running count on
         the losses' device (a small kernel or two per such reset; never read here)."""
         self._bad: torch.Tensor | None = None  # this step's resets that threw away a non-finite loss
-        self._scaled = False  # a GradScaler scaled a loss of the passes since the last reset
+        self._scaled = False  # a loss scaler scaled a loss of the passes since the last reset
+        self._grad_scaler: weakref.ref[Any] | None = None  # the GradScaler that scaled one of its losses
         self._norm: torch.Tensor | None = None  # the gradient norm clip_grad_norm_ took since the last reset
         self.thread: int | None = None
         """The thread of its training: a monitor's sets it (the thread that made the monitor,
@@ -140,13 +144,23 @@ class LossSum:
         install()
         _sums.add(self)
 
+    def grad_scaler(self) -> Any:
+        """The ``GradScaler`` that scaled a loss of this sum's training, once one did, or None.
+        Its own training's: a ``GradScaler`` of an earlier training of the process (an AMP
+        trial before this one, a notebook's earlier cell) is not this one's."""
+        return self._grad_scaler() if self._grad_scaler is not None else None
+
     def watch(self, param: torch.Tensor | None) -> None:
         """Tell apart accumulation (gradients summed over backward() calls) from passes whose
         gradients are thrown away (reset before the next) by this parameter's gradient."""
         self._param = weakref.ref(param) if param is not None else None
 
-    def add(self, loss: torch.Tensor, scaled: bool = False) -> None:
-        """A ``backward()``'s loss (``scaled``: a ``GradScaler`` scaled it)."""
+    def add(self, loss: torch.Tensor, scaled: bool = False, grad_scaler: Any = None) -> None:
+        """A ``backward()``'s loss (``scaled``: a loss scaler scaled it, a ``GradScaler`` or a
+        hand-rolled one, whose skipped steps are its overflows, no fault of the training;
+        ``grad_scaler``: the ``GradScaler`` that did)."""
+        if grad_scaler is not None:
+            self._grad_scaler = weakref.ref(grad_scaler)
         if self.frozen:
             return
         p = self._param() if self._param is not None else None
@@ -160,7 +174,7 @@ class LossSum:
                         d = self._dropped
                         self._dropped = (self.total, self.count) if d is None else (
                             d[0] + self.total.to(d[0].device), d[1] + self.count)
-                        if not self._scaled:  # a GradScaler's skipped steps are its own to report (amp)
+                        if not self._scaled:  # a loss scaler's skipped steps are its overflows (amp)
                             self._bad = _nonfinite(self.total, self._norm, self._bad)
                     self.total, self.count, self.filled, self._scaled, self._norm = None, 0, False, False, None
                 self._filling = True
@@ -290,9 +304,6 @@ def unclaimed() -> None:
     _local.claimed = None
 
 
-def scaler() -> Any:
-    """The ``GradScaler`` that scaled the last loss passed to backward, if any."""
-    return _scaler
 
 
 def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
@@ -310,33 +321,37 @@ def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
         return
     try:
         tensors = (root,) if tensors is None else tensors
-        value = _loss_of(tensors, grads)
-        if value is None:
+        loss = _loss_of(tensors, grads)
+        if loss is None:
             return
-        scaled = _scaled is not None and any(_scaled() is t for t in tensors)
+        value, scaled = loss
+        grad_scaler = _scaler if _scaled is not None and any(_scaled() is t for t in tensors) else None
         for s in list(_sums):
             if s.thread is None:  # its first loss: its training's thread (zero-code mode's early sum)
                 s.thread = me
             if s.thread == me:
-                s.add(value, scaled)
+                s.add(value, scaled, grad_scaler)
     except Exception:  # never into training
         _failures += 1
         if _failures == 1:
             log.warning("sentinel: reading the loss at backward() failed; training continues", exc_info=True)
 
 
-def _loss_of(tensors: Any, grads: Any) -> torch.Tensor | None:
+def _loss_of(tensors: Any, grads: Any) -> tuple[torch.Tensor, bool] | None:
     """The loss whose gradients a ``backward()`` of ``tensors`` with ``grads`` (None: ones)
-    applies, on the first's device, or None if it is not a loss: every tensor a single
-    element that requires grad, each gradient None or a single element. That is their sum,
-    each times its gradient (the WGAN scripts' ``err_fake.backward(mone)``, ``mone = -1``,
-    applies ``-err_fake``) and divided by the ``GradScaler`` scale when the scaler scaled it.
+    applies, on the first's device, and whether a loss scaler scaled it; or None if it is
+    not a loss: every tensor a single element that requires grad, each gradient None or a
+    single element. That is their sum, each times its gradient (the WGAN scripts'
+    ``err_fake.backward(mone)``, ``mone = -1``, applies ``-err_fake``) and divided by the
+    ``GradScaler`` scale when the scaler scaled it, or by a hand-rolled scaler's
+    (:func:`hand_scale`).
     A non-scalar output given its gradients (a stage's output and its downstream
     gradients, a split backward) is not a loss: its dot product with them is no figure a
     script would log, and would spoil the sum of the step's real loss."""
     if grads is not None and (not isinstance(grads, (list, tuple)) or len(grads) != len(tensors)):
         return None
     total: torch.Tensor | None = None
+    scaled = False
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor) or t.numel() != 1 or not t.requires_grad:
             return None
@@ -347,11 +362,47 @@ def _loss_of(tensors: Any, grads: Any) -> torch.Tensor | None:
                 return None
             value = value * g.detach().reshape(()).float().to(value.device)
         if _scaled is not None and _scaled() is t:
+            scaled = True
             scale = getattr(_scaler, "_scale", None)
             if isinstance(scale, torch.Tensor):
                 value = value / scale.reshape(()).to(value.device)  # on the device: no sync
+        else:
+            hand = hand_scale(t)
+            if hand is not None:
+                scaled = True
+                value = value / hand
         total = value if total is None else total + value.to(total.device)
-    return total
+    return None if total is None else (total, scaled)
+
+
+def hand_scale(t: torch.Tensor) -> float | None:
+    """The loss scale of a hand-rolled scaler that multiplied ``t`` just before ``backward()``,
+    or None. apex's amp (``amp.scale_loss``: ``loss.float() * loss_scale``), fairseq's
+    ``DynamicLossScaler`` and DeepSpeed's fp16 engine multiply the loss by a Python float, a
+    power of two that doubles after a run of clean steps and halves at an overflow (whose
+    step they skip), and unscale the gradients before the optimizer's step. The loss that
+    reached ``backward()`` is then 65,536 times the script's, and each change of the scale
+    read as the loss doubling or halving (a critical ``LossDivergence``). Such a factor is
+    the last operation of the graph: autograd keeps it as ``MulBackward0``'s ``other``, a
+    0-dim CPU tensor (a Python number is one, whatever the loss's device), so reading it
+    never waits for a device. Powers of two of at least 2 only: a factor below 1 is a
+    gradient accumulation's ``loss * (1 / k)`` (the step's loss is the sum of those), and
+    one of another value is no loss scale. A scale held in a device tensor (Megatron's) is
+    not read: that would wait for the device."""
+    try:
+        fn = t.grad_fn
+        if fn is None or type(fn).__name__ != "MulBackward0":
+            return None
+        other = getattr(fn, "_saved_other", None)
+        if (not isinstance(other, torch.Tensor) or other.dim() != 0 or other.device.type != "cpu"
+                or other.requires_grad):
+            return None
+        scale = float(other)
+    except Exception:
+        return None
+    if scale >= 2.0 and math.isfinite(scale) and math.frexp(scale)[0] == 0.5:
+        return scale
+    return None
 
 
 def _after() -> None:

@@ -203,7 +203,7 @@ class Reporter:
         loss_in = False  # captured at backward(): nothing more comes for this step's loss
         if self.losses is not None:
             if self.scaler is None:
-                self.scaler = losses.scaler()  # the GradScaler the script uses, once it scaled a loss
+                self.scaler = self.losses.grad_scaler()  # the GradScaler the script uses, once it scaled a loss
             captured = self.losses.claim()
             if captured is not None:
                 captured = self._in_first_units(captured, self.losses.taken)

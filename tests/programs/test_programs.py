@@ -6,8 +6,9 @@ CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket
 YOLOv5's trainer, a small DDPM, a sparse mixture of experts, Hugging Face's re-entrant
 gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn,
 ULMFiT's gradual unfreezing, PCGrad's gradient surgery, SwAV's LARC, fast neural style,
-litgpt's Fabric loop, StyleGAN2's lazy regularization), each run plainly, under ``sentinel run`` (zero-code) and,
-where people use it that way, with ``sentinel.watch``. Issue 18's contract, for every program:
+litgpt's Fabric loop, StyleGAN2's lazy regularization, apex amp's loss scaler), each run
+plainly, under ``sentinel run`` (zero-code) and, where people use it that way, with
+``sentinel.watch``. Issue 18's contract, for every program:
 
 - the exit status and stdout are the same with and without Sentinel (the programs print
   their losses with ``repr`` and their final weights' checksum, so equal stdout is
@@ -103,6 +104,7 @@ PROGRAMS = [
     Program("fabric_ddp", "fabric_gpt.py", ("40", "--devices", "2"), spawns=2, slow=True, opt="AdamW"),
     Program("stylegan2", "stylegan2.py", watch=True, optimizers=2, opt="Adam", objective=(0, 1), stepped=(1, 0)),
     Program("zero_torchrun", "zero.py", ranks=2, slow=True, opt="ZeroRedundancyOptimizer"),
+    Program("apex_amp", "apex_amp.py", watch=True, opt="AdamW"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]

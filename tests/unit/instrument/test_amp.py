@@ -3,6 +3,9 @@ overflow does not page."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 
 from tests.helpers import MLP, make_monitor
@@ -49,3 +52,92 @@ def test_one_overflow_is_quiet_but_a_collapse_alerts() -> None:
     _, collapse, _ = _amp_run(set(range(20, 60)), steps=60)
     fired = {t.alertname for t in collapse.engine.transitions if t.state_to == "firing"}  # type: ignore[attr-defined]
     assert "LossScaleCollapse" in fired
+
+
+def _hand_scaled_run(overflow_at: set[int], steps: int = 40) -> tuple[list[float], Any]:
+    """A loss scaler of the script's own, as apex's amp, fairseq and DeepSpeed's fp16 write
+    it: ``backward()`` on the loss times a Python float, a power of two that doubles every 10
+    clean steps and halves at an overflow, whose step is skipped (the gradients are reset at
+    the next iteration); the gradients unscaled in place and clipped before the step. Returns
+    the losses of the steps taken, as the script logs them, and the sender."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    gen = torch.Generator().manual_seed(0)
+    scale, clean, logged = 2.0 ** 16, 0, []
+    for i in range(steps):
+        x = torch.randn(8, 16, generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        (loss.float() * scale).backward()
+        if i in overflow_at:
+            model.head.weight.grad[0, 0] = float("inf")  # an fp16 overflow in the backward pass
+        for p in model.parameters():
+            p.grad.mul_(1.0 / scale)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        if not torch.isfinite(norm):
+            scale, clean = scale / 2, 0
+            continue
+        opt.step()
+        logged.append(float(loss.detach()))
+        clean += 1
+        if clean % 10 == 0:
+            scale *= 2
+    mon.close()
+    return logged, sender
+
+
+def test_a_hand_rolled_scalers_loss_is_the_scripts_and_its_overflows_page_no_one() -> None:
+    logged, sender = _hand_scaled_run({12, 25})
+    got = [f["scalars"]["loss"] for f in sender.steps()]
+    assert len(got) == len(logged) == 38
+    assert got == pytest.approx(logged, rel=1e-6)  # not 65,536 times it, nor doubling with the scale
+    transitions = sender.engine.transitions
+    assert all(t.severity == "info" for t in transitions), [(t.alertname, t.summary) for t in transitions]
+    assert not any(f.get("skipped_nonfinite") for f in sender.steps())  # an overflow is the scaler's to skip
+
+
+def test_a_grad_scaler_of_an_earlier_training_is_not_the_next_ones() -> None:
+    """An AMP training whose scale collapsed, then one without a ``GradScaler`` in the same
+    process (a sweep's next trial, a notebook's next cell): the second exports no scale of
+    the first's and pages no ``LossScaleCollapse``."""
+    _, first, scaler = _amp_run(set(range(20, 60)), steps=60)
+    assert scaler.get_scale() < 1
+    assert "LossScaleCollapse" in {t.alertname for t in first.engine.transitions}  # type: ignore[attr-defined]
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        x = torch.randn(8, 16, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        opt.step()
+    mon.close()
+    assert len(sender.steps()) == 30
+    assert [f for f in sender.frames if f.get("amp")] == []
+    assert "LossScaleCollapse" not in {t.alertname for t in sender.engine.transitions}
+
+
+@pytest.mark.parametrize(("make", "scale"), [
+    (lambda loss: loss * 2.0 ** 16, 65536.0),  # fairseq, DeepSpeed
+    (lambda loss: 2.0 ** 16 * loss, 65536.0),
+    (lambda loss: loss.float() * 128.0, 128.0),  # apex's static scale
+    (lambda loss: loss * 1024, 1024.0),  # an int
+    (lambda loss: loss * torch.tensor(2.0 ** 15), 32768.0),  # a CPU tensor of the script's
+    (lambda loss: loss, None),
+    (lambda loss: loss * 0.25, None),  # accumulation's 1 / k: the step's loss is their sum
+    (lambda loss: loss / 4, None),
+    (lambda loss: loss * 1000.0, None),  # a weight, no loss scale
+    (lambda loss: loss * torch.ones((), requires_grad=True) * 2.0, 2.0),
+    (lambda loss: loss * (torch.ones((), requires_grad=True) * 4.0), None),  # a learned weight
+    (lambda loss: (loss * 2.0 ** 16) + 0.0, None),  # not the last operation
+])
+def test_a_hand_scale_is_a_power_of_two_the_loss_was_last_multiplied_by(make: Any, scale: float | None) -> None:
+    from sentinel.instrument.losses import hand_scale
+
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * torch.arange(3.0)).square().sum()
+    assert hand_scale(make(loss)) == scale
