@@ -6,8 +6,8 @@ scalar losses passed to ``backward()`` since the previous step of any optimizer 
 optimizers, as in a GAN, each step gets the losses of its own backward() calls; optimizers
 stepped one after another after the same ``backward()``, as a sparse table's SparseAdam and
 a dense head's Adam, each get its loss), each divided by the
-``GradScaler`` scale when the scaler scaled it, or by a hand-rolled scaler's power-of-two
-scale (:func:`hand_scale`: apex's amp, fairseq, DeepSpeed's fp16). With gradient accumulation, scripts and
+``GradScaler`` scale when the scaler scaled it, or by a loss scaler's of the script's own
+(:func:`hand_scale`: apex's amp, fairseq, DeepSpeed's fp16). With gradient accumulation, scripts and
 frameworks divide each micro-batch loss by the number of micro-batches before
 ``backward()`` (HF Trainer, Accelerate, Lightning), so the sum is the step's mean loss,
 which is what they log; a script that does not divide gets the sum of its micro-batches.
@@ -134,6 +134,7 @@ class LossSum:
         self._bad: torch.Tensor | None = None  # this step's resets that threw away a non-finite loss
         self._scaled = False  # a loss scaler scaled a loss of the passes since the last reset
         self._grad_scaler: weakref.ref[Any] | None = None  # the GradScaler that scaled one of its losses
+        self._hand = False  # a loss scaler of the script's own scaled one of its losses (hand_scale)
         self._norm: torch.Tensor | None = None  # the gradient norm clip_grad_norm_ took since the last reset
         self.thread: int | None = None
         """The thread of its training: a monitor's sets it (the thread that made the monitor,
@@ -155,12 +156,20 @@ class LossSum:
         gradients are thrown away (reset before the next) by this parameter's gradient."""
         self._param = weakref.ref(param) if param is not None else None
 
-    def add(self, loss: torch.Tensor, scaled: bool = False, grad_scaler: Any = None) -> None:
-        """A ``backward()``'s loss (``scaled``: a loss scaler scaled it, a ``GradScaler`` or a
-        hand-rolled one, whose skipped steps are its overflows, no fault of the training;
-        ``grad_scaler``: the ``GradScaler`` that did)."""
+    def add(self, loss: torch.Tensor, scaled: bool = False, grad_scaler: Any = None,
+            hand: float | None = None) -> None:
+        """A ``backward()``'s loss (``scaled``: a ``GradScaler`` scaled it, ``grad_scaler``;
+        ``hand``: the power of two it was last multiplied by, :func:`hand_scale`). A loss
+        scaler's skipped steps are its overflows, no fault of the training. A loss multiplied
+        by a power of two of at least :data:`HAND_SCALE_MIN` is a loss scaler's, and from
+        then on every power of two it is multiplied by (a dynamic scale halves at each
+        overflow, fairseq's down to 1e-4) is divided out."""
         if grad_scaler is not None:
             self._grad_scaler = weakref.ref(grad_scaler)
+        if hand is not None and (self._hand or hand >= HAND_SCALE_MIN):
+            self._hand = True
+            loss = loss / hand  # on the loss's device: no sync
+            scaled = True
         if self.frozen:
             return
         p = self._param() if self._param is not None else None
@@ -304,8 +313,6 @@ def unclaimed() -> None:
     _local.claimed = None
 
 
-
-
 def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
     """A ``backward()`` begins: ``root.backward()``, or with ``tensors`` and ``grads`` given,
     ``torch.autograd.backward(tensors, grads)`` (``root`` its first tensor, the graph the
@@ -324,27 +331,27 @@ def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
         loss = _loss_of(tensors, grads)
         if loss is None:
             return
-        value, scaled = loss
-        grad_scaler = _scaler if _scaled is not None and any(_scaled() is t for t in tensors) else None
+        value, scaled, hand = loss
+        grad_scaler = _scaler if scaled else None
         for s in list(_sums):
             if s.thread is None:  # its first loss: its training's thread (zero-code mode's early sum)
                 s.thread = me
             if s.thread == me:
-                s.add(value, scaled, grad_scaler)
+                s.add(value, scaled, grad_scaler, hand)
     except Exception:  # never into training
         _failures += 1
         if _failures == 1:
             log.warning("sentinel: reading the loss at backward() failed; training continues", exc_info=True)
 
 
-def _loss_of(tensors: Any, grads: Any) -> tuple[torch.Tensor, bool] | None:
+def _loss_of(tensors: Any, grads: Any) -> tuple[torch.Tensor, bool, float | None] | None:
     """The loss whose gradients a ``backward()`` of ``tensors`` with ``grads`` (None: ones)
-    applies, on the first's device, and whether a loss scaler scaled it; or None if it is
-    not a loss: every tensor a single element that requires grad, each gradient None or a
-    single element. That is their sum, each times its gradient (the WGAN scripts'
-    ``err_fake.backward(mone)``, ``mone = -1``, applies ``-err_fake``) and divided by the
-    ``GradScaler`` scale when the scaler scaled it, or by a hand-rolled scaler's
-    (:func:`hand_scale`).
+    applies, on the first's device, whether a ``GradScaler`` scaled it, and the power of two
+    a single loss was last multiplied by (:func:`hand_scale`, for :meth:`LossSum.add` to
+    judge); or None if it is not a loss: every tensor a single element that requires grad,
+    each gradient None or a single element. That is their sum, each times its gradient (the
+    WGAN scripts' ``err_fake.backward(mone)``, ``mone = -1``, applies ``-err_fake``) and
+    divided by the ``GradScaler`` scale when the scaler scaled it.
     A non-scalar output given its gradients (a stage's output and its downstream
     gradients, a split backward) is not a loss: its dot product with them is no figure a
     script would log, and would spoil the sum of the step's real loss."""
@@ -366,29 +373,32 @@ def _loss_of(tensors: Any, grads: Any) -> tuple[torch.Tensor, bool] | None:
             scale = getattr(_scaler, "_scale", None)
             if isinstance(scale, torch.Tensor):
                 value = value / scale.reshape(()).to(value.device)  # on the device: no sync
-        else:
-            hand = hand_scale(t)
-            if hand is not None:
-                scaled = True
-                value = value / hand
         total = value if total is None else total + value.to(total.device)
-    return None if total is None else (total, scaled)
+    if total is None:
+        return None
+    one = len(tensors) == 1 and not scaled and (grads is None or grads[0] is None)
+    return total, scaled, hand_scale(tensors[0]) if one else None
+
+
+HAND_SCALE_MIN = 128.0
+"""The least power of two a loss is first taken to be scaled by: loss scalers begin at 2**7
+(fairseq's ``--fp16-init-scale``) to 2**16 (apex's and DeepSpeed's dynamic scales), while a
+knowledge distillation's ``kl_div(...) * T * T`` is 4 to 64 for the usual temperatures 2 to 8."""
 
 
 def hand_scale(t: torch.Tensor) -> float | None:
-    """The loss scale of a hand-rolled scaler that multiplied ``t`` just before ``backward()``,
-    or None. apex's amp (``amp.scale_loss``: ``loss.float() * loss_scale``), fairseq's
-    ``DynamicLossScaler`` and DeepSpeed's fp16 engine multiply the loss by a Python float, a
-    power of two that doubles after a run of clean steps and halves at an overflow (whose
-    step they skip), and unscale the gradients before the optimizer's step. The loss that
-    reached ``backward()`` is then 65,536 times the script's, and each change of the scale
-    read as the loss doubling or halving (a critical ``LossDivergence``). Such a factor is
-    the last operation of the graph: autograd keeps it as ``MulBackward0``'s ``other``, a
-    0-dim CPU tensor (a Python number is one, whatever the loss's device), so reading it
-    never waits for a device. Powers of two of at least 2 only: a factor below 1 is a
-    gradient accumulation's ``loss * (1 / k)`` (the step's loss is the sum of those), and
-    one of another value is no loss scale. A scale held in a device tensor (Megatron's) is
-    not read: that would wait for the device."""
+    """The constant power of two (not 1) that ``t`` was last multiplied by before
+    ``backward()``, or None: a loss scaler of the script's own, once :meth:`LossSum.add`
+    saw one of at least :data:`HAND_SCALE_MIN`. apex's amp (``amp.scale_loss``:
+    ``loss.float() * loss_scale``), fairseq's ``DynamicLossScaler`` and DeepSpeed's fp16
+    engine multiply the loss by a Python float, a power of two that doubles after a run of
+    clean steps and halves at an overflow (whose step they skip), and unscale the gradients
+    before the optimizer's step. The loss that reached ``backward()`` is then 65,536 times
+    the script's, and each change of the scale read as the loss doubling or halving (a
+    critical ``LossDivergence``). Such a factor is the last operation of the graph: autograd
+    keeps it as ``MulBackward0``'s ``other``, a 0-dim CPU tensor (a Python number is one,
+    whatever the loss's device), so reading it never waits for a device. A scale held in a
+    device tensor (Megatron's) is not read: that would wait for the device."""
     try:
         fn = t.grad_fn
         if fn is None or type(fn).__name__ != "MulBackward0":
@@ -400,7 +410,7 @@ def hand_scale(t: torch.Tensor) -> float | None:
         scale = float(other)
     except Exception:
         return None
-    if scale >= 2.0 and math.isfinite(scale) and math.frexp(scale)[0] == 0.5:
+    if scale > 0.0 and scale != 1.0 and math.isfinite(scale) and math.frexp(scale)[0] == 0.5:
         return scale
     return None
 

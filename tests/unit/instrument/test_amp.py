@@ -127,8 +127,8 @@ def test_a_grad_scaler_of_an_earlier_training_is_not_the_next_ones() -> None:
     (lambda loss: loss.float() * 128.0, 128.0),  # apex's static scale
     (lambda loss: loss * 1024, 1024.0),  # an int
     (lambda loss: loss * torch.tensor(2.0 ** 15), 32768.0),  # a CPU tensor of the script's
+    (lambda loss: loss * 0.25, 0.25),  # a power of two: LossSum.add judges it
     (lambda loss: loss, None),
-    (lambda loss: loss * 0.25, None),  # accumulation's 1 / k: the step's loss is their sum
     (lambda loss: loss / 4, None),
     (lambda loss: loss * 1000.0, None),  # a weight, no loss scale
     (lambda loss: loss * torch.ones((), requires_grad=True) * 2.0, 2.0),
@@ -141,3 +141,39 @@ def test_a_hand_scale_is_a_power_of_two_the_loss_was_last_multiplied_by(make: An
     w = torch.ones(3, requires_grad=True)
     loss = (w * torch.arange(3.0)).square().sum()
     assert hand_scale(make(loss)) == scale
+
+
+def _captured(factors: list[float]) -> tuple[list[float], list[float]]:
+    """Sentinel's step losses and the script's, for steps whose ``backward()`` got the loss
+    times ``factors[i]``."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    gen = torch.Generator().manual_seed(0)
+    logged = []
+    for factor in factors:
+        x = torch.randn(8, 16, generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        (loss * factor).backward()
+        opt.step()
+        logged.append(float(loss.detach()))
+    mon.close()
+    return [f["scalars"]["loss"] for f in sender.steps()], logged
+
+
+def test_a_distillations_temperature_squared_is_part_of_its_loss() -> None:
+    """Hinton's distillation loss, ``kl_div(...) * T * T`` at T = 2 or 8: the script's loss
+    is the product, a power of two below any loss scaler's first scale."""
+    for t2 in (4.0, 64.0):
+        got, logged = _captured([t2] * 5)
+        assert got == pytest.approx([t2 * v for v in logged], rel=1e-6)
+
+
+def test_a_loss_scale_that_falls_below_its_first_range_is_still_divided_out() -> None:
+    """fairseq's scale starts at 2**7 and halves at each overflow, down to 1e-4: once a loss
+    scaler was seen, every power of two it multiplies by is its scale."""
+    factors = [128.0, 64.0, 32.0, 1.0, 0.5, 0.125, 0.25]
+    got, logged = _captured(factors)
+    assert got == pytest.approx(logged, rel=1e-6)
