@@ -29,11 +29,33 @@ from sentinel.instrument.gcscan import live
 log = logging.getLogger("sentinel")
 
 
+WRAPPERS = frozenset({"_orig_mod", "_module"})
+"""The attribute under which a wrapper that adds nothing of its own to a model keeps it:
+``torch.compile``'s ``OptimizedModule`` and Opacus's ``GradSampleModule`` (DDP's ``module``
+is unwrapped with the other parts of DDP, ``timing.ddp_parts``)."""
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a wrapper of :data:`WRAPPERS` holds, wrappers within wrappers too: a
+    ``sentinel.watch(torch.compile(model), opt)`` names its groups ``transformer.h.0``, as
+    the script's ``state_dict`` of the model does, not ``_orig_mod.transformer.h.0``."""
+    for _ in range(8):
+        children = list(model.named_children())
+        own = next(model.parameters(recurse=False), None)
+        if len(children) != 1 or children[0][0] not in WRAPPERS or own is not None:
+            break
+        model = children[0][1]
+    return model
+
+
 def parameter_names(model: torch.nn.Module | None, optimizers: Sequence[Any]) -> tuple[dict[int, str], set[int]]:
-    """Parameter name by ``id(param)``: the model's own names, or, when the optimizers also
-    step parameters of other modules, every name prefixed with its root module's class
-    name (the same class twice: ``Tower``, ``Tower_2``); and the ids of the loose ones,
-    which no live module holds (none known when the scan failed)."""
+    """Parameter name by ``id(param)``: the model's own names (a wrapper's, :func:`unwrapped`,
+    without its prefix), or, when the optimizers also step parameters of other modules,
+    every name prefixed with its root module's class name (the same class twice: ``Tower``,
+    ``Tower_2``); and the ids of the loose ones, which no live module holds (none known when
+    the scan failed)."""
+    if model is not None:
+        model = unwrapped(model)
     names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
     try:
         missing = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]

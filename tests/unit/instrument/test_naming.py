@@ -170,3 +170,26 @@ def test_a_keras_variables_path_names_its_layer() -> None:
     assert group_name("_torch_params.multi_head_attention/query/kernel") == "multi_head_attention/query"
     assert group_name("_torch_params.multi_head_attention/query/kernel", depth=1) == "multi_head_attention"
     assert group_name("layers.7.attn.q.weight") == "layers.7"  # torch's own names as before
+
+
+def test_a_compiled_models_groups_are_named_as_the_model_names_them() -> None:
+    """``sentinel.watch(torch.compile(model), opt)``, as a script that compiles before it
+    watches calls it: the groups are those of the model watched plainly, not
+    ``_orig_mod.``-prefixed (Opacus's ``GradSampleModule`` keeps the model as ``_module``
+    the same way; checked by hand with opacus 1.6.0, which the test extras do not install)."""
+    def groups(compile: bool) -> list[str]:
+        torch.manual_seed(0)
+        model = MLP()
+        watched = torch.compile(model, backend="eager") if compile else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon, sender = make_monitor(watched, opt)
+        opt.zero_grad()
+        watched(torch.randn(4, 16)).square().mean().backward()
+        opt.step()
+        mon.close()
+        [frame] = sender.steps()
+        return list(frame["groups"])
+
+    plain = groups(False)
+    assert plain == ["layers.0", "layers.1", "layers.2", "head"]
+    assert groups(True) == plain
