@@ -299,3 +299,33 @@ def test_a_loop_by_hand_on_cuda_is_told_from_an_evaluation_without_a_sync(tmp_pa
     assert len(samples) >= 20 and max(samples) == 24, sorted(samples)
     for step, loss in samples.items():
         assert loss == pytest.approx(losses[step], rel=1e-4)
+
+
+def test_a_hand_rolled_loss_scale_on_cuda_is_read_without_a_sync() -> None:
+    """apex's amp and fairseq multiply a CUDA loss by a Python float: autograd keeps it as a
+    CPU scalar, so the scale is read with no sync, and the loss is recorded unscaled."""
+    torch.manual_seed(0)
+    model = TinyGPT(dim=128, depth=2, seq=64).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    _train(None, model, opt, 2, sync_check=False)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    gen = torch.Generator().manual_seed(0)
+    batches = [synthetic_batch(gen, 8, 64, 256, "cuda") for _ in range(6)]
+    losses = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in batches:
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            (loss.float() * 2.0 ** 16).backward()
+            for p in model.parameters():
+                p.grad.mul_(2.0 ** -16)
+            opt.step()
+            losses.append(loss.detach())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    mon.close()
+    assert mon.errors == 0, mon.boundary.failures
+    got = [f["scalars"]["loss"] for f in sender.steps()]
+    assert got == pytest.approx([float(v) for v in losses][:len(got)], rel=1e-5) and len(got) >= 5
