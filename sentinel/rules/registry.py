@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sentinel.rules import (
     band,
+    collapse,
     divergence,
     drop,
     early,
@@ -27,6 +28,7 @@ DETECTORS: dict[str, DetectorSpec] = {
     "nonfinite": DetectorSpec(nonfinite.detect, nonfinite.NonFiniteParams, idle=nonfinite.idle),
     "spike": DetectorSpec(spike.detect, spike.SpikeParams, quiet=spike.quiet),
     "divergence": DetectorSpec(divergence.detect, divergence.DivergenceParams),
+    "collapse": DetectorSpec(collapse.detect, collapse.CollapseParams),
     "oscillation": DetectorSpec(oscillation.detect, oscillation.OscillationParams),
     "plateau": DetectorSpec(plateau.detect, plateau.PlateauParams),
     "scheduled": DetectorSpec(scheduled.detect, scheduled.ScheduledParams),

@@ -22,7 +22,9 @@ BUILTIN = [
     "EarlyLossStalled",
     "LossSpike", "LossDivergence",
     "LossRising",  # issue 20
-    "LossOscillation", "LossPlateau",
+    "LossOscillation",
+    "TrainingCollapsed",  # a network that answers every input alike: loss flat, spread and gradients collapsed (Dec 2026)
+    "LossPlateau",
     "GradientSpike",
     # the step guard's (issue 21), judged only where actions.guard is on
     "StepSkipped", "StepsSkippedRepeatedly", "GuardExhausted",

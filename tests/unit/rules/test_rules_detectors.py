@@ -60,7 +60,7 @@ def sgd_loss(n: int, rel: float = 0.08, start: float = 2.0, tau: float = 800.0) 
 def test_registry_names_every_kind() -> None:
     assert set(DETECTORS) == {
         "threshold", "band", "nonfinite", "spike", "divergence", "oscillation", "plateau",
-        "forecast", "drop", "stall", "exited", "early", "scheduled", "skip", "trend",
+        "forecast", "drop", "stall", "exited", "early", "scheduled", "skip", "trend", "collapse",
     }  # fmt: skip
     assert [k for k, s in DETECTORS.items() if s.time_based] == ["stall"]
 
