@@ -295,9 +295,8 @@ def _attach_hand(param: torch.Tensor, steps_so_far: int,
     early, _early = _early, LossSum()
     replay = first if steps_so_far == 1 else None  # the first backward()'s step, from what it left
     log.warning("%s", hand_line(_foreign_stepper(param, model), steps_so_far + 1, 1 if replay else None))
-    mon = Monitor(model, [], from_kwargs({"capture_loss": True}), scaler=early.grad_scaler() if early is not None else None,
-                  auto=True, loss_sum=early,
-                  hand=params)
+    mon = Monitor(model, [], from_kwargs({"capture_loss": True}),
+                  scaler=early.grad_scaler() if early is not None else None, auto=True, loss_sum=early, hand=params)
     if replay is not None:
         mon.replay_first(*replay, clip=_last_clip[:2] if _last_clip is not None else None)
     else:
