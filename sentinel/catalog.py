@@ -85,6 +85,9 @@ CATALOG: dict[str, Spec] = {
            "batches drawn with gradients off or Monitor.heartbeat() calls while it took no step, sent at most every heartbeat_seconds (20 s by default). "
            "TrainingStalled counts a rank's silence from the later of its last step and the latest heartbeat of any "
            "rank of its run."),
+    "sentinel_last_wait_timestamp_seconds": Spec(
+        G, "Unix time of the rank's last heartbeat sent while its process waited for work rather than did any "
+           "(a Jupyter kernel between cells): the status page shows such a rank as waiting, not evaluating."),
     "sentinel_step_busy_seconds": Spec(
         G, "Time of the last step spent before the gradient sync: data loading plus forward."),
     "sentinel_rank_grad_norm_deviation": Spec(

@@ -65,8 +65,9 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
 ``beat``?          on a ``log`` frame: the rank works although it took no step since
                    ``step`` (an evaluation); the evaluation forwards, the
                    ``DataLoader`` batches drawn with gradients off and the
-                   ``Monitor.heartbeat()`` calls since then. Sent at most once per
-                   ``heartbeat_seconds``
+                   ``Monitor.heartbeat()`` calls since then; 0: none, the process
+                   waits for work (a Jupyter kernel between cells). Sent at most once
+                   per ``heartbeat_seconds``
 ``where``?         on a ``log`` frame: where the training thread was when no step had
                    come for ``heartbeat_seconds`` (its innermost Python frame, and the
                    script's innermost one: ``wait (threading.py:355) from

@@ -111,6 +111,8 @@ class Ingestor:
             self._step(f, r, ctx)
         elif "beat" in f:  # working between steps (an evaluation): TrainingStalled counts from here
             add("sentinel_last_heartbeat_timestamp_seconds", t)
+            if f["beat"] == 0:  # no work at all: a notebook's kernel waiting for its next cell
+                add("sentinel_last_wait_timestamp_seconds", t)
         skipped = self._skipped(f.get("skipped_nonfinite"), r)
         if kind in ("step", "log") and isinstance(f.get("scalars"), dict):
             self._scalars(f["scalars"], r, ctx, skipped)

@@ -8,7 +8,7 @@ route. A hang keeps the kernel busy in its cell; between cells the kernel is idl
 IPython says when: its ``post_run_cell`` and ``pre_run_cell`` events. While it is idle, a
 thread of Sentinel's sends a heartbeat every ``heartbeat_seconds`` for each monitor whose
 training steps in the kernel's own thread, so the stall limit counts from the next cell's
-start (the status page shows such a run as *evaluating*). A training that a cell started in
+start (the status page shows such a run as *waiting*). A training that a cell started in
 a thread of its own goes on between cells and is beaten by nothing here: its hang still
 pages. Outside IPython nothing is installed (one ``sys.modules`` lookup per monitor).
 """

@@ -37,7 +37,8 @@ MAX_ALERTS = 50
 STALL_SECONDS = 30.0
 """A rank with no step for max(this, 10 × its median step time) shows as stalled, or as
 evaluating while the run's heartbeats (any rank's evaluation between steps: the others
-wait for it) are that recent, or as idle while another optimizer's stream of its process
+wait for it) are that recent (waiting where the latest said it had no work: a notebook's
+kernel between cells), or as idle while another optimizer's stream of its process
 steps (a layer trained after this one's)."""
 
 CHARTS: dict[str, str] = {
@@ -55,6 +56,7 @@ VALUES: dict[str, str] = {
     "memory_capacity": "sentinel_memory_capacity_bytes",
     "last_step_time": "sentinel_last_step_timestamp_seconds",
     "last_heartbeat": "sentinel_last_heartbeat_timestamp_seconds",
+    "last_wait": "sentinel_last_wait_timestamp_seconds",
 }
 
 
@@ -99,7 +101,7 @@ def _thin(steps: np.ndarray, values: np.ndarray, points: int) -> list[list[float
 
 
 def _state(engine: Any, key: Key, last_time: float | None, step_times: list[float],
-           now: float, heartbeat: float | None, sibling: float | None = None) -> str:
+           now: float, heartbeat: float | None, sibling: float | None = None, wait: float | None = None) -> str:
     if key[:3] in getattr(engine, "exited_ranks", {}):
         return "crashed"
     if key[:3] in getattr(engine, "finished", set()):
@@ -108,7 +110,8 @@ def _state(engine: Any, key: Key, last_time: float | None, step_times: list[floa
         limit = max(STALL_SECONDS, 10.0 * float(np.median(step_times)))
         if now - last_time > limit:
             if heartbeat is not None and heartbeat > last_time and now - heartbeat <= limit:
-                return "evaluating"
+                # the latest beat said it had no work: a notebook's kernel between cells
+                return "waiting" if wait is not None and wait >= heartbeat else "evaluating"
             # its process steps another optimizer (a layer trained after this one's)
             return "idle" if sibling is not None and now - sibling <= limit else "stalled"
     return "training"
@@ -149,10 +152,14 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     recency: dict[tuple[str, str], float] = {}
     beats: dict[tuple[str, str], float] = {}  # each run's latest heartbeat, any rank's
+    waits: dict[tuple[str, str], float] = {}  # ... and its latest sent while waiting for work
     for key, values in ranks.items():
         beat = values.pop("last_heartbeat", None)
         if isinstance(beat, float):
             beats[key[:2]] = max(beat, beats.get(key[:2], beat))
+        wait = values.pop("last_wait", None)
+        if isinstance(wait, float):
+            waits[key[:2]] = max(wait, waits.get(key[:2], wait))
     last_times = {key: t for key, values in ranks.items()
                   for t in (values.pop("last_step_time", None),) if isinstance(t, float)}
     # a stream silent while another of its rank and process steps (the engine's pids where known)
@@ -164,7 +171,8 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
         last_time = last_times.get(key)
         window = store.window("sentinel_step_duration_seconds", series.get(key, {}).get("step_time", ()), 50)
         step_times = [] if window is None else [float(v) for v in window.values if math.isfinite(v)]
-        state = _state(engine, key, last_time, step_times, now, beats.get(key[:2]), siblings.get(key))
+        state = _state(engine, key, last_time, step_times, now, beats.get(key[:2]), siblings.get(key),
+                       waits.get(key[:2]))
         where = wheres.get(key) if state == "stalled" else None  # the call its training thread waits in
         runs.setdefault(key[:2], []).append({
             "rank": key[2], "state": state, "values": values,
@@ -189,7 +197,7 @@ def status_json(engine: Any, query: Mapping[str, str] | None = None, now: float 
 
 def _run_state(ranks: list[dict[str, Any]]) -> str:
     states = {r["state"] for r in ranks}
-    for s in ("crashed", "stalled", "training", "evaluating", "idle"):
+    for s in ("crashed", "stalled", "training", "evaluating", "waiting", "idle"):
         if s in states:
             return s
     return "ended"

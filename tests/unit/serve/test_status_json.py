@@ -156,3 +156,33 @@ def test_a_stalled_rank_shows_the_call_its_training_thread_waits_in() -> None:
     engine.feed(frame(kind="step", step=21, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5))
     [rank] = status_json(engine, now=clock.t + 60)["runs"][0]["ranks"]
     assert rank["state"] == "stalled" and "where" not in rank
+
+
+def test_a_kernel_waiting_between_cells_shows_as_waiting_and_an_evaluation_as_evaluating() -> None:
+    """A real engine fed a rank's steps, then heartbeats: the notebook's idle thread sends
+    ``beat=0`` (no work: a kernel waiting for its next cell), an evaluation's forwards a
+    count of them."""
+    from sentinel import wire
+    from sentinel.engine.engine import Engine
+    from tests.unit.engine.test_crash import Clock
+
+    def state_after(beat: int) -> str:
+        clock = Clock()
+        engine = Engine(clock=clock)
+
+        def frame(**f: object) -> bytes:
+            return wire.encode({"job": "j", "run": "r", "rank": 0, "world": 1, "t": clock.t, **f})
+
+        for step in range(1, 21):
+            clock.t += 0.5
+            engine.feed(frame(kind="step", step=step, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5))
+        for _ in range(4):  # a minute of heartbeats, no step
+            clock.t += 20
+            engine.feed(frame(kind="log", step=20, beat=beat))
+        doc = status_json(engine, now=clock.t + 1)
+        [rank] = doc["runs"][0]["ranks"]
+        assert doc["runs"][0]["state"] == rank["state"]
+        return str(rank["state"])
+
+    assert state_after(0) == "waiting"
+    assert state_after(12) == "evaluating"
