@@ -398,11 +398,17 @@ def hand_scale(t: torch.Tensor) -> float | None:
     critical ``LossDivergence``). Such a factor is the last operation of the graph: autograd
     keeps it as ``MulBackward0``'s ``other``, a 0-dim CPU tensor (a Python number is one,
     whatever the loss's device), so reading it never waits for a device. A scale held in a
-    device tensor (Megatron's) is not read: that would wait for the device."""
+    device tensor (Megatron's) is not read: that would wait for the device. Nor is a saved
+    factor with an unpack hook (``saved_tensors_hooks``: offloading, or a non-reentrant
+    checkpoint whose unpack recomputes the forward): reading it would run the hook outside
+    the backward pass. A Python number is never packed, so no hook holds one."""
     try:
         fn = t.grad_fn
         if fn is None or type(fn).__name__ != "MulBackward0":
             return None
+        raw = getattr(fn, "_raw_saved_other", None)
+        if raw is None or getattr(raw, "unpack_hook", True) is not None:
+            return None  # an unpack hook (or a torch that cannot say): not ours to run
         other = getattr(fn, "_saved_other", None)
         if (not isinstance(other, torch.Tensor) or other.dim() != 0 or other.device.type != "cpu"
                 or other.requires_grad):

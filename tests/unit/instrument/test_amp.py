@@ -143,6 +143,31 @@ def test_a_hand_scale_is_a_power_of_two_the_loss_was_last_multiplied_by(make: An
     assert hand_scale(make(loss)) == scale
 
 
+def test_a_hand_scale_never_runs_a_saved_tensor_unpack_hook() -> None:
+    """Under ``saved_tensors_hooks`` (offloading, a non-reentrant checkpoint, whose unpack
+    recomputes the forward) a saved tensor factor is left unread: reading it would run the
+    script's hook outside the backward pass. A Python number is never packed, so apex's
+    and fairseq's scales are still read there."""
+    from sentinel.instrument.losses import hand_scale
+
+    unpacked: list[int] = []
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        unpacked.append(1)
+        return t
+
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2.0).sum()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+        by_number = loss * 2.0 ** 16
+        by_tensor = loss * torch.tensor(2.0 ** 15)
+    assert hand_scale(by_number) == 65536.0
+    assert hand_scale(by_tensor) is None
+    assert unpacked == []
+    by_tensor.backward()  # the script's own backward unpacks it, once
+    assert unpacked == [1]
+
+
 def _captured(factors: list[float]) -> tuple[list[float], list[float]]:
     """Sentinel's step losses and the script's, for steps whose ``backward()`` got the loss
     times ``factors[i]``."""
