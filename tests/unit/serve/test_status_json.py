@@ -132,29 +132,39 @@ def test_an_optimizer_done_while_another_of_its_process_trains_is_idle_not_stall
     assert [r["state"] for r in status_json(_Engine(store), now=1140.0)["runs"][0]["ranks"]] == ["stalled"] * 2
 
 
+class _Fed:
+    """A real engine on a test clock, fed 20 steps of one rank, 0.5 s apart."""
+
+    def __init__(self) -> None:
+        from sentinel.engine.engine import Engine
+        from tests.unit.engine.test_crash import Clock
+
+        self.clock = Clock()
+        self.engine = Engine(clock=self.clock)
+        for step in range(1, 21):
+            self.clock.t += 0.5
+            self.step(step)
+
+    def feed(self, **f: object) -> None:
+        from sentinel import wire
+
+        self.engine.feed(wire.encode({"job": "j", "run": "r", "rank": 0, "world": 1, "t": self.clock.t, **f}))
+
+    def step(self, step: int) -> None:
+        self.feed(kind="step", step=step, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5)
+
+
 def test_a_stalled_rank_shows_the_call_its_training_thread_waits_in() -> None:
     """A real engine fed a rank's steps and then its ``where``: the status page's rank row
     holds it while the rank is stalled, and not once it steps again."""
-    from sentinel import wire
-    from sentinel.engine.engine import Engine
-    from tests.unit.engine.test_crash import Clock
-
-    clock = Clock()
-    engine = Engine(clock=clock)
-
-    def frame(**f: object) -> bytes:
-        return wire.encode({"job": "j", "run": "r", "rank": 0, "world": 1, "t": clock.t, **f})
-
-    for step in range(1, 21):
-        clock.t += 0.5
-        engine.feed(frame(kind="step", step=step, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5))
-    clock.t += 20
-    engine.feed(frame(kind="log", step=20, where="wait (threading.py:331) from load_batch (train.py:40)"))
-    [rank] = status_json(engine, now=clock.t + 60)["runs"][0]["ranks"]
+    fed = _Fed()
+    fed.clock.t += 20
+    fed.feed(kind="log", step=20, where="wait (threading.py:331) from load_batch (train.py:40)")
+    [rank] = status_json(fed.engine, now=fed.clock.t + 60)["runs"][0]["ranks"]
     assert rank["state"] == "stalled" and rank["where"] == "wait (threading.py:331) from load_batch (train.py:40)"
-    clock.t += 60
-    engine.feed(frame(kind="step", step=21, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5))
-    [rank] = status_json(engine, now=clock.t + 60)["runs"][0]["ranks"]
+    fed.clock.t += 60
+    fed.step(21)
+    [rank] = status_json(fed.engine, now=fed.clock.t + 60)["runs"][0]["ranks"]
     assert rank["state"] == "stalled" and "where" not in rank
 
 
@@ -162,24 +172,12 @@ def test_a_kernel_waiting_between_cells_shows_as_waiting_and_an_evaluation_as_ev
     """A real engine fed a rank's steps, then heartbeats: the notebook's idle thread sends
     ``beat=0`` (no work: a kernel waiting for its next cell), an evaluation's forwards a
     count of them."""
-    from sentinel import wire
-    from sentinel.engine.engine import Engine
-    from tests.unit.engine.test_crash import Clock
-
     def state_after(beat: int) -> str:
-        clock = Clock()
-        engine = Engine(clock=clock)
-
-        def frame(**f: object) -> bytes:
-            return wire.encode({"job": "j", "run": "r", "rank": 0, "world": 1, "t": clock.t, **f})
-
-        for step in range(1, 21):
-            clock.t += 0.5
-            engine.feed(frame(kind="step", step=step, groups=["a"], grad_sumsq=[1.0], step_seconds=0.5))
+        fed = _Fed()
         for _ in range(4):  # a minute of heartbeats, no step
-            clock.t += 20
-            engine.feed(frame(kind="log", step=20, beat=beat))
-        doc = status_json(engine, now=clock.t + 1)
+            fed.clock.t += 20
+            fed.feed(kind="log", step=20, beat=beat)
+        doc = status_json(fed.engine, now=fed.clock.t + 1)
         [rank] = doc["runs"][0]["ranks"]
         assert doc["runs"][0]["state"] == rank["state"]
         return str(rank["state"])
