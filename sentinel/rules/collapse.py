@@ -141,7 +141,7 @@ def detect(window: Window, params: CollapseParams, ctx: Context) -> Verdict | No
     unlearned = loss_start is not None and loss_start > 0 and level >= params.near_start * loss_start
     half = params.recent // 2
     flat = median(recent[half:].tolist()) >= median(recent[:half].tolist()) - spread_now
-    spread_fell = spread_now * params.noise_drop <= spread_then
+    spread_fell = spread_then > 0 and spread_now * params.noise_drop <= spread_then  # a loss that had a spread
     grad_fell = g_now * params.grad_drop <= g_then
     firing = (regressed or unlearned) and flat and spread_fell and grad_fell
     where = f"its best {best:.3g}" + (f", its start {loss_start:.3g}" if loss_start is not None else "")
