@@ -144,7 +144,10 @@ def detect(window: Window, params: CollapseParams, ctx: Context) -> Verdict | No
     spread_fell = spread_then > 0 and spread_now * params.noise_drop <= spread_then  # a loss that had a spread
     grad_fell = g_now * params.grad_drop <= g_then
     firing = (regressed or unlearned) and flat and spread_fell and grad_fell
-    where = f"its best {best:.3g}" + (f", its start {loss_start:.3g}" if loss_start is not None else "")
+    if regressed or not unlearned:
+        where = f"above its best {best:.3g}" + (f", its start {loss_start:.3g}" if loss_start is not None else "")
+    else:  # it never left its start: no fall, a training that has not learned
+        where = f"still near its start {loss_start:.3g}, its best {best:.3g}"
     detail = (f"the loss is flat at {level:.4g} ({where}), its batch-to-batch change "
               f"{spread_then / spread_now if spread_now > 0 else math.inf:.3g}× below what it was, "
               f"and the gradient norm fell {g_then / g_now if g_now > 0 else math.inf:.3g}× "

@@ -49,7 +49,7 @@ def test_a_network_killed_mid_run_is_told_with_what_fell() -> None:
     v = _judge(loss, grad, start=2.45)
     assert v is not None and v.firing, v
     assert v.value == np.median(loss[-50:])
-    assert "flat at 2.30" in v.detail and "its start 2.45" in v.detail
+    assert "flat at 2.302 (above its best 2.15, its start 2.45)" in v.detail, v.detail
     assert "gradient norm fell" in v.detail and "to 0.11" in v.detail
 
 
@@ -112,6 +112,7 @@ def test_a_network_that_never_learned_is_told_against_its_start() -> None:
     grad = np.concatenate([4.0 * np.exp(0.3 * r.standard_normal(40)), 0.09 * np.exp(0.2 * r.standard_normal(160))])
     v = _judge(loss, grad, start=2.45)
     assert v is not None and v.firing, v
+    assert "still near its start 2.45" in v.detail, v.detail
 
 
 def test_weights_set_by_the_script_start_a_new_baseline() -> None:
