@@ -19,13 +19,19 @@ def private_sqlite(path: str | os.PathLike[str]) -> None:
     the umask made them (0644: readable by every user of the machine).
 
     Raises:
-        OSError: the file cannot be created or its mode changed (not this user's).
+        OSError: the file cannot be created or its mode changed (not this user's). A
+            sidecar that is not there (or that another process's transaction removed between
+            a look and the change: a ``-journal`` lives only as long as its transaction) is
+            no error.
     """
     p = Path(path)
     os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o600))
-    for name in (p, *(p.with_name(p.name + s) for s in SIDECARS)):
-        if name.exists():
+    os.chmod(p, 0o600)
+    for name in (p.with_name(p.name + s) for s in SIDECARS):
+        try:
             os.chmod(name, 0o600)
+        except FileNotFoundError:  # none, or gone: another connection's transaction ended meanwhile
+            pass
 
 
 def safe_name(s: str, limit: int = 64, keep: str = "") -> str:
