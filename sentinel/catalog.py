@@ -142,7 +142,8 @@ CATALOG: dict[str, Spec] = {
     "sentinel_optimizer_decoupled_weight_decay": Spec(
         G, "Largest weight decay of an AdamW-style (decoupled) optimizer.", ("class", "index")),
     "sentinel_optimizer_sgd_clip_max_norm": Spec(
-        G, "An SGD-family optimizer: the max_norm its gradients were last clipped to (0: never).",
+        G, "An SGD-family optimizer: the max_norm its gradients were last clipped to, else the bound each "
+           "sample's gradient is clipped to (differentially private SGD); 0: never clipped.",
         ("class", "index")),
     "sentinel_optimizer_adaptive": Spec(
         G, "1 when every optimizer of the stream scales each update by its gradients' own size (Adam and its "

@@ -11,8 +11,9 @@ its class, and ``index``, its position):
   user gave them), ``sentinel_optimizer_fp16_eps`` (eps of an optimizer with fp16
   parameters, hence fp16 state) and ``sentinel_optimizer_decoupled_weight_decay``
   (weight decay of AdamW-style optimizers), ``sentinel_optimizer_sgd_clip_max_norm`` (the
-  ``max_norm`` an SGD-family optimizer's gradients were last clipped to, 0 when they
-  never were);
+  ``max_norm`` an SGD-family optimizer's gradients were last clipped to, else the bound
+  each sample's gradient is clipped to under differential privacy (``hp``'s
+  ``sample_clip``), 0 when they never were);
 - ``sentinel_optimizer_adaptive`` (no optimizer label): 1 when every optimizer scales its
   updates by its gradients' own size, so that a large gradient norm is no large update
   (``GradientExplosion`` reads it).
@@ -57,7 +58,7 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
         dtype = o.get("dtype") if isinstance(o.get("dtype"), str) else "none"
         add("sentinel_optimizer_info", 1.0, index=idx, dtype=str(dtype)[:16], **{"class": name})
         hp: dict[str, Any] = o["hp"] if isinstance(o.get("hp"), dict) else {}
-        nums = {k: float(v) for k, v in hp.items() if k in NAMES + ("decoupled",)
+        nums = {k: float(v) for k, v in hp.items() if k in NAMES + ("decoupled", "sample_clip")
                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
         for k in NAMES:
             if k in nums:
@@ -71,9 +72,9 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
             add("sentinel_optimizer_decoupled_weight_decay", nums["weight_decay"], index=idx, **{"class": name})
         if "beta1" in nums:
             add("sentinel_optimizer_beta1", nums["beta1"], index=idx, **{"class": name})
-        if _sgd_family(name, nums):
-            add("sentinel_optimizer_sgd_clip_max_norm",  # inf: the norm read, nothing clipped
-                clip_max if clip_max and math.isfinite(clip_max) else 0.0, index=idx, **{"class": name})
+        if _sgd_family(name, nums):  # clip_max inf: the norm read, nothing clipped
+            limit = clip_max if clip_max and math.isfinite(clip_max) else nums.get("sample_clip", 0.0)
+            add("sentinel_optimizer_sgd_clip_max_norm", limit, index=idx, **{"class": name})
         adaptive = adaptive and _adaptive(name, nums)
     if optim:
         add("sentinel_optimizer_adaptive", 1.0 if adaptive else 0.0)

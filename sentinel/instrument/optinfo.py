@@ -13,7 +13,9 @@ fp16, §5.2 weight decay). One small map per optimizer, whatever the number of g
   apart from the gradient (AdamW, Lion, ``decoupled_weight_decay=True``). ``lr`` is the
   one the script set, before any schedule (:func:`_configured_lr`), or the highest a group
   has been at since the optimizer's state began, where that is higher (a schedule written
-  by hand, which keeps no base).
+  by hand, which keeps no base). ``sample_clip``: the norm each sample's gradient is
+  clipped to before the step, where a differentially private wrapper steps it (Opacus's
+  ``DPOptimizer``: :func:`.outerstep.sample_clip`).
 
 Host-side reads of the param groups only: a tensor-valued hyperparameter on an accelerator
 is left out (reading it would sync).
@@ -26,6 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from sentinel.instrument import outerstep
 
 MAX_OPTIMIZERS = 8
 _SIZE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
@@ -64,6 +68,9 @@ def describe(optimizers: Sequence[torch.optim.Optimizer], top: Sequence[float] =
     flat = 0  # the position of the optimizer's first group in ``top``
     for opt in optimizers[:MAX_OPTIMIZERS]:
         hp: dict[str, list[float]] = {}
+        bound = outerstep.sample_clip(opt)
+        if bound is not None:
+            hp["sample_clip"] = [bound]
         dtypes: set[torch.dtype] = set()
         for g in opt.param_groups:
             seen = top[flat] if flat < len(top) else math.nan

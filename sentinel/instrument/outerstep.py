@@ -23,6 +23,12 @@ step reads them as before, and the class is no longer followed (:func:`stop`).
 The stand-in is found at its optimizer's first step, from the frame that called it
 (:func:`caller_of`): that step's gradients are the stand-in's already, so it reports none.
 A ``step`` called with arguments (a closure) is left as it is.
+
+A differentially private optimizer is found the same way, and only remembered: Opacus's
+``DPOptimizer`` clips each sample's gradient, adds noise and divides by the batch size in
+its ``step()`` before calling the SGD inside. Those are the gradients the SGD applies, and
+the ones read; its per-sample bound is the optimizer record's clip (:func:`sample_clip`),
+so that an SGD clipped per sample is not told to clip.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ INNER = ("optimizer", "_optimizer", "optim")
 ``optimizer``, DeepSpeed's ``_optimizer``, LARC's and torchlars' ``optim``)."""
 
 _followed: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()  # class -> its step reads ahead
+# an optimizer -> the differentially private wrapper that steps it (per_sample_bound)
+_clipper_of: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 _SKIP = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(torch.__file__)))
 
 
@@ -61,10 +69,9 @@ def inner_of(wrapper: Any) -> torch.optim.Optimizer | None:
 
 
 def caller_of(opt: torch.optim.Optimizer) -> Any:
-    """The wrapper whose ``step()`` called ``opt.step()`` directly (the first frame of the
-    stack outside torch and Sentinel), when it is no ``Optimizer``, keeps ``opt`` in one of
-    :data:`INNER` and shows ``opt``'s ``param_groups`` as its own; None otherwise (a
-    trainer class with a ``step()`` of its own and an ``.optimizer``). Never raises."""
+    """The object whose ``step()`` called ``opt.step()`` directly: the first frame of the
+    stack outside torch and Sentinel, when it is a ``step`` method (None otherwise). Never
+    raises."""
     try:
         frame: Any = sys._getframe(1)
         for _ in range(32):
@@ -79,14 +86,56 @@ def caller_of(opt: torch.optim.Optimizer) -> Any:
         code = frame.f_code
         if code.co_name != "step" or code.co_argcount < 1:
             return None
-        owner = frame.f_locals.get(code.co_varnames[0])
-        if owner is None or isinstance(owner, torch.optim.Optimizer) or inner_of(owner) is not opt:
-            return None
-        # an optimizer's stand-in shows the inner one's groups as its own; a trainer class whose
-        # step() runs the forward, backward() and opt.step() does not, and must not begin its steps
-        return owner if getattr(owner, "param_groups", None) is opt.param_groups else None
+        return frame.f_locals.get(code.co_varnames[0])
     except Exception:
         return None
+
+
+def is_stand_in(owner: Any, opt: torch.optim.Optimizer) -> bool:
+    """Whether ``owner`` (:func:`caller_of`) is a stand-in of ``opt``: no ``Optimizer``,
+    keeping ``opt`` in one of :data:`INNER` and showing ``opt``'s ``param_groups`` as its
+    own. A trainer class with a ``step()`` of its own and an ``.optimizer`` is none: its
+    step() runs the forward, ``backward()`` and ``opt.step()``, and must not begin its
+    steps. Never raises."""
+    try:
+        return (owner is not None and not isinstance(owner, torch.optim.Optimizer) and inner_of(owner) is opt
+                and getattr(owner, "param_groups", None) is opt.param_groups)
+    except Exception:
+        return False
+
+
+def per_sample_bound(wrapper: Any) -> float | None:
+    """The norm a differentially private optimizer clips each sample's gradient to, before
+    it adds its noise and steps the optimizer inside: Opacus's ``DPOptimizer`` (and its
+    per-layer, adaptive and distributed kin) keeps it as ``max_grad_norm`` beside its
+    ``noise_multiplier`` (the per-layer one: the norm of its layers' bounds, which bounds a
+    sample's whole gradient). None for any other object. The instance's own attributes
+    only: no property runs."""
+    attrs = getattr(wrapper, "__dict__", None)
+    if not isinstance(attrs, dict) or "noise_multiplier" not in attrs:
+        return None
+    bound = attrs.get("max_grad_norm")
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0.0 < bound < float("inf"):
+        return None
+    return float(bound)
+
+
+def note_clipper(opt: torch.optim.Optimizer, wrapper: Any) -> None:
+    """Remember ``wrapper`` as the one that clips each sample's gradient before ``opt``
+    steps (:func:`per_sample_bound`), when it is one. Never raises."""
+    try:
+        if wrapper is not None and wrapper is not opt and per_sample_bound(wrapper) is not None:
+            _clipper_of[opt] = weakref.ref(wrapper)
+    except Exception:
+        pass
+
+
+def sample_clip(opt: torch.optim.Optimizer) -> float | None:
+    """The per-sample clipping bound ``opt``'s steps are taken under now (see
+    :func:`note_clipper`), or None."""
+    ref = _clipper_of.get(opt)
+    wrapper = ref() if ref is not None else None
+    return per_sample_bound(wrapper) if wrapper is not None else None
 
 
 def follow(wrapper: Any, ahead: Callable[[torch.optim.Optimizer, type], None]) -> bool:

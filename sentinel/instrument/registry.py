@@ -325,8 +325,10 @@ def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         if opt not in _looked:  # its first watched step: called by a wrapper that changes its gradients?
             _looked.add(opt)
             wrapper = outerstep.caller_of(opt)
-            if wrapper is not None and outerstep.follow(wrapper, reads_ahead):
+            if outerstep.is_stand_in(wrapper, opt) and outerstep.follow(wrapper, reads_ahead):
                 mon.unread(opt)  # this step's gradients are the wrapper's already
+            else:  # Opacus's DPOptimizer: each sample's gradient is clipped before this step
+                outerstep.note_clipper(opt, wrapper)
         return mon.step_pre(opt, args, kwargs)  # never raises (the monitor's boundary)
     return None
 

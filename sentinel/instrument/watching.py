@@ -70,6 +70,8 @@ def watch(model: torch.nn.Module | None,
             many = not isinstance(optimizer, torch.optim.Optimizer) and outerstep.inner_of(optimizer) is None
             given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
             optimizers = [registry.unwrap(o) for o in given]
+            for o, inner in zip(given, optimizers, strict=True):
+                outerstep.note_clipper(inner, o)  # Opacus's DPOptimizer, given as make_private returned it
             if not optimizers:
                 raise registry.UnsupportedOptimizer("no optimizer was given")
         if model is not None and not isinstance(model, torch.nn.Module):

@@ -6,7 +6,8 @@ CleanRL's SAC, the DQN tutorial, SGDR's CIFAR scripts, SNGAN, the lottery-ticket
 YOLOv5's trainer, a small DDPM, a sparse mixture of experts, Hugging Face's re-entrant
 gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn,
 ULMFiT's gradual unfreezing, PCGrad's gradient surgery, SwAV's LARC, fast neural style,
-litgpt's Fabric loop, StyleGAN2's lazy regularization, apex amp's loss scaler), each run
+litgpt's Fabric loop, StyleGAN2's lazy regularization, apex amp's loss scaler, Opacus's
+DP-SGD), each run
 plainly, under ``sentinel run`` (zero-code) and, where people use it that way, with
 ``sentinel.watch``. Issue 18's contract, for every program:
 
@@ -105,6 +106,7 @@ PROGRAMS = [
     Program("stylegan2", "stylegan2.py", watch=True, optimizers=2, opt="Adam", objective=(0, 1), stepped=(1, 0)),
     Program("zero_torchrun", "zero.py", ranks=2, slow=True, opt="ZeroRedundancyOptimizer"),
     Program("apex_amp", "apex_amp.py", watch=True, opt="AdamW"),
+    Program("dp_sgd", "dp_sgd.py", watch=True, opt="SGD"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
@@ -394,3 +396,19 @@ def test_a_nan_without_an_optimizer_fires_training_nonfinite(outcome: Any, pid: 
     fired = [a for a in run.history["alerts"] if a["alertname"] == "TrainingNonFinite" and a["state_to"] == "firing"]
     assert fired, f"no TrainingNonFinite; alerts: {[(a['alertname'], a['state_to']) for a in run.history['alerts']]}"
     assert fired[0]["step"] == prog.nan_at, fired[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dp_sgd_clipped_per_sample_is_not_told_to_clip(outcome: Any, mode: str) -> None:
+    """Opacus's ``DPOptimizer`` clips each sample's gradient to ``max_grad_norm`` (1.0) in its
+    ``step()``, then steps the SGD it wraps: the SGD's record carries that bound (on
+    /metrics as the clip the advice reads), and ``SGDWithoutClipping`` stays silent (it
+    fired, info, at step 100 of both modes before the wrapper was known)."""
+    run = outcome("dp_sgd")[mode]
+    assert run.history is not None, _summary(run)
+    advice = [a for a in run.history["alerts"] if a["alertname"] == "SGDWithoutClipping"]
+    assert not advice, f"{mode}: {advice}"
+    if mode == "run":  # (the watch mode's monitor is closed before the exit's snapshot)
+        assert run.snapshot is not None, _summary(run)
+        clip = [v for _, v in samples(run.snapshot["metrics"], "sentinel_optimizer_sgd_clip_max_norm", "zoo-dp_sgd")]
+        assert clip == [1.0], f"sentinel_optimizer_sgd_clip_max_norm {clip}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -175,3 +176,55 @@ def _clip_advice(mlp: MLP, opt: torch.optim.Optimizer, clip: float | None) -> li
 def test_clipping_advice_per_optimizer(mlp: MLP, make: Any, clip: float | None, fired: list[tuple[int, str]]) -> None:
     """From the optimizer's record at step 100 (state_every), after a run has shown whether it clips."""
     assert _clip_advice(mlp, make(mlp.parameters()), clip) == fired
+
+
+def _private(mlp: MLP, max_grad_norm: Any) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """Opacus's ``make_private`` over ``mlp`` and a plain SGD (the MNIST example's shape): the
+    model in a ``GradSampleModule``, the optimizer in a ``DPOptimizer``."""
+    from opacus import PrivacyEngine
+
+    data = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randn(256, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    sgd = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    clipping = "flat" if isinstance(max_grad_norm, float) else "per_layer"
+    return PrivacyEngine().make_private(module=mlp, optimizer=sgd, data_loader=loader, noise_multiplier=1.0,
+                                        max_grad_norm=max_grad_norm, clipping=clipping)
+
+
+@pytest.mark.filterwarnings("ignore")  # Opacus's own warnings (secure RNG off)
+# flat, and per parameter (a sample's whole gradient is bounded by the norm of the bounds: 2.5)
+@pytest.mark.parametrize("bound", [1.0, [0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.5, 1.5]])
+def test_sgd_clipped_per_sample_by_opacus_gets_no_clipping_advice(mlp: MLP, bound: Any) -> None:
+    """DP-SGD clips every sample's gradient inside its ``DPOptimizer.step()``, which then
+    steps the plain SGD: the SGD is watched (as zero-code mode finds it), found stepped by
+    the wrapper at its first step, and its records carry the bound (steps 1 and 100)."""
+    model, dp, _ = _private(mlp, bound)
+    mon, sender = make_monitor(model, dp.original_optimizer)
+    train_steps(model, dp, 120, mon)
+    mon.close()
+    fired = [t.alertname for t in sender.engine.transitions if t.state_to == "firing"]
+    assert "SGDWithoutClipping" not in fired
+    largest = math.sqrt(sum(b * b for b in bound)) if isinstance(bound, list) else bound
+    recorded = [f["optim"][0]["hp"].get("sample_clip") for f in sender.steps() if "optim" in f]
+    assert recorded == [pytest.approx(largest)] * 2
+    [series] = sender.engine.store.labelsets("sentinel_optimizer_sgd_clip_max_norm")
+    assert sender.engine.store.last("sentinel_optimizer_sgd_clip_max_norm", series)[2] == pytest.approx(largest)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_dp_optimizer_given_to_watch_is_known_as_the_sgds_clipper(mlp: MLP) -> None:
+    """``sentinel.watch(model, optimizer)`` with what ``make_private`` returned: the SGD inside
+    is watched, and its per-sample bound known before its first step."""
+    import sentinel
+    from sentinel.instrument import outerstep
+
+    model, dp, _ = _private(mlp, 1.0)
+    mon = sentinel.watch(model, dp, engine="off")
+    try:
+        assert [type(o).__name__ for o in mon.optimizers] == ["SGD"]
+        assert outerstep.sample_clip(dp.original_optimizer) == 1.0
+        assert optinfo.describe(mon.optimizers)[0]["hp"]["sample_clip"] == 1.0
+        dp.max_grad_norm = 0.5  # Opacus's adaptive clipping moves it: the record reads it anew
+        assert optinfo.describe(mon.optimizers)[0]["hp"]["sample_clip"] == 0.5
+    finally:
+        mon.close()
