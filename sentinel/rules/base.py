@@ -172,6 +172,14 @@ def median(values: Sequence[float]) -> float:
     return quantile(sorted(values), 0.5)
 
 
+def row_medians(rows: np.ndarray) -> np.ndarray:
+    """Each row's median: one sort per row (``np.median``'s overhead is several times more,
+    and the chunk medians of the level rules are taken at every judgement)."""
+    ordered = np.sort(rows, axis=1)
+    c = rows.shape[1]
+    return np.asarray(0.5 * (ordered[:, (c - 1) // 2] + ordered[:, c // 2]))
+
+
 def finite(values: Sequence[float]) -> list[float]:
     """The finite values, in order."""
     return [v for v in values if math.isfinite(v)]

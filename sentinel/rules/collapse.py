@@ -39,7 +39,7 @@ import math
 import numpy as np
 from pydantic import Field, model_validator
 
-from sentinel.rules.base import Context, Params, Verdict, median, since
+from sentinel.rules.base import Context, Params, Verdict, median, row_medians, since
 from sentinel.store import Window
 
 
@@ -90,13 +90,6 @@ def _spread(values: np.ndarray) -> float:
     return median(np.abs(np.diff(values)).tolist()) if len(values) > 1 else math.nan
 
 
-def _row_medians(rows: np.ndarray) -> np.ndarray:
-    """Each row's median (a sort per row: np.median's overhead is several times more)."""
-    ordered = np.sort(rows, axis=1)
-    c = rows.shape[1]
-    return np.asarray(0.5 * (ordered[:, (c - 1) // 2] + ordered[:, c // 2]))
-
-
 def detect(window: Window, params: CollapseParams, ctx: Context) -> Verdict | None:
     """Fire when the loss is flat and no better than before, with its spread and the
     gradient norm both collapsed.
@@ -120,9 +113,9 @@ def detect(window: Window, params: CollapseParams, ctx: Context) -> Verdict | No
     c = params.chunk
     n = len(older) // c * c
     rows = older[len(older) - n:].reshape(-1, c)
-    best = float(_row_medians(rows).min())
+    best = float(row_medians(rows).min())
     spread_now = _spread(recent)
-    spread_then = float(_row_medians(np.abs(np.diff(rows, axis=1))).max())
+    spread_then = float(row_medians(np.abs(np.diff(rows, axis=1))).max())
     grads = ctx.reference_window
     if grads is None or len(grads) == 0:
         return None
@@ -135,7 +128,7 @@ def detect(window: Window, params: CollapseParams, ctx: Context) -> Verdict | No
         return None
     g_now = median(g_now_vals.tolist())
     gm = len(g_then_vals) // c * c
-    g_then = float(_row_medians(g_then_vals[len(g_then_vals) - gm:].reshape(-1, c)).max())
+    g_then = float(row_medians(g_then_vals[len(g_then_vals) - gm:].reshape(-1, c)).max())
     loss_start = ctx.loss_start
     regressed = best > 0 and level >= best * (1.0 + params.above_best)
     unlearned = loss_start is not None and loss_start > 0 and level >= params.near_start * loss_start

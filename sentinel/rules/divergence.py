@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, model_validator
 
-from sentinel.rules.base import Context, Params, Verdict, median, since
+from sentinel.rules.base import Context, Params, Verdict, median, row_medians, since
 from sentinel.store import Window
 
 
@@ -86,9 +86,8 @@ def detect(window: Window, params: DivergenceParams, ctx: Context) -> Verdict | 
     older = vals[: -params.recent]
     c = params.chunk
     n = len(older) // c * c  # whole chunks, ending at the newest
-    # chunk medians: sort each row once (np.median's per-call overhead is several times more)
-    rows = np.sort(older[len(older) - n :].reshape(-1, c), axis=1)
-    meds = 0.5 * (rows[:, (c - 1) // 2] + rows[:, c // 2])
+    rows = older[len(older) - n :].reshape(-1, c)
+    meds = row_medians(rows)
     best = float(meds.min())
     threshold = best + max((params.factor - 1.0) * abs(best), params.min_rise)
     # no floor at 0 (|best| is no scale), or a rise the batches' spread may hold: the noise
