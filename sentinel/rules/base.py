@@ -69,8 +69,9 @@ class Context:
         guard_skipped: the step guard kept this step out of the weights (its note said so).
         note: a phrase the engine attaches to this evaluation (e.g. a dead rank's last
             values), for detectors that print it.
-        memo: a per-series dict a detector with a ``quiet`` shortcut may leave notes in
-            for it (see :class:`DetectorSpec`); None when the engine keeps none.
+        memo: a per-series dict a detector with a ``quiet`` shortcut, or one whose spec
+            asks for it, may leave notes in (see :class:`DetectorSpec`); None when the
+            engine keeps none.
         lr_fraction: the rank's learning rate over its peak (the highest it reported, or
             its scheduler's initial/max lr; the largest over param groups), None when
             unknown: how far a schedule has taken the lr (sentinel/engine/schedule.py).
@@ -142,6 +143,9 @@ class DetectorSpec:
         quiet: like ``idle``, with what ``fn`` left in ``ctx.memo`` at its last full
             evaluation of the series: ``(latest value, params, memo, samples appended to
             the series since) -> bool``. True promises ``fn`` would not fire now.
+        memo: ``fn`` keeps notes of its own in ``ctx.memo`` from one full evaluation of
+            a series to the next, without a ``quiet`` shortcut (one with it always has
+            a memo).
     """
 
     fn: Detector
@@ -149,6 +153,7 @@ class DetectorSpec:
     time_based: bool = False
     idle: Callable[[float, Any], bool] | None = None
     quiet: Callable[[float, Any, dict[str, Any], int], bool] | None = None
+    memo: bool = False
 
 
 def since(window: Window, step: int) -> Window:

@@ -22,6 +22,12 @@ paged critical. Where a loss's level is well above its batches' spread (any loss
 from its floor), ``|best|`` is the larger and the ratio decides as before. σ is computed
 only when the ratio alone would fire (or the window holds a value ≤ 0), so a quiet
 verdict costs nothing more.
+
+A firing verdict keeps its best level (``ctx.memo``) until the loss comes back under its
+threshold. Without it, a run whose loss jumped and stayed up resolved its critical alert
+once its good steps had left the window: a regression network killed by one corrupt batch
+sat at 800× its best level when its page said "resolved", 400 steps later. The kept level
+holds for one baseline only: a warm restart or weights the script set start a new one.
 """
 
 from __future__ import annotations
@@ -89,6 +95,12 @@ def detect(window: Window, params: DivergenceParams, ctx: Context) -> Verdict | 
     rows = older[len(older) - n :].reshape(-1, c)
     meds = row_medians(rows)
     best = float(meds.min())
+    memo = ctx.memo
+    held = None if memo is None else memo.get("held")
+    if held is not None and (held[0] != ctx.since_step or held[1] >= best):
+        held = None  # a new baseline, or the window holds a level as low again
+    if held is not None:  # firing, and the best level has left the window since
+        best = held[1]
     threshold = best + max((params.factor - 1.0) * abs(best), params.min_rise)
     # no floor at 0 (|best| is no scale), or a rise the batches' spread may hold: the noise
     # decides too. Only raises the threshold, so a positive loss below it needs no σ
@@ -97,8 +109,15 @@ def detect(window: Window, params: DivergenceParams, ctx: Context) -> Verdict | 
         scale = max(abs(best), params.noise * sigma)
         threshold = best + max((params.factor - 1.0) * scale, params.min_rise)
     firing = current > threshold
+    if memo is not None:
+        if firing:  # the level it must come back to, kept until it does
+            memo["held"] = (ctx.since_step, best)
+        else:
+            memo.pop("held", None)
     if best > 0:
         detail = f"{current / best:.3g}× the best level {best:.3g}"
     else:  # a ratio to a level at or below 0 says nothing
         detail = f"{current - best:.3g} above the best level {best:.3g}"
+    if held is not None:
+        detail += f" (reached before the last {len(window)} samples, and not since)"
     return Verdict(firing, current, threshold, baseline=best, detail=detail)

@@ -217,6 +217,8 @@ class Judge:
             memo.pop("base", None)  # fn leaves a new one, or none to go by
             memo["count"] = series.count
             cctx.memo = memo
+        elif c.spec.memo:
+            cctx.memo = self._memos.setdefault((c.idx, series_labels), {})
         self.evaluations += 1
         return c.spec.fn(window, c.params, cctx)
 

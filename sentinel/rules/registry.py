@@ -27,7 +27,7 @@ DETECTORS: dict[str, DetectorSpec] = {
     "band": DetectorSpec(band.detect, band.BandParams),
     "nonfinite": DetectorSpec(nonfinite.detect, nonfinite.NonFiniteParams, idle=nonfinite.idle),
     "spike": DetectorSpec(spike.detect, spike.SpikeParams, quiet=spike.quiet),
-    "divergence": DetectorSpec(divergence.detect, divergence.DivergenceParams),
+    "divergence": DetectorSpec(divergence.detect, divergence.DivergenceParams, memo=True),
     "collapse": DetectorSpec(collapse.detect, collapse.CollapseParams),
     "oscillation": DetectorSpec(oscillation.detect, oscillation.OscillationParams),
     "plateau": DetectorSpec(plateau.detect, plateau.PlateauParams),
