@@ -24,6 +24,7 @@ from sentinel.instrument import (
     loaders,
     losses,
     notebook,
+    outerstep,
     preclip,
     registry,
     replaced,
@@ -582,7 +583,8 @@ class Monitor:
             self._resets.stepped(measure.add)
         if self._replaced is not None and steps >= replaced.CHECK_AT:
             self.boundary.run("layout", self._look_for_a_replaced_module, steps)
-        self.reporter.hold(report, measure.take(), steps, objective)
+        averaged = any(outerstep.averages_passes(opt) for opt in self.optimizers)  # DP-SGD's physical batches
+        self.reporter.hold(report, measure.take(), steps, objective, averaged)
 
     def _look_for_a_replaced_module(self, steps: int) -> None:
         """Once, early: warn when a module of the model was replaced after the optimizer was

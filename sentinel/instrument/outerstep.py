@@ -138,6 +138,18 @@ def sample_clip(opt: torch.optim.Optimizer) -> float | None:
     return per_sample_bound(wrapper) if wrapper is not None else None
 
 
+def averages_passes(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt``'s step applies the mean of its ``backward()`` passes' gradients since
+    the last step, not their sum: a differentially private wrapper with
+    ``loss_reduction="mean"`` (Opacus's default) divides the summed per-sample gradients by
+    the expected batch size times the passes it accumulated (``BatchMemoryManager``'s
+    physical batches, or steps skipped by hand), so the step's loss is their losses' mean."""
+    ref = _clipper_of.get(opt)
+    wrapper = ref() if ref is not None else None
+    attrs = getattr(wrapper, "__dict__", None)
+    return isinstance(attrs, dict) and attrs.get("loss_reduction") == "mean"
+
+
 def follow(wrapper: Any, ahead: Callable[[torch.optim.Optimizer, type], None]) -> bool:
     """Make each argument-free ``step()`` of ``wrapper``'s class call ``ahead(inner,
     class)`` first (once per class). False when its ``step`` is no plain function, its

@@ -190,13 +190,15 @@ class Reporter:
 
     # -- reports --------------------------------------------------------------------------
 
-    def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False) -> None:
+    def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False, averaged: bool = False) -> None:
         """Take a step's finalized report (``steps``: its number): it waits for ``log()``'s
         values unless nothing more is coming for it. ``objective``: what ``backward()`` got
         is no loss to judge, and is recorded as the scalar ``objective``, which the loss
         rules never judge: every optimizer of the step ascends (``maximize=True``: it rises
         as training goes well), or steps only coefficients (SAC's entropy temperature: its
-        loss settles around 0 as the policy's entropy meets its target, with either sign)."""
+        loss settles around 0 as the policy's entropy meets its target, with either sign).
+        ``averaged``: the step applies the mean of its passes' gradients (DP-SGD's physical
+        batches: :func:`.outerstep.averages_passes`), so its loss is their losses' mean."""
         if self.waiting is not None:
             self.submit_open()
         scalars, self.pending = self.pending, Scalars()  # logged before this step's end: its own
@@ -206,7 +208,7 @@ class Reporter:
                 self.scaler = self.losses.grad_scaler()  # the GradScaler the script uses, once it scaled a loss
             captured = self.losses.claim()
             if captured is not None:
-                captured = self._in_first_units(captured, self.losses.taken)
+                captured = self._in_first_units(captured, self.losses.taken, averaged)
             name = "objective" if objective else "loss"
             if captured is not None and "loss" not in scalars and name not in scalars:
                 scalars.add(name, captured)
@@ -223,10 +225,13 @@ class Reporter:
         if self.auto or logged_last or loss_in or (not self.logs and steps > 1):
             self.submit_open()
 
-    def _in_first_units(self, total: torch.Tensor, count: int) -> torch.Tensor:
+    def _in_first_units(self, total: torch.Tensor, count: int, averaged: bool = False) -> torch.Tensor:
         """A step's summed loss over ``count`` backward() calls, in the units of the stream's
         first step when it has more calls than that step: scaled by first count / ``count``
-        (see :mod:`sentinel.instrument.losses`). On the device: no read-back."""
+        (see :mod:`sentinel.instrument.losses`); their mean where the step applies the mean
+        of their gradients (``averaged``). On the device: no read-back."""
+        if averaged and count > 1:
+            return total / count
         if self.first_count is None:
             self.first_count = count
         if count <= self.first_count or self.first_count <= 0:

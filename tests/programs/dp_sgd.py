@@ -11,10 +11,18 @@ DP-SGD, whose whole point is clipping, its advice to clip. Each epoch prints the
 spent (``accountant.get_epsilon``); the trained network's state dict (``model._module``)
 is saved.
 
-The reference: per optimizer step, the loss and the gradient the SGD applies (the clipped,
-noised mean, left in ``p.grad`` after the step).
+With PHYSICAL (Opacus's CIFAR-10 tutorial), the loader is read through a
+``BatchMemoryManager`` that splits each Poisson batch into physical batches of at most that
+many samples: every physical batch has its ``zero_grad()``, ``backward()`` and ``step()``,
+and the ``DPOptimizer`` skips all but the last one's step, accumulating the clipped
+per-sample gradients and dividing them by the expected batch size times the passes. A
+step's loss is then the mean of its passes' losses (Sentinel reported their sum: three
+times the script's loss at 24 of an expected 64).
 
-argv: OUT_DIR [EPOCHS]
+The reference: per optimizer step, the loss (the mean of its passes') and the gradient the
+SGD applies (the clipped, noised mean, left in ``p.grad`` after the step).
+
+argv: OUT_DIR [EPOCHS [PHYSICAL]]
 """
 
 import os
@@ -24,6 +32,7 @@ import warnings
 import torch
 import zoolib
 from opacus import PrivacyEngine
+from opacus.utils.batch_memory_manager import BatchMemoryManager
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -31,6 +40,7 @@ from torch.utils.data import DataLoader, TensorDataset
 warnings.simplefilter("ignore")  # as Opacus's tutorials do: its secure-RNG and hook warnings
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+physical = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 torch.manual_seed(5)
 
 
@@ -71,20 +81,37 @@ if zoolib.watching():
 
     mon = sentinel.watch(model, optimizer)
 criterion = nn.CrossEntropyLoss()
+
+
+def batches():
+    if not physical:
+        yield from train_loader
+        return
+    with BatchMemoryManager(data_loader=train_loader, max_physical_batch_size=physical,
+                            optimizer=optimizer) as memory_safe_data_loader:
+        yield from memory_safe_data_loader
+
+
 step = 0
 for epoch in range(1, epochs + 1):
     model.train()
     losses = []
-    for data, target in train_loader:
+    passes = []
+    for data, target in batches():
         optimizer.zero_grad()
         loss = criterion(model(data), target)
         loss.backward()
         optimizer.step()
-        step += 1
-        ref.step(loss, zoolib.total_norm(model.parameters()))
-        if mon is not None:
-            mon.log(loss=loss)
         losses.append(loss.item())
+        passes.append(loss.detach())
+        if optimizer._is_last_step_skipped:  # (the reference's: a physical batch, no step)
+            continue
+        step += 1
+        mean = torch.stack(passes).mean()
+        passes = []
+        ref.step(mean, zoolib.total_norm(model.parameters()))
+        if mon is not None:
+            mon.log(loss=mean)
     epsilon = privacy_engine.accountant.get_epsilon(delta=1e-5)
     print(f"Train Epoch: {epoch} \tLoss: {sum(losses) / len(losses)!r} (ε = {epsilon:.2f}, δ = 1e-05)")
 

@@ -107,6 +107,7 @@ PROGRAMS = [
     Program("zero_torchrun", "zero.py", ranks=2, slow=True, opt="ZeroRedundancyOptimizer"),
     Program("apex_amp", "apex_amp.py", watch=True, opt="AdamW"),
     Program("dp_sgd", "dp_sgd.py", watch=True, opt="SGD"),
+    Program("dp_sgd_physical", "dp_sgd.py", ("4", "24"), watch=True, opt="SGD"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]

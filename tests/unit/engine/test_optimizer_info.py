@@ -228,3 +228,29 @@ def test_a_dp_optimizer_given_to_watch_is_known_as_the_sgds_clipper(mlp: MLP) ->
         assert optinfo.describe(mon.optimizers)[0]["hp"]["sample_clip"] == 0.5
     finally:
         mon.close()
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_dp_sgds_physical_batches_make_one_step_whose_loss_is_their_mean(mlp: MLP) -> None:
+    """Opacus's ``BatchMemoryManager`` splits each batch into physical ones, each with its
+    ``backward()`` and ``step()``; the ``DPOptimizer`` steps the SGD at the last one only,
+    with the mean of their (clipped, noised) gradients: the step's loss is their losses'
+    mean, not their sum."""
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    model, dp, loader = _private(mlp, 1.0)  # Poisson batches of 8 samples expected
+    mon, sender = make_monitor(model, dp.original_optimizer, capture_loss=True)
+    means, passes = [], []
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=3, optimizer=dp) as physical:
+        for x, y in physical:
+            dp.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            dp.step()
+            passes.append(loss.item())
+            if not dp._is_last_step_skipped:
+                means.append(sum(passes) / len(passes))
+                passes = []
+    mon.close()
+    got = [f["scalars"]["loss"] for f in sender.steps() if "loss" in f.get("scalars", {})]
+    assert len(means) > 20 and got == pytest.approx(means, rel=1e-5)
