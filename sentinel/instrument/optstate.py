@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from sentinel.instrument.registry import stepper
-from sentinel.instrument.stats import device_index
+from sentinel.instrument.stats import _local, device_index
 
 Tensor = torch.Tensor
 SAMPLE = 65536
@@ -52,8 +52,7 @@ _UNFACTORED = ("variance", "exp_avg_sq")
 
 
 def _flat(t: Tensor, limit: int = SAMPLE) -> Tensor:
-    local = getattr(t, "_local_tensor", None)  # a DTensor's shard, without communication
-    flat = (local if isinstance(local, Tensor) else t).detach().reshape(-1)
+    flat = _local(t).detach().reshape(-1)  # a DTensor's shard, without communication
     return flat[:: max(1, flat.numel() // limit)]
 
 
@@ -86,7 +85,7 @@ def _adafactor(acc: _Acc, st: dict[str, Any], threshold: float) -> bool:
     for rk, ck in _FACTORED:
         r, c = st.get(rk), st.get(ck)
         if isinstance(r, Tensor) and isinstance(c, Tensor):
-            rf, cf = r.detach().float().reshape(-1), c.detach().float().reshape(-1)
+            rf, cf = _local(r).detach().float().reshape(-1), _local(c).detach().float().reshape(-1)
             mean = rf.mean().clamp_min(1e-30)
             rs, cs = rf[:: max(1, rf.numel() // GRID)], cf[:: max(1, cf.numel() // GRID)]
             v = torch.outer(rs, cs) / mean
@@ -172,7 +171,7 @@ def trust_ratios(opt: torch.optim.Optimizer, group_of: dict[int, int],
             if not st or k is None or "trust_ratio" not in st:
                 continue
             tr = st["trust_ratio"]
-            t = tr.detach().reshape(1).float() if isinstance(tr, Tensor) else torch.tensor([float(tr)])
+            t = _local(tr).detach().reshape(1).float() if isinstance(tr, Tensor) else torch.tensor([float(tr)])
             vals, idx = by_dev.setdefault(t.device, ([], []))
             vals.append(t)
             idx.append(k)

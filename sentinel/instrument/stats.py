@@ -314,13 +314,16 @@ def adam_saturation(optimizers: Sequence[torch.optim.Optimizer], threshold: floa
                     max_tensors: int, cursor: int) -> tuple[dict[torch.device, Tensor], int, int]:
     """Sampled count of ``exp_avg_sq`` entries above ``threshold``.
 
-    Looks at up to ``max_tensors`` state tensors starting at ``cursor`` (rotating).
+    Looks at up to ``max_tensors`` state tensors starting at ``cursor`` (rotating); of a
+    DTensor (FSDP2, tensor parallelism), its local shard: what this rank holds, with no
+    communication (a model of sharded and plain parameters, as a tensor-parallel block
+    after a plain LayerNorm, mixed DTensor and plain counts, and the report failed).
 
     Returns:
         Per-device 1-element count tensors, the number of entries looked at (host),
         and the next cursor.
     """
-    tensors = [st["exp_avg_sq"] for opt in optimizers for st in stepper(opt).state.values()
+    tensors = [_local(st["exp_avg_sq"]) for opt in optimizers for st in stepper(opt).state.values()
                if isinstance(st.get("exp_avg_sq"), torch.Tensor)]
     if not tensors:
         return {}, 0, 0

@@ -7,7 +7,7 @@ YOLOv5's trainer, a small DDPM, a sparse mixture of experts, Hugging Face's re-e
 gradient checkpointing, ZeroRedundancyOptimizer, loralib's LoRA, the DDP tutorial's mp.spawn,
 ULMFiT's gradual unfreezing, PCGrad's gradient surgery, SwAV's LARC, fast neural style,
 litgpt's Fabric loop, StyleGAN2's lazy regularization, apex amp's loss scaler, Opacus's
-DP-SGD), each run
+DP-SGD, tensor parallelism), each run
 plainly, under ``sentinel run`` (zero-code) and, where people use it that way, with
 ``sentinel.watch``. Issue 18's contract, for every program:
 
@@ -108,6 +108,7 @@ PROGRAMS = [
     Program("apex_amp", "apex_amp.py", watch=True, opt="AdamW"),
     Program("dp_sgd", "dp_sgd.py", watch=True, opt="SGD"),
     Program("dp_sgd_physical", "dp_sgd.py", ("4", "24"), watch=True, opt="SGD"),
+    Program("tensor_parallel", "tensor_parallel.py", ranks=2, slow=True, opt="AdamW"),
 ]
 BY_ID = {p.id: p for p in PROGRAMS}
 MODES = ["run", "watch"]
