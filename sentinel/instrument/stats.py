@@ -316,8 +316,8 @@ def adam_saturation(optimizers: Sequence[torch.optim.Optimizer], threshold: floa
 
     Looks at up to ``max_tensors`` state tensors starting at ``cursor`` (rotating); of a
     DTensor (FSDP2, tensor parallelism), its local shard: what this rank holds, with no
-    communication (a model of sharded and plain parameters, as a tensor-parallel block
-    after a plain LayerNorm, mixed DTensor and plain counts, and the report failed).
+    communication. (A tensor-parallel block beside a plain LayerNorm mixed DTensor and
+    plain counts, and the step's report failed.)
 
     Returns:
         Per-device 1-element count tensors, the number of entries looked at (host),
