@@ -153,6 +153,11 @@ class Monitor:
         self._new_layout()
         if sender is None:
             sender, self.engine, self.url = connect(o)
+            if self.sharded and self.world > 1 and isinstance(self.engine, EngineShare):
+                log.warning("sentinel: this rank's own engine sees only its shards of a model sharded over %d ranks, "
+                            "so the whole model's gradient and parameter norms are never assembled; run the job "
+                            "under `sentinel run -- torchrun ...` (or give the ranks a node daemon's "
+                            "SENTINEL_SOCKET) for them", self.world)
         # an engine shared with the process's other monitors gives each alert to all their callbacks
         alerts = self.engine.callbacks(self.on_alert) if isinstance(self.engine, EngineShare) else self.on_alert
         self.reporter = Reporter(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,

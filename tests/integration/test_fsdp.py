@@ -166,3 +166,24 @@ def test_sentinel_run_of_fsdp2_layers_that_free_their_gathered_parameters(tmp_pa
     assert out.stdout == plain.stdout
     db = hdb.connect(str(tmp_path / "sentinel" / "history.sqlite"))
     assert [r[0] for r in db.execute("SELECT steps FROM runs")] == [6]
+
+
+@pytest.mark.slow  # two ranks under torchrun
+@retry_gloo_exit_abort
+def test_watch_in_each_rank_of_a_plain_torchrun_says_it_cannot_assemble_the_shards(tmp_path: Path) -> None:
+    """``sentinel.watch`` in each rank of a plain ``torchrun`` (no ``sentinel run``, no node
+    daemon) starts an engine per rank, which sees one rank's shards only: the history's
+    gradient norm stays empty. Each rank says so once, with the way out, and trains on."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    program = Path(__file__).parents[1] / "programs" / "tensor_parallel.py"
+    env = {**os.environ, "ZOO_WATCH": "1", "XDG_STATE_HOME": str(tmp_path), "SENTINEL_RUN": "tp-watch",
+           "SENTINEL_LISTEN": "127.0.0.1:0", "PYTHONPATH": os.pathsep.join([str(program.parent), *sys.path])}
+    out = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(program), str(tmp_path / "out"), "12"],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [line for line in out.stderr.splitlines() if "sees only its shards" in line]
+    assert len(said) == 2 and all(line.startswith("sentinel: ") and "sentinel run -- torchrun" in line
+                                  for line in said), out.stderr[-3000:]
+    db = hdb.connect(str(tmp_path / "sentinel" / "history.sqlite"), readonly=True)
+    run = find_run(db, "tp-watch")
+    assert run is not None and run.steps == 12 and run.mean_grad_norm is None  # what the line warns of
