@@ -51,8 +51,8 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
 ``state_bytes``?   ``{state_key: bytes}`` of optimizer state
 ``param_bytes``?   bytes of parameters
 ``mem``?           ``{name: value}`` memory figures (see the exporter)
-``optim``?         per optimizer ``{"class", "dtype", "hp": {name: float}}``
-                   (``instrument/optinfo.py``); with ``state_bytes``
+``optim``?         per optimizer ``{"class", "dtype", "hp": {name: float}}``, the names
+                   those of :data:`OPTIMIZER_HP` (``instrument/optinfo.py``); with ``state_bytes``
 ``total_steps``?   the run's planned optimizer steps, when the user gave them
 ``env``?           ``{name: str}`` versions, GPU model and numerics flags
                    (``instrument/envprobe.py``); at the first step and with
@@ -134,6 +134,13 @@ MAX_STATE_KEYS = 64
 MAX_GROUPS = 256
 """Parameter groups (by module) a frame carries: ``groups`` and the sums aligned to it. A
 monitor's ``max_groups`` is at most this."""
+HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum")
+"""The settings an optimizer record's ``hp`` carries (``sentinel_optimizer_hyperparameter``)."""
+OPTIMIZER_HP = HYPERPARAMETERS + ("decoupled", "sample_clip")
+"""Every key of an optimizer record's ``hp`` (``optim``): the settings, ``decoupled`` (1: its
+weight decay is applied apart from the gradient) and ``sample_clip`` (the norm each
+sample's gradient is clipped to before the step: DP-SGD). ``instrument/optinfo.py``
+writes them, ``engine/optimizer.py`` and the history read them."""
 MAX_PARAM_GROUPS = 256
 """Learning rates a frame carries (``lr``, ``lr_peak``): the first this many param groups of
 the stream's optimizers. A model with a param group per parameter (layer-wise lr decay) has

@@ -25,8 +25,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-NAMES = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum")
-
+from sentinel.wire import HYPERPARAMETERS, OPTIMIZER_HP
 
 _ADAPTIVE = ("Adagrad", "Adadelta", "RMSprop", "Rprop", "Adafactor", "Lion", "Lamb", "LAMB", "SophiaG", "Sophia")
 
@@ -58,9 +57,9 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
         dtype = o.get("dtype") if isinstance(o.get("dtype"), str) else "none"
         add("sentinel_optimizer_info", 1.0, index=idx, dtype=str(dtype)[:16], **{"class": name})
         hp: dict[str, Any] = o["hp"] if isinstance(o.get("hp"), dict) else {}
-        nums = {k: float(v) for k, v in hp.items() if k in NAMES + ("decoupled", "sample_clip")
+        nums = {k: float(v) for k, v in hp.items() if k in OPTIMIZER_HP
                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        for k in NAMES:
+        for k in HYPERPARAMETERS:
             if k in nums:
                 add("sentinel_optimizer_hyperparameter", nums[k], index=idx, name=k, **{"class": name})
         b2 = nums.get("beta2")

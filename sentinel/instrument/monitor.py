@@ -162,7 +162,7 @@ class Monitor:
         alerts = self.engine.callbacks(self.on_alert) if isinstance(self.engine, EngineShare) else self.on_alert
         self.reporter = Reporter(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,
                                  alerts, self.request_stop, self._stream_label, self._losses, self.layout,
-                                 scaler=scaler, auto=auto)
+                                 scaler=scaler, auto=auto, passes_averaged=self._passes_averaged)
         self.reporter.player = self._player
         losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step
         if self.optimizers:
@@ -588,8 +588,12 @@ class Monitor:
             self._resets.stepped(measure.add)
         if self._replaced is not None and steps >= replaced.CHECK_AT:
             self.boundary.run("layout", self._look_for_a_replaced_module, steps)
-        averaged = any(outerstep.averages_passes(opt) for opt in self.optimizers)  # DP-SGD's physical batches
-        self.reporter.hold(report, measure.take(), steps, objective, averaged)
+        self.reporter.hold(report, measure.take(), steps, objective)
+
+    def _passes_averaged(self) -> bool:
+        """Whether a step applies the mean of its ``backward()`` passes' gradients (DP-SGD's
+        physical batches: :func:`.outerstep.averages_passes`); asked of a step with several."""
+        return any(outerstep.averages_passes(opt) for opt in self.optimizers)
 
     def _look_for_a_replaced_module(self, steps: int) -> None:
         """Once, early: warn when a module of the model was replaced after the optimizer was

@@ -130,11 +130,16 @@ def note_clipper(opt: torch.optim.Optimizer, wrapper: Any) -> None:
         pass
 
 
+def _clipper(opt: torch.optim.Optimizer) -> Any:
+    """The wrapper :func:`note_clipper` remembered for ``opt`` (None: none, or gone)."""
+    ref = _clipper_of.get(opt)
+    return ref() if ref is not None else None
+
+
 def sample_clip(opt: torch.optim.Optimizer) -> float | None:
     """The per-sample clipping bound ``opt``'s steps are taken under now (see
     :func:`note_clipper`), or None."""
-    ref = _clipper_of.get(opt)
-    wrapper = ref() if ref is not None else None
+    wrapper = _clipper(opt)
     return per_sample_bound(wrapper) if wrapper is not None else None
 
 
@@ -144,9 +149,7 @@ def averages_passes(opt: torch.optim.Optimizer) -> bool:
     ``loss_reduction="mean"`` (Opacus's default) divides the summed per-sample gradients by
     the expected batch size times the passes it accumulated (``BatchMemoryManager``'s
     physical batches, or steps skipped by hand), so the step's loss is their losses' mean."""
-    ref = _clipper_of.get(opt)
-    wrapper = ref() if ref is not None else None
-    attrs = getattr(wrapper, "__dict__", None)
+    attrs = getattr(_clipper(opt), "__dict__", None)
     return isinstance(attrs, dict) and attrs.get("loss_reduction") == "mean"
 
 

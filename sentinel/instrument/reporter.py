@@ -109,12 +109,15 @@ class Reporter:
         layout: the current groups (the monitor sets it again at each new layout).
         scaler: the script's ``GradScaler``, if known (found once it scaled a loss).
         auto: zero-code mode's monitor: a report never waits for ``log()``.
+        passes_averaged: whether a step of several ``backward()`` passes applies the mean of
+            their gradients (DP-SGD's physical batches), so that its loss is their losses' mean.
     """
 
     def __init__(self, options: WatchOptions, boundary: Boundary, rank: int, world: int, sender: Sender,
                  engine: Any, capture: InputCapture, on_alert: Iterable[Callable[[dict[str, Any]], None]],
                  request_stop: Callable[[str], None], stream_label: Callable[[], str],
-                 loss_sum: LossSum | None, layout: Layout, *, scaler: Any = None, auto: bool = False) -> None:
+                 loss_sum: LossSum | None, layout: Layout, *, scaler: Any = None, auto: bool = False,
+                 passes_averaged: Callable[[], bool] = lambda: False) -> None:
         self.options, self.boundary, self.rank, self.world = options, boundary, rank, world
         # whereabouts' and the notebook's threads send until the goodbye, never after it (a log
         # frame after it reopens the finished rank at the engine)
@@ -123,6 +126,7 @@ class Reporter:
         self.sender, self.engine, self.capture, self.on_alert = sender, engine, capture, on_alert
         self.request_stop, self.stream_label, self.losses = request_stop, stream_label, loss_sum
         self.layout, self.scaler, self.auto = layout, scaler, auto
+        self.passes_averaged = passes_averaged
         self.stream: str | None = None  # decided once, at the first send
         self.farewell = Farewell(sender, engine)
         self.readback = Readback(options.max_pending, on_drop=self._count_drop)
@@ -190,15 +194,13 @@ class Reporter:
 
     # -- reports --------------------------------------------------------------------------
 
-    def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False, averaged: bool = False) -> None:
+    def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False) -> None:
         """Take a step's finalized report (``steps``: its number): it waits for ``log()``'s
         values unless nothing more is coming for it. ``objective``: what ``backward()`` got
         is no loss to judge, and is recorded as the scalar ``objective``, which the loss
         rules never judge: every optimizer of the step ascends (``maximize=True``: it rises
         as training goes well), or steps only coefficients (SAC's entropy temperature: its
-        loss settles around 0 as the policy's entropy meets its target, with either sign).
-        ``averaged``: the step applies the mean of its passes' gradients (DP-SGD's physical
-        batches: :func:`.outerstep.averages_passes`), so its loss is their losses' mean."""
+        loss settles around 0 as the policy's entropy meets its target, with either sign)."""
         if self.waiting is not None:
             self.submit_open()
         scalars, self.pending = self.pending, Scalars()  # logged before this step's end: its own
@@ -208,7 +210,7 @@ class Reporter:
                 self.scaler = self.losses.grad_scaler()  # the GradScaler the script uses, once it scaled a loss
             captured = self.losses.claim()
             if captured is not None:
-                captured = self._in_first_units(captured, self.losses.taken, averaged)
+                captured = self._in_first_units(captured, self.losses.taken)
             name = "objective" if objective else "loss"
             if captured is not None and "loss" not in scalars and name not in scalars:
                 scalars.add(name, captured)
@@ -225,12 +227,13 @@ class Reporter:
         if self.auto or logged_last or loss_in or (not self.logs and steps > 1):
             self.submit_open()
 
-    def _in_first_units(self, total: torch.Tensor, count: int, averaged: bool = False) -> torch.Tensor:
+    def _in_first_units(self, total: torch.Tensor, count: int) -> torch.Tensor:
         """A step's summed loss over ``count`` backward() calls, in the units of the stream's
         first step when it has more calls than that step: scaled by first count / ``count``
         (see :mod:`sentinel.instrument.losses`); their mean where the step applies the mean
-        of their gradients (``averaged``). On the device: no read-back."""
-        if averaged and count > 1:
+        of their gradients (:attr:`passes_averaged`, asked only of a step with several). On
+        the device: no read-back."""
+        if count > 1 and self.passes_averaged():
             return total / count
         if self.first_count is None:
             self.first_count = count

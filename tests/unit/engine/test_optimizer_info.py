@@ -254,3 +254,28 @@ def test_dp_sgds_physical_batches_make_one_step_whose_loss_is_their_mean(mlp: ML
     mon.close()
     got = [f["scalars"]["loss"] for f in sender.steps() if "loss" in f.get("scalars", {})]
     assert len(means) > 20 and got == pytest.approx(means, rel=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_every_key_of_the_optimizer_record_is_one_the_engine_reads(mlp: MLP) -> None:
+    """The record's ``hp`` keys are ``wire.OPTIMIZER_HP``, the one definition both sides use:
+    each key the training side writes comes out of the engine as a series (a key spelt two
+    ways once kept every run's optimizer out of the history)."""
+    from sentinel.instrument import outerstep
+
+    _, dp, _ = _private(mlp, 1.0)
+    outerstep.note_clipper(dp.original_optimizer, dp)
+    records = optinfo.describe([dp.original_optimizer, torch.optim.AdamW(_params(), lr=1e-3),
+                                torch.optim.SGD(_params(), lr=0.1, momentum=0.9)])
+    assert {k for r in records for k in r["hp"]} == set(wire.OPTIMIZER_HP)
+    eng = Engine()
+    assert eng.feed(wire.encode({"kind": "step", "job": "j", "run": "r", "rank": 0, "step": 1, "t": 1.0,
+                                 "groups": ["w"], "grad_sumsq": [1.0], "optim": records}))
+    store = eng.store
+    assert {dict(ls)["name"] for ls in store.labelsets("sentinel_optimizer_hyperparameter")} == set(
+        wire.HYPERPARAMETERS)
+    [decoupled] = store.labelsets("sentinel_optimizer_decoupled_weight_decay")  # AdamW's
+    assert dict(decoupled)["index"] == "1"
+    clips = {dict(ls)["index"]: store.last("sentinel_optimizer_sgd_clip_max_norm", ls)[2]  # type: ignore[index]
+             for ls in store.labelsets("sentinel_optimizer_sgd_clip_max_norm")}
+    assert clips == {"0": 1.0, "2": 0.0}  # the DP-SGD's per-sample bound; the plain SGD never clipped

@@ -123,3 +123,12 @@ def test_weights_set_by_the_script_start_a_new_baseline() -> None:
     lw = Window(steps, steps.astype(np.float64), loss)
     gw = Window(steps, steps.astype(np.float64), grad)
     assert detect(lw, P, Context(step=260, now=0.0, reference_window=gw, loss_start=2.45, rewrite_step=190)) is None
+
+
+def test_a_loss_with_no_spread_before_has_none_to_lose() -> None:
+    """A loss the same at every step (a full-batch fit of a frozen network's head that has
+    stopped moving, a loss computed on one fixed batch) has no batch-to-batch change to
+    lose: 0 is not 4× below 0, whatever its gradients do."""
+    loss = np.full(260, np.log(10))
+    grad = np.concatenate([np.full(200, 0.8), np.full(60, 0.1)])
+    assert _quiet(_judge(loss, grad, start=float(np.log(10))))
