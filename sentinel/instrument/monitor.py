@@ -113,6 +113,7 @@ class Monitor:
         self._adopted = 0  # optimizers made anew over the watched parameters, followed (adopt)
         self._counted = False  # the first step has looked for a resumed optimizer's count
         self._contributed: set[int] = set()  # the optimizers that stepped in the current step
+        self._calls_at_post = 0  # losses.calls() at the last optimizer step's end
         self._losses = (loss_sum or LossSum()) if o.capture_loss else None
         self._resets = Resets(self.optimizers)  # a loop that never resets its gradients (no zero_grad())
         first = next((p for g in self.optimizers[0].param_groups for p in g["params"] if p.requires_grad),
@@ -287,6 +288,8 @@ class Monitor:
         if self.measure.hand_read:  # the last backward()'s step
             self.measure.hand_read = False
             self.boundary.run("report", self._finalize)
+        elif self._contributed:  # the last step, where not every optimizer stepped (a phase's, a critic's)
+            self.boundary.run("report", self._finalize, self._calls_at_post)
         if self._player is not None:
             self._player.leave()
         if self.guard is not None:  # the guard: the last verdicts reach the engine
@@ -509,7 +512,7 @@ class Monitor:
             if reporter.waiting is not None:  # no log() since the last step: send it without a loss
                 run("report", reporter.submit_open)
             if k in contributed:  # this optimizer steps again: a new report begins
-                run("report", finalize)
+                run("report", finalize, self._calls_at_post)
             if not self._counted:  # the first step: a resumed optimizer's count goes on
                 self._counted = True
                 resumed = run("resume", resumed_step, opt) if self.steps == 0 else None
@@ -542,6 +545,7 @@ class Monitor:
                 run("update", measure.update_stats, k)
                 run("param", measure.param_stats, k)
             contributed.add(k)
+            self._calls_at_post = losses.calls()
             if len(contributed) == len(self.optimizers):
                 run("report", finalize)
             self.probe_seconds += time.perf_counter() - t0
@@ -564,8 +568,11 @@ class Monitor:
             return  # a forward captured into a CUDA graph: no event query may run there
         self.boundary.run("heartbeat", self.reporter.beat, self.steps, beats)
 
-    def _finalize(self) -> None:
-        """Close the current report: add host-side values; the reporter holds it for ``log()``."""
+    def _finalize(self, ended_at: int | None = None) -> None:
+        """Close the current report: add host-side values; the reporter holds it for ``log()``.
+        ``ended_at``: ``losses.calls()`` when the step ended, where it closes later (an
+        optimizer that steps again before the others did: the next step's ``backward()``
+        has run since)."""
         self._contributed.clear()
         self.steps += 1
         o, now, steps = self.options, time.time(), self.steps
@@ -588,7 +595,7 @@ class Monitor:
             self._resets.stepped(measure.add)
         if self._replaced is not None and steps >= replaced.CHECK_AT:
             self.boundary.run("layout", self._look_for_a_replaced_module, steps)
-        self.reporter.hold(report, measure.take(), steps, objective)
+        self.reporter.hold(report, measure.take(), steps, objective, ended_at)
 
     def _passes_averaged(self) -> bool:
         """Whether a step applies the mean of its ``backward()`` passes' gradients (DP-SGD's

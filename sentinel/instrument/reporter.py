@@ -194,13 +194,16 @@ class Reporter:
 
     # -- reports --------------------------------------------------------------------------
 
-    def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False) -> None:
+    def hold(self, report: Report, segs: Segs, steps: int, objective: bool = False,
+             ended_at: int | None = None) -> None:
         """Take a step's finalized report (``steps``: its number): it waits for ``log()``'s
         values unless nothing more is coming for it. ``objective``: what ``backward()`` got
         is no loss to judge, and is recorded as the scalar ``objective``, which the loss
         rules never judge: every optimizer of the step ascends (``maximize=True``: it rises
         as training goes well), or steps only coefficients (SAC's entropy temperature: its
-        loss settles around 0 as the policy's entropy meets its target, with either sign)."""
+        loss settles around 0 as the policy's entropy meets its target, with either sign).
+        ``ended_at``: ``losses.calls()`` at the step's end, where the report closes after
+        the next step's ``backward()`` (default: now); a ``log()`` after that is the next step's."""
         if self.waiting is not None:
             self.submit_open()
         scalars, self.pending = self.pending, Scalars()  # logged before this step's end: its own
@@ -216,10 +219,11 @@ class Reporter:
                 scalars.add(name, captured)
                 loss_in = True
             self._add_skipped(segs)
-        logged_last = bool(scalars) and self.backwards_at_log == losses.calls()
+        calls = losses.calls() if ended_at is None else ended_at
+        logged_last = bool(scalars) and self.backwards_at_log == calls
         self.held_at = time.monotonic()
         self.waiting = (report, segs, scalars)
-        self.backwards_at_step = losses.calls()
+        self.backwards_at_step = calls
         # send it now when nothing more is coming: zero-code mode, the loss in (captured at
         # backward(), or logged before the step), a script that has not logged by its
         # second step (it never waits for a log() again), or values logged after the

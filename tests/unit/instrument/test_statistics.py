@@ -197,6 +197,34 @@ def test_learning_rate_per_param_group_and_two_optimizers(mlp: MLP) -> None:
         float(torch.nn.utils.get_total_norm(all_grads)), rel=1e-5)
 
 
+def test_optimizers_given_together_that_step_in_phases_keep_each_steps_loss(mlp: MLP) -> None:
+    """Optimizers given together that step in phases (the forward-forward example: each
+    layer's Adam trains it in turn) or not every step (a critic stepped more often than its
+    generator): a step closes when one of them steps again, after the next step's
+    ``backward()``. The loss logged after each step was the next step's (averaged with it),
+    and the step the script ends on, where not every optimizer stepped, was dropped at
+    close(): the history and the step count ended one short."""
+    opt_a = torch.optim.SGD(mlp.layers.parameters(), lr=0.1)
+    opt_b = torch.optim.Adam(mlp.head.parameters(), lr=1e-3)
+    mon, sender = make_monitor(mlp, [opt_a, opt_b])
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for opt in [opt_a] * 3 + [opt_b] * 3:  # phase A, then phase B
+        opt.zero_grad()
+        loss = mlp(torch.randn(4, 16, generator=gen)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        mon.log(loss=loss)
+        losses.append(loss.item())
+    mon.close()
+    steps = sender.steps()
+    # phase A's last step and phase B's first are one report (each optimizer stepped once)
+    assert [f["step"] for f in steps] == [1, 2, 3, 4, 5]
+    expected = losses[:2] + [(losses[2] + losses[3]) / 2] + losses[4:]
+    assert [f["scalars"]["loss"] for f in steps] == pytest.approx(expected, rel=1e-6)
+    assert [f["step"] for f in sender.frames if f["kind"] == "bye"] == [5]
+
+
 def test_a_param_group_per_parameter_keeps_its_learning_rates() -> None:
     """Layer-wise lr decay with a param group per parameter (BEiT's and ConvNeXt's fine-tuning
     shape, here 302 groups under a warmup): the frames carry the first 256 groups' rates and
