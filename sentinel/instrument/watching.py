@@ -65,7 +65,8 @@ def watch(model: torch.nn.Module | None,
             optimizers: list[torch.optim.Optimizer] = []
             hand = [p for p in model.parameters() if p.requires_grad]  # type: ignore[union-attr]
             if not hand:
-                raise registry.UnsupportedOptimizer("the model has no parameter that requires grad")
+                raise registry.UnsupportedOptimizer("the model has no parameter that requires grad"
+                                                    + _unregistered(model))  # type: ignore[arg-type]
         else:
             many = not isinstance(optimizer, torch.optim.Optimizer) and outerstep.inner_of(optimizer) is None
             given: list[Any] = list(optimizer) if many else [optimizer]  # type: ignore[arg-type]  # not iterable: TypeError
@@ -101,3 +102,21 @@ def watch(model: torch.nn.Module | None,
         return Monitor.inert(opts, f"{type(exc).__name__}: {exc}")
     mon.sync_step(start)
     return mon
+
+
+def _unregistered(model: torch.nn.Module) -> str:
+    """Where a model with no parameters keeps modules that have some, in a plain list, tuple
+    or dict attribute that ``nn.Module`` does not register (the PyTorch examples'
+    Forward-Forward keeps its layers in a list, each with its own optimizer): said, with
+    the way out. Empty when there is none."""
+    for name, value in vars(model).items():
+        if name.startswith("_"):  # nn.Module's own: _modules, _parameters, ...
+            continue
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        held = [m for m in items if isinstance(m, torch.nn.Module) and any(True for _ in m.parameters())]
+        if held:
+            kind = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
+            return (f": its attribute {name!r} is a plain {type(value).__name__} of {len(held)} module(s) with "
+                    f"parameters, which nn.Module does not register ({kind} does); give watch() the optimizers "
+                    "that step them")
+    return ""

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import sentinel
 from sentinel.instrument import monitor, registry
@@ -76,3 +77,20 @@ def test_a_model_with_nothing_to_train_gets_an_inert_monitor(sender: CaptureSend
     mon = sentinel.watch(model)
     assert not mon.active and "no parameter that requires grad" in mon.reason
     assert "training continues unmonitored" in caplog.text
+
+
+def test_a_model_whose_layers_are_in_a_plain_list_is_told_why_it_has_none(sender: CaptureSender, caplog: Any) -> None:
+    """The PyTorch examples' Forward-Forward keeps its layers in a plain list (each with its own
+    Adam), which nn.Module does not register: ``watch(net)`` finds no parameter, and says
+    where they are and what to give it instead."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = [nn.Linear(4, 4), nn.Linear(4, 2)]
+
+    mon = sentinel.watch(Net())
+    assert not mon.active
+    assert "attribute 'layers' is a plain list of 2 module(s) with parameters" in mon.reason
+    assert "nn.ModuleList" in caplog.text and "give watch() the optimizers" in caplog.text
+    assert "plain" not in sentinel.watch(MLP().requires_grad_(False)).reason
