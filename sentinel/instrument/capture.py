@@ -156,7 +156,7 @@ class InputCapture:
         if msg.get("rank") not in (None, self.rank):
             return
         self.keep = max(1, min(64, int(msg.get("steps", 4))))
-        if self.handle is None and self.model is not None:
+        if self.handle is None and self.model is not None and hidden.hookable(self.model):
             pre = torch.compiler.disable(self._pre)
             self.handle = hidden.register(self.model, "pre", pre, with_kwargs=True)
         while len(self.held) > self.keep:

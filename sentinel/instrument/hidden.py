@@ -109,6 +109,12 @@ def _hookdict(module: torch.nn.Module, attr: str) -> HookDict:
     return d
 
 
+def hookable(module: torch.nn.Module) -> bool:
+    """Whether ``module`` takes forward hooks: a ``torch.jit.script``-ed module (trained as
+    it is by older production code) refuses them (its forward is TorchScript's)."""
+    return not isinstance(module, torch.jit.ScriptModule)
+
+
 def register(module: torch.nn.Module, kind: str, fn: Callable[..., Any], *,
              with_kwargs: bool = False) -> HiddenHandle:
     """Register ``fn`` as a forward pre-hook (``kind="pre"``) or forward hook (``"post"``)

@@ -20,6 +20,7 @@ import torch
 from sentinel import wire
 from sentinel.instrument import (
     games,
+    hidden,
     leaving,
     loaders,
     losses,
@@ -177,7 +178,8 @@ class Monitor:
                 self.hooks.opt_handles.append(self._hook_optimizer(k, opt))
             self.hooks.handles.append(preclip.attach(self.note_clip))
             # busy time: data loading plus forward compute, before the step's gradient sync
-            if outer is not None:
+            # (not of a scripted model: it takes no hook; its loop's steps are watched all the same)
+            if outer is not None and hidden.hookable(outer) and hidden.hookable(inner):
                 self.measure.busy = BusyClock(outer, inner)
                 self.measure.busy.heartbeat = self.measure.heartbeat  # a forward between steps beats it
                 self.hooks.handles += self.measure.busy.handles
