@@ -51,8 +51,8 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
 ``state_bytes``?   ``{state_key: bytes}`` of optimizer state
 ``param_bytes``?   bytes of parameters
 ``mem``?           ``{name: value}`` memory figures (see the exporter)
-``optim``?         per optimizer ``{"class", "dtype", "hp": {name: float}}``, the names
-                   those of :data:`OPTIMIZER_HP` (``instrument/optinfo.py``); with ``state_bytes``
+``optim``?         per optimizer an :class:`OptimizerRecord` (``class``, ``dtype``, ``hp``:
+                   :class:`Hyperparameters`; ``instrument/optinfo.py``); with ``state_bytes``
 ``total_steps``?   the run's planned optimizer steps, when the user gave them
 ``env``?           ``{name: str}`` versions, GPU model and numerics flags
                    (``instrument/envprobe.py``); at the first step and with
@@ -136,11 +136,8 @@ MAX_GROUPS = 256
 monitor's ``max_groups`` is at most this."""
 HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum")
 """The settings an optimizer record's ``hp`` carries (``sentinel_optimizer_hyperparameter``)."""
-OPTIMIZER_HP = HYPERPARAMETERS + ("decoupled", "sample_clip")
-"""Every key of an optimizer record's ``hp`` (``optim``): the settings, ``decoupled`` (1: its
-weight decay is applied apart from the gradient) and ``sample_clip`` (the norm each
-sample's gradient is clipped to before the step: DP-SGD). ``instrument/optinfo.py``
-writes them, ``engine/optimizer.py`` and the history read them."""
+MAX_OPTIMIZERS = 8
+"""Optimizers an optimizer record (``optim``) describes: a stream's first this many."""
 MAX_PARAM_GROUPS = 256
 """Learning rates a frame carries (``lr``, ``lr_peak``): the first this many param groups of
 the stream's optimizers. A model with a param group per parameter (layer-wise lr decay) has
@@ -257,6 +254,42 @@ class Amp(Struct, forbid_unknown_fields=True):
     skipped: Count | UnsetType = UNSET
 
 
+class Hyperparameters(Struct, kw_only=True, omit_defaults=True):
+    """An optimizer record's ``hp``: its settings, each reduced over its param groups the
+    way the advice reads them (``instrument/optinfo.py``), and only those it has."""
+
+    lr: Finite | UnsetType = UNSET
+    beta1: Finite | UnsetType = UNSET
+    beta2: Finite | UnsetType = UNSET
+    eps: Finite | UnsetType = UNSET
+    weight_decay: Finite | UnsetType = UNSET
+    momentum: Finite | UnsetType = UNSET
+    decoupled: Finite | UnsetType = UNSET
+    """1: its weight decay is applied apart from the gradient (AdamW, Lion)."""
+    sample_clip: Finite | UnsetType = UNSET
+    """The norm each sample's gradient is clipped to before the step (DP-SGD)."""
+
+
+OPTIMIZER_HP: tuple[str, ...] = Hyperparameters.__struct_fields__
+"""Every key of an optimizer record's ``hp``: the settings (:data:`HYPERPARAMETERS`, each a
+``sentinel_optimizer_hyperparameter``), ``decoupled`` and ``sample_clip``.
+``instrument/optinfo.py`` writes them, ``engine/optimizer.py`` and the history read them."""
+
+
+class OptimizerRecord(Struct, kw_only=True):
+    """One optimizer of a stream, in a bounded form (``optim``; ``instrument/optinfo.py``)."""
+
+    cls: Annotated[str, Meta(min_length=1, max_length=64)] = msgspec.field(name="class")
+    """Its class name."""
+    dtype: Annotated[str, Meta(max_length=16)] = "none"
+    """The lowest-precision floating dtype among its parameters (``float16``, ...; ``none``)."""
+    hp: Hyperparameters = msgspec.field(default_factory=Hyperparameters)
+
+
+OptimizerRecords = Annotated[list[OptimizerRecord], Meta(max_length=MAX_OPTIMIZERS)]
+"""A frame's ``optim``: a stream's optimizers, in order."""
+
+
 class Frame(Struct, kw_only=True):
     """One report of a training process (see the module doc for every field). Fields left
     :data:`~msgspec.UNSET` are not sent."""
@@ -292,7 +325,7 @@ class Frame(Struct, kw_only=True):
     state_bytes: Annotated[dict[ShortKey, Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_STATE_KEYS)] | UnsetType = UNSET
     param_bytes: FiniteNonNeg | UnsetType = UNSET
     mem: Annotated[dict[ShortKey, FiniteNonNeg], Meta(max_length=32)] | UnsetType = UNSET
-    optim: list[dict[str, Any]] | UnsetType = UNSET
+    optim: OptimizerRecords | UnsetType = UNSET
     total_steps: int | UnsetType = UNSET
     env: dict[str, str] | UnsetType = UNSET
     amp: Amp | UnsetType = UNSET

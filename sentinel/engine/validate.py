@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from sentinel.engine.guard import valid as guard_note_valid
@@ -44,6 +45,7 @@ from sentinel.wire import (
     RESERVED_TAGS,
     SCALAR_NAME,
     Frame,
+    OptimizerRecords,
 )
 
 _NUM = (int, float)
@@ -317,6 +319,15 @@ def _amp(v: Any, limits: Limits) -> bool:
             and _count(v.get("skipped", 0)))
 
 
+def _optim(v: Any, _: Limits) -> bool:
+    """The optimizer record, held to its type in :mod:`sentinel.wire` (the fast path's)."""
+    try:
+        msgspec.convert(v, OptimizerRecords)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
 def _map(cap_of: Callable[[Limits], int]) -> Callable[[Any, Limits], bool]:
     def test(v: Any, limits: Limits) -> bool:
         try:
@@ -356,6 +367,7 @@ _FIELDS: dict[str, Callable[[Any, Limits], bool]] = {
     "state_bytes": _map(lambda lim: lim.max_state_keys),
     "mem": _map(lambda lim: 32),
     "amp": _amp,
+    "optim": _optim,
     "errors": lambda v, _: _count(v),
     "dropped": lambda v, _: _count(v),
     "beat": lambda v, _: _count(v),

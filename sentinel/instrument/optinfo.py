@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
+from sentinel import wire
 from sentinel.instrument import outerstep
 
-MAX_OPTIMIZERS = 8
 _SIZE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
 _DECOUPLED = ("AdamW", "Lion", "Lamb", "LAMB")
 
@@ -58,15 +58,15 @@ def _configured_lr(group: dict[str, Any]) -> Any:
     return group.get("initial_lr", group.get("lr"))
 
 
-def describe(optimizers: Sequence[torch.optim.Optimizer], top: Sequence[float] = ()) -> list[dict[str, Any]]:
+def describe(optimizers: Sequence[torch.optim.Optimizer], top: Sequence[float] = ()) -> list[wire.OptimizerRecord]:
     """The bounded description of each optimizer (see the module docstring). ``top``: the
     highest lr each param group has been at (the groups of every optimizer in order, as
     ``probes.learning_rates``), for a schedule written by hand: nanoGPT's ``get_lr``, MAE's
     ``adjust_learning_rate`` set ``group["lr"]`` at each step, keep no base, and left a run
     recorded at its last rate, 1e-7 for a fine-tune at 1e-3."""
-    out: list[dict[str, Any]] = []
+    out: list[wire.OptimizerRecord] = []
     flat = 0  # the position of the optimizer's first group in ``top``
-    for opt in optimizers[:MAX_OPTIMIZERS]:
+    for opt in optimizers[:wire.MAX_OPTIMIZERS]:
         hp: dict[str, list[float]] = {}
         bound = outerstep.sample_clip(opt)
         if bound is not None:
@@ -97,7 +97,8 @@ def describe(optimizers: Sequence[torch.optim.Optimizer], top: Sequence[float] =
         if name in _DECOUPLED:
             reduced["decoupled"] = 1.0
         low = min(dtypes, key=lambda d: _SIZE.get(d, 2)) if dtypes else None
-        out.append({"class": name, "dtype": str(low).removeprefix("torch.") if low else "none", "hp": reduced})
+        out.append(wire.OptimizerRecord(cls=name, dtype=str(low).removeprefix("torch.")[:16] if low else "none",
+                                        hp=wire.Hyperparameters(**reduced)))
     return out
 
 

@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +39,8 @@ def _full_step() -> wire.Frame:
         grad_count=10, sat=[1, 4], opt_health={"adam_sat": [1.0, 4.0]}, lr=[0.1, 0.01], lr_peak=[0.2, math.nan],
         step_seconds=0.1, busy_seconds=0.05, state_bytes={"exp_avg": 64, "exp_avg_sq": 64}, param_bytes=64,
         mem={"host_rss": 1e8, "capacity": 2e9},
-        optim=[{"class": "AdamW", "dtype": "float32", "hp": {"lr": 0.1, "beta2": 0.999}}], total_steps=100,
+        optim=[wire.OptimizerRecord(cls="AdamW", dtype="float32", hp=wire.Hyperparameters(lr=0.1, beta2=0.999)),
+               wire.OptimizerRecord(cls="SGD", hp=wire.Hyperparameters(sample_clip=1.0))], total_steps=100,
         env={"torch": "2.13.0", "gpu_model": "none"}, amp=wire.Amp(scale=65536.0), scalars={"loss": 0.5, "acc": 1},
         errors=0, scalars_dropped=2, dropped=3, short_batch=[1, 64], skipped_nonfinite=2, no_gradient=4, not_reset=5,
         rewrite="prune",
@@ -92,6 +94,29 @@ def test_the_guard_note_and_the_amp_scale_come_back_as_they_left() -> None:
     assert frame["guard"]["groups"] == ["a"]
     step = wire.as_map(wire.decode_strict(wire.encode(_full_step())))
     assert step["amp"] == {"scale": 65536.0} and step["sat"] == [1.0, 4.0]
+    # the optimizer record under the names the engine and the history read ("class", not "cls")
+    assert step["optim"] == [{"class": "AdamW", "dtype": "float32", "hp": {"lr": 0.1, "beta2": 0.999}},
+                             {"class": "SGD", "dtype": "none", "hp": {"sample_clip": 1.0}}]
+
+
+@pytest.mark.parametrize("optim", [
+    [{"dtype": "float32", "hp": {}}],  # no class
+    [{"class": "SGD", "hp": {"lr": "0.1"}}],  # a setting that is no number
+    [{"class": "SGD", "hp": {"lr": math.inf}}],
+    [{"class": "SGD"}] * 9,  # more optimizers than a record describes
+])
+def test_a_bad_optimizer_record_is_dropped_and_counted_and_the_frame_kept(optim: list[Any]) -> None:
+    """Both paths hold the record to one type: the fast path refuses it, and the field-by-field
+    check (which the frame takes then) drops the field alone, counted, keeping the rest."""
+    data = wire.encode({**IDENTITY, "kind": "step", "step": 1, "t": 1.0, "groups": ["a"], "grad_sumsq": [1.0],
+                        "optim": optim})
+    with pytest.raises(msgspec.ValidationError):
+        wire.decode_strict(data)
+    engine = Engine()
+    assert engine.feed(data)
+    assert engine.fields_dropped == {("optim", "schema"): 1}
+    assert engine.store.labelsets("sentinel_optimizer_info") == []
+    assert engine.store.labelsets("sentinel_grad_norm")
 
 
 def test_unset_fields_are_not_sent() -> None:
@@ -167,7 +192,8 @@ _GOOD: dict[str, Any] = {
     "amp": {"scale": 2.0, "skipped": 1}, "scalars": {"loss": 1.0}, "errors": 1, "dropped": 0, "exc": "E",
     "skipped_nonfinite": 3, "no_gradient": 21, "not_reset": 3,
     "status": 0, "thread": "t", "reply": "/r", "where": "w", "tags": {"k": "v"}, "cmd": "c", "opt": "0",
-    "guard": {"skipped": False, "reason": "", "norm": 1.0, "bound": 2.0}}
+    "guard": {"skipped": False, "reason": "", "norm": 1.0, "bound": 2.0},
+    "optim": [{"class": "SGD", "dtype": "float32", "hp": {"lr": 0.1, "momentum": 0.9}}]}
 
 
 @settings(max_examples=400, deadline=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 from torch import nn
@@ -24,11 +25,13 @@ def test_describe_reduces_groups_the_way_the_advice_reads_them() -> None:
     opt = torch.optim.AdamW([{"params": [w], "weight_decay": 0.05, "betas": (0.8, 0.99)},
                              {"params": [b], "weight_decay": 0.0, "eps": 1e-6}], lr=1e-3)
     [d] = optinfo.describe([opt])
-    assert d["class"] == "AdamW" and d["dtype"] == "float32"
-    assert d["hp"] == {"lr": 1e-3, "beta1": 0.8, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.05,
-                       "decoupled": 1.0}
+    assert d.cls == "AdamW" and d.dtype == "float32"
+    assert d.hp == wire.Hyperparameters(lr=1e-3, beta1=0.8, beta2=0.999, eps=1e-8, weight_decay=0.05, decoupled=1.0)
     [s] = optinfo.describe([torch.optim.SGD(_params(torch.float16), lr=0.1, momentum=0.9)])
-    assert s["dtype"] == "float16" and s["hp"]["momentum"] == 0.9 and "decoupled" not in s["hp"]
+    assert s.dtype == "float16" and s.hp.momentum == 0.9 and s.hp.decoupled is wire.UNSET
+    # on the wire: the names of the fields, and only the settings the optimizer has
+    assert msgspec.to_builtins(s) == {"class": "SGD", "dtype": "float16",
+                                      "hp": {"lr": 0.1, "weight_decay": 0.0, "momentum": 0.9}}
 
 
 @pytest.mark.parametrize(("schedule", "lr"), [
@@ -46,7 +49,7 @@ def test_the_recorded_lr_is_the_one_the_script_set_not_where_its_schedule_is(sch
     sched = schedule(opt) if schedule else None
     seen = []
     for _ in range(30):
-        seen.append(optinfo.describe([opt])[0]["hp"]["lr"])
+        seen.append(optinfo.describe([opt])[0].hp.lr)
         opt.step()
         if sched is not None:
             sched.step()
@@ -223,9 +226,9 @@ def test_a_dp_optimizer_given_to_watch_is_known_as_the_sgds_clipper(mlp: MLP) ->
     try:
         assert [type(o).__name__ for o in mon.optimizers] == ["SGD"]
         assert outerstep.sample_clip(dp.original_optimizer) == 1.0
-        assert optinfo.describe(mon.optimizers)[0]["hp"]["sample_clip"] == 1.0
+        assert optinfo.describe(mon.optimizers)[0].hp.sample_clip == 1.0
         dp.max_grad_norm = 0.5  # Opacus's adaptive clipping moves it: the record reads it anew
-        assert optinfo.describe(mon.optimizers)[0]["hp"]["sample_clip"] == 0.5
+        assert optinfo.describe(mon.optimizers)[0].hp.sample_clip == 0.5
     finally:
         mon.close()
 
@@ -267,7 +270,8 @@ def test_every_key_of_the_optimizer_record_is_one_the_engine_reads(mlp: MLP) -> 
     outerstep.note_clipper(dp.original_optimizer, dp)
     records = optinfo.describe([dp.original_optimizer, torch.optim.AdamW(_params(), lr=1e-3),
                                 torch.optim.SGD(_params(), lr=0.1, momentum=0.9)])
-    assert {k for r in records for k in r["hp"]} == set(wire.OPTIMIZER_HP)
+    assert {k for r in records for k in msgspec.to_builtins(r)["hp"]} == set(wire.OPTIMIZER_HP)
+    assert wire.OPTIMIZER_HP[:len(wire.HYPERPARAMETERS)] == wire.HYPERPARAMETERS
     eng = Engine()
     assert eng.feed(wire.encode({"kind": "step", "job": "j", "run": "r", "rank": 0, "step": 1, "t": 1.0,
                                  "groups": ["w"], "grad_sumsq": [1.0], "optim": records}))

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sentinel import wire
 from sentinel.history import db as hdb
 from sentinel.history.query import find_run, series, steps_to_target
 from sentinel.history.recorder import Recorder
@@ -30,6 +31,11 @@ def step_frame(step: int, loss: float | None = None, run: str = "r", full: bool 
     if loss is not None:
         f["scalars"] = {"loss": loss}
     return f
+
+
+def wired(frame: dict[str, Any]) -> dict[str, Any]:
+    """``frame`` as the engine hands it to the history: encoded, decoded and held to its type."""
+    return wire.as_map(wire.decode_strict(wire.encode(frame)))
 
 
 def record(path: Path, frames: list[dict[str, Any]], **kw: Any) -> Recorder:
@@ -227,8 +233,8 @@ def test_the_optimizer_comes_from_a_frames_field_else_from_the_tags(tmp_path: Pa
     path = tmp_path / "h.sqlite"
     opt = torch.optim.AdamW(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
     record(path, [step_frame(1, 1.0, run="tagged") | {"tags": {"optimizer": "lion"}},
-                  step_frame(1, 1.0, run="field") | {"tags": {"optimizer": "lion"},  # what the instrument sends
-                                                      "optim": optinfo.describe([opt])}])
+                  wired(step_frame(1, 1.0, run="field") | {"tags": {"optimizer": "lion"},  # what the instrument sends
+                                                            "optim": optinfo.describe([opt])})])
     db = hdb.connect(path, readonly=True)
     tagged, field = find_run(db, "tagged"), find_run(db, "field")
     assert tagged is not None and tagged.optimizer_name == "lion" and tagged.optimizer is None
@@ -261,10 +267,10 @@ def test_a_stream_that_changes_optimizer_class_names_both_in_order(tmp_path: Pat
     params = list(torch.nn.Linear(2, 1).parameters())
     adam, lbfgs = torch.optim.Adam(params, lr=1e-3), torch.optim.LBFGS(params, lr=1.0)
     path = tmp_path / "h.sqlite"
-    frames = [step_frame(s, 1.0, run="pinn") | {"optim": optinfo.describe([adam])} for s in (1, 2)]
+    frames = [wired(step_frame(s, 1.0, run="pinn") | {"optim": optinfo.describe([adam])}) for s in (1, 2)]
     adam.param_groups[0]["lr"] = 5e-4  # a scheduler's step
-    frames.append(step_frame(3, 1.0, run="pinn") | {"optim": optinfo.describe([adam])})
-    frames += [step_frame(s, 1.0, run="pinn") | {"optim": optinfo.describe([lbfgs])} for s in (4, 5)]
+    frames.append(wired(step_frame(3, 1.0, run="pinn") | {"optim": optinfo.describe([adam])}))
+    frames += [wired(step_frame(s, 1.0, run="pinn") | {"optim": optinfo.describe([lbfgs])}) for s in (4, 5)]
     record(path, frames)
     run = find_run(hdb.connect(path, readonly=True), "pinn")
     assert run is not None and run.optimizer_name == "Adam+LBFGS"
