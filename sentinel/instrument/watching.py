@@ -61,6 +61,10 @@ def watch(model: torch.nn.Module | None,
     opts = from_kwargs({"capture_loss": True, **options} if by_hand else options)
     hand: list[torch.Tensor] | None = None
     try:
+        if model is not None and not isinstance(model, torch.nn.Module):
+            swapped = hasattr(model, "param_groups") or isinstance(optimizer, torch.nn.Module)
+            raise registry.UnsupportedOptimizer(f"the model is a {type(model).__name__}, not a torch.nn.Module"
+                                                + ("; the model comes first: watch(model, optimizer)" if swapped else ""))
         if by_hand:
             optimizers: list[torch.optim.Optimizer] = []
             hand = [p for p in model.parameters() if p.requires_grad]  # type: ignore[union-attr]
@@ -73,10 +77,9 @@ def watch(model: torch.nn.Module | None,
             optimizers = [registry.unwrap(o) for o in given]
             for o, inner in zip(given, optimizers, strict=True):
                 outerstep.note_clipper(inner, o)  # Opacus's DPOptimizer, given as make_private returned it
+            optimizers = list({id(o): o for o in optimizers}.values())  # one given twice (or with its wrapper) is one
             if not optimizers:
                 raise registry.UnsupportedOptimizer("no optimizer was given")
-        if model is not None and not isinstance(model, torch.nn.Module):
-            raise registry.UnsupportedOptimizer(f"the model is a {type(model).__name__}, not a torch.nn.Module")
     except Exception as exc:
         unsupported_total += 1
         log.warning("sentinel: cannot watch this (%s); training continues unmonitored", exc)

@@ -377,6 +377,26 @@ def test_watch_hooks_the_optimizer_inside_a_wrapper(mlp: MLP) -> None:
     mon.close()
 
 
+def test_an_optimizer_given_twice_is_watched_once(mlp: MLP) -> None:
+    """``watch(model, [opt, opt])``, or an optimizer beside its own wrapper: one optimizer, whose
+    steps close a report each. Listed twice, it was two optimizers of the stream, whose
+    second never stepped apart from the first."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon = sentinel.watch(mlp, [opt, _Wrapper(opt), opt], engine="off")
+    assert mon.optimizers == [opt]
+    mon.close()
+
+
+def test_a_model_and_an_optimizer_given_the_wrong_way_round_are_told_so(mlp: MLP,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    for args in ((opt, mlp), (opt,)):
+        with caplog.at_level(logging.WARNING, logger="sentinel"):
+            mon = sentinel.watch(*args)
+        assert not mon.active
+        assert mon.reason == "the model is a SGD, not a torch.nn.Module; the model comes first: watch(model, optimizer)"
+
+
 @pytest.mark.parametrize(("model", "optimizer"), [
     ("mlp", "not an optimizer"),
     ("mlp", object()),
