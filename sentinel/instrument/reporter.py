@@ -24,7 +24,7 @@ from sentinel.instrument.layout import Layout
 from sentinel.instrument.losses import LossSum
 from sentinel.instrument.options import WatchOptions
 from sentinel.instrument.readback import Readback
-from sentinel.instrument.scalars import NameBudget, Scalars, to_value
+from sentinel.instrument.scalars import MAX_NAME_LENGTH, MAX_NAMES, NameBudget, Scalars, to_value
 from sentinel.instrument.sender import Sender
 
 log = logging.getLogger("sentinel")
@@ -139,6 +139,7 @@ class Reporter:
         self.backwards_at_step = self.backwards_at_log = -1  # losses.calls() then
         self.logs = 0  # log() calls so far: a script that never logs never makes a report wait
         self.step_warned = False  # said once that a log(step=) named no step of ours
+        self.value_warned: set[str] = set()  # names whose value log() dropped, said once each
         self.first_count: int | None = None  # backward() calls of the first step with a captured loss
         self.player: games.Player | None = None  # the monitor's place in a game (a GAN's), if it can be in one
         self.held_at = self.skips_sent_at = time.monotonic()  # the last step's report; the last report of skips
@@ -253,9 +254,12 @@ class Reporter:
             value = to_value(v)
             if value is None:
                 self.names.dropped += 1  # a bad value: counted, and its name takes no slot
+                self._say_dropped(name, v)
                 continue
             if self.names.admit(name):  # a bad name, or one past the slots: counted there
                 values.add(name, value)
+            else:
+                self._say_dropped(name, None, named=True)
         report = self.waiting
         if step is not None and not 0 < step <= steps:
             # no optimizer step of Sentinel's count (a script's own counter of batches or
@@ -289,6 +293,29 @@ class Reporter:
             return
         self.pending.merge(values)  # before the step (gradient accumulation): the coming step's
         self.backwards_at_log = losses.calls()
+
+    def _say_dropped(self, name: Any, v: Any, named: bool = False) -> None:
+        """Once per name (of the first 32): a value ``log()`` dropped, and why, on the
+        script's own log (a per-sample loss, reduction="none", ``get_last_lr()``'s list or a
+        name with a space was dropped with nothing said but a counter). ``named``: the name
+        was refused, not the value."""
+        key = str(name)[:64]
+        if key in self.value_warned or len(self.value_warned) >= MAX_NAMES:
+            return
+        self.value_warned.add(key)
+        if named:
+            log.warning("sentinel: log(%r=...) dropped: a name is 1 to %d characters of A-Za-z0-9_.:/@+-, and a "
+                        "monitor takes %d names (counted in sentinel_scalars_dropped_total); this is said once per "
+                        "name", key, MAX_NAME_LENGTH, MAX_NAMES)
+            return
+        if isinstance(v, torch.Tensor):
+            what = f"a tensor of {v.numel()} elements" if v.numel() != 1 else f"a {v.dtype} tensor"
+        elif isinstance(v, (list, tuple)):
+            what = f"a {type(v).__name__} of {len(v)}"
+        else:
+            what = "None" if v is None else f"a {type(v).__name__}"
+        log.warning("sentinel: log(%s=...) got %s, not a real number or a one-element tensor: dropped (and "
+                    "counted in sentinel_scalars_dropped_total); this is said once per name", key, what)
 
     def submit_open(self) -> None:
         """Start the readback of the finalized report (with any scalars log() added)."""

@@ -305,6 +305,29 @@ def test_log_drops_and_counts_a_name_the_engine_would_refuse_and_bad_values_take
     assert sender.engine.store.counter("sentinel_scalars_dropped_total", _labels(mon)) == 6.0
 
 
+def test_log_says_once_per_name_what_it_dropped(mlp: MLP, caplog: pytest.LogCaptureFixture) -> None:
+    """A per-sample loss (``reduction="none"``), ``scheduler.get_last_lr()``'s list, a name with a
+    space: each dropped value was counted and nothing more, so the script's author believed
+    the loss watched. One line each, once, on the script's own log."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    with caplog.at_level(logging.WARNING, logger="sentinel"):
+        for i in range(3):
+            x, y = _batch(i)
+            opt.zero_grad()
+            per_sample = nn.functional.mse_loss(mlp(x), y, reduction="none")
+            per_sample.mean().backward()
+            opt.step()
+            mon.log(loss=per_sample, lr=[0.01], **{"val acc": 0.5, "acc": 0.5})
+    mon.close()
+    lines = sorted(r.getMessage() for r in caplog.records)
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("sentinel: log('val acc'=...) dropped: a name is 1 to 64 characters")
+    assert lines[1].startswith(f"sentinel: log(loss=...) got a tensor of {per_sample.numel()} elements, not a real number")
+    assert lines[2].startswith("sentinel: log(lr=...) got a list of 1, not a real number")
+    assert [set(f.get("scalars", ())) for f in sender.steps()] == [{"acc"}] * 3
+
+
 def test_log_with_a_step_reaches_that_step_also_after_its_report_left(mlp: MLP) -> None:
     opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
     mon, sender = make_monitor(mlp, opt, capture_loss=True)
