@@ -23,6 +23,7 @@ from sentinel.rules.config import RulePack
 from sentinel.signals import forwarding
 
 if TYPE_CHECKING:
+    from sentinel.engine.engine import Engine
     from sentinel.nodeshare import NodeShare
 
 log = logging.getLogger("sentinel")
@@ -219,6 +220,14 @@ def _supervise(cmd: list[str], daemon: Daemon, tags: dict[str, str], share: Node
     return status
 
 
+def _reported_as(engine: Engine, job: str, run: str) -> list[str]:
+    """The runs CMD's frames went to: ``run``, the name it was started under, unless it sent
+    none under it and some under names of its own (a script's ``sentinel.watch(run="exp-42")``),
+    whose rows and alerts then get its command, its exit status and its crash."""
+    seen = [r for j, r in engine.runs_seen if j == job]
+    return [run] if run in seen or not seen else sorted(seen)
+
+
 def _record_end(cmd: list[str], pid: int, status: int, others: list[int], daemon: Daemon, env: dict[str, str],
                 share: NodeShare | None) -> None:
     """CMD ended with ``status`` (the node's other tasks with ``others``): its run's end in
@@ -228,8 +237,12 @@ def _record_end(cmd: list[str], pid: int, status: int, others: list[int], daemon
     job = env.get("SENTINEL_JOB") or "train"
     daemon.listener.close()  # every frame CMD sent is in, and ingested, before judging the exit
     daemon.service.flush()
+    runs = _reported_as(engine, job, env["SENTINEL_RUN"]) if share is None else [env["SENTINEL_RUN"]]
     if history is not None:
-        history.run_ended(job, env["SENTINEL_RUN"], max([status, *others]))
+        if runs != [env["SENTINEL_RUN"]]:
+            history.run_moved(job, env["SENTINEL_RUN"], runs)
+        for run in runs:
+            history.run_ended(job, run, max([status, *others]))
     if not status and share is None and engine.frames_received == 0 and unloadable(cmd) is None:
         # what it cannot watch: a run that would otherwise end without a word
         print(f"sentinel: {os.path.basename(cmd[0])} sent no report: it stepped no torch optimizer and changed no "
@@ -241,4 +254,5 @@ def _record_end(cmd: list[str], pid: int, status: int, others: list[int], daemon
 
         reason = end_reason(status, env)
         who = f"{os.path.basename(cmd[0])} (pid {pid})" + (f" ({reason})" if reason else "")
-        engine.exited(job, env["SENTINEL_RUN"], status, who=who)  # TrainingCrashed: its line on stderr
+        for run in runs:
+            engine.exited(job, run, status, who=who)  # TrainingCrashed: its line on stderr

@@ -80,6 +80,8 @@ class BatchWriter:
                     touched.add(self._start(db, *item))
                 elif kind == "end":
                     touched.add(self._end(db, *item))
+                elif kind == "moved":
+                    touched.update(self._moved(db, *item))
             for r in touched:
                 if r.agg:
                     cols = ", ".join(f"{k} = ?" for k in r.agg)
@@ -303,6 +305,21 @@ class BatchWriter:
         if tags:
             db.execute("UPDATE runs SET tags = COALESCE(tags, ?) WHERE id = ?", (json.dumps(tags_of(tags)), r.id))
         return r
+
+    def _moved(self, db: sqlite3.Connection, job: str, run: str, to: list[str], t: float) -> list[RunRow]:
+        """The command ``sentinel run`` started as ``run`` reported under the names in ``to``
+        instead (its script's own ``watch(run=...)``): their rows take the command and the
+        tags, and ``run``'s row, which nothing reported to, is removed."""
+        r = self._run(db, job, run, t)
+        rows = [self._run(db, job, name, t) for name in to]
+        if not r.fresh:
+            return rows
+        for row in rows:
+            db.execute("UPDATE runs SET command = COALESCE(NULLIF(command, ''), (SELECT command FROM runs WHERE id = ?)),"
+                       " tags = COALESCE(tags, (SELECT tags FROM runs WHERE id = ?)) WHERE id = ?", (r.id, r.id, row.id))
+        db.execute("DELETE FROM runs WHERE id = ?", (r.id,))
+        self._runs.pop((job, run), None)
+        return rows
 
     def _end(self, db: sqlite3.Connection, job: str, run: str, status: int, t: float) -> RunRow:
         r = self._run(db, job, run, t)

@@ -134,6 +134,12 @@ class Recorder:
         """What ``sentinel run`` knows before any frame: the command and its ``--tag``s."""
         self._offer(("start", (job, run, command, tags or {}, self.clock())))
 
+    def run_moved(self, job: str, run: str, to: list[str]) -> None:
+        """``sentinel run``'s command reported under the runs ``to`` only, not under ``run``
+        (its script names its own: ``watch(run=...)``): they take ``run``'s command and tags,
+        and ``run``'s empty row goes."""
+        self._offer(("moved", (job, run, list(to), self.clock())))
+
     def run_ended(self, job: str, run: str, status: int) -> None:
         """The command's exit status (``sentinel run``): 0 finished, else crashed."""
         self._offer(("end", (job, run, status, self.clock())))

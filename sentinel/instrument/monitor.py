@@ -238,7 +238,7 @@ class Monitor:
 
         Never raises.
         """
-        if not self.active:
+        if not self.active or self.closed:  # after close(): its training's goodbye has gone out
             return
         t0 = time.perf_counter()
         if loss is not None:

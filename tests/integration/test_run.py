@@ -427,6 +427,53 @@ def test_a_layer_trained_before_the_next_one_is_no_stall(tmp_path: Path) -> None
     assert "TrainingStalled" not in done.stderr, done.stderr
 
 
+_NAMED = """
+import os, signal, sys, torch, sentinel
+from torch import nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+mon = sentinel.watch(model, opt, run="exp-42")
+for i in range(20):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step(); mon.log(loss=loss)
+if sys.argv[1] == "kill":  # the OOM killer: no goodbye
+    import time; time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+mon.close()
+"""
+
+
+@pytest.mark.parametrize("end", ["finish", "kill"])
+def test_a_script_that_names_its_run_has_its_end_and_its_crash_under_that_name(end: str, tmp_path: Path) -> None:
+    """``sentinel run -- python train.py`` over a script that calls ``sentinel.watch(..., run="exp-42")``:
+    the exit status, the command and the tags went to the run ``sentinel run`` started it as,
+    which nothing reported to, so the history listed an empty run beside ``exp-42`` (which a
+    SIGKILL left "running" for good), and the crash page named the empty run, at "step 0", "no
+    step reported", without the last values of the run that died."""
+    script = tmp_path / "named.py"
+    script.write_text(_NAMED)
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                          "--tag", "team=nlp", "--", sys.executable, str(script), end],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == (137 if end == "kill" else 0), out.stderr
+    with sqlite3.connect(history) as db:
+        runs = db.execute("SELECT run, steps, state, exit_status, command, tags FROM runs").fetchall()
+    assert len(runs) == 1, runs
+    run, steps, state, status, command, tags = runs[0]
+    assert (run, steps, state, status) == ("exp-42", 20, "crashed" if end == "kill" else "finished",
+                                           137 if end == "kill" else 0)
+    assert command.endswith(f"named.py {end}") and json.loads(tags) == {"team": "nlp"}
+    crashed = [line for line in out.stderr.splitlines() if "TrainingCrashed" in line]
+    if end == "kill":
+        assert crashed[0].startswith("sentinel: [FIRING] critical TrainingCrashed — run exp-42, since step 20"), crashed
+        assert "last values (step 20" in crashed[0]
+    else:
+        assert crashed == []
+
+
 def test_a_script_run_by_the_training_script_reports_as_a_run_of_its_own(tmp_path: Path) -> None:
     """A training script that runs its linear evaluation as another Python process after each
     phase (scripts/train_and_probe.py, scripts/linear_probe.py): the probe took the training's

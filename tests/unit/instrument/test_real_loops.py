@@ -1006,3 +1006,18 @@ def test_more_optimizers_side_by_side_than_a_report_can_name(caplog: pytest.LogC
     assert lines == ["sentinel: more than 100 optimizers of this process step side by side; the 101st and any "
                      "further one are not reported (a report names at most 100 streams of a process)"]
     assert [m.frames_dropped for m in mons[100:]] == [3, 3]  # two steps and the goodbye, each
+
+
+def test_log_after_close_sends_nothing(mlp: MLP) -> None:
+    """A final metric logged after ``close()`` (a test accuracy computed at the end) went out
+    as a frame after the stream's goodbye."""
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    mon, sender = make_monitor(mlp, opt)
+    x, y = _batch(0)
+    nn.functional.mse_loss(mlp(x), y).backward()
+    opt.step()
+    mon.log(loss=1.0)
+    mon.close()
+    mon.log(loss=0.5, test_acc=0.9)
+    mon.heartbeat()
+    assert [f["kind"] for f in sender.frames] == ["step", "bye"]
