@@ -329,7 +329,7 @@ def load_config(source: str | Path | dict[str, Any] | None = None) -> tuple[Sent
     try:
         cfg = SentinelConfig(**raw)
     except ValidationError as exc:
-        problems += format_errors(exc)
+        problems += format_errors(exc, model=SentinelConfig)
     pack: RulePack | None = None
     try:  # the rules are checked even when another section is wrong: report everything at once
         pack = load_pack({"rules": raw.get("rules"), "extra_rules": raw.get("extra_rules")}

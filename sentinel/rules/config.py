@@ -16,11 +16,12 @@ can print it and exit with status 2 without a traceback.
 from __future__ import annotations
 
 import copy
+import difflib
 import string
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -68,18 +69,59 @@ def dotted(loc: Sequence[str | int]) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
 
 
-def format_errors(exc: ValidationError, prefix: Sequence[str | int] = ()) -> list[str]:
+def format_errors(exc: ValidationError, prefix: Sequence[str | int] = (),
+                  model: type[BaseModel] | None = None) -> list[str]:
     """One ``dotted.key: message`` line per pydantic error, keys prefixed with ``prefix``.
 
     Args:
         exc: the validation error.
         prefix: the location of the validated object inside the whole config.
+        model: the model validated: an unknown key then names the known one it is closest
+            to (``notify.min_serverity``: did you mean ``min_severity``?).
     """
     lines = []
     for err in exc.errors(include_url=False):
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden" and model is not None:
+            msg += _closest(str(err["loc"][-1]), _keys_at(model, err["loc"][:-1]))
         lines.append(f"{dotted([*prefix, *err['loc']])}: {msg}")
     return lines
+
+
+def _closest(key: str, known: Sequence[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the known key closest to ``key``, or ``""``."""
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def _keys_at(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    """The keys the model takes at ``loc`` (its fields' names, down through nested models,
+    lists and maps); [] where that is no model."""
+    kind: Any = model
+    index = False  # the next part is a list's index or a map's key
+    for part in loc:
+        if index:
+            index = False
+            continue
+        if not _is_model(kind):
+            return []
+        field = kind.model_fields.get(str(part))
+        if field is None:
+            return []
+        kind = field.annotation
+        while get_origin(kind) is not None:  # list[Route], dict[str, Rule], Route | None: what it holds
+            origin, args = get_origin(kind), get_args(kind)
+            if origin is Annotated:
+                kind = args[0]
+                continue
+            index = index or origin in (list, dict, tuple, set, frozenset)
+            models = [a for a in args if _is_model(a)]
+            kind = models[0] if models else args[-1]
+    return list(kind.model_fields) if _is_model(kind) else []
+
+
+def _is_model(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
 
 
 class Rule(BaseModel):
@@ -271,13 +313,13 @@ def parse_rule(raw: object, loc: Sequence[str | int]) -> tuple[Rule | None, list
             try:
                 params = spec.params.model_validate(dict(raw_params))
             except ValidationError as exc:
-                problems += format_errors(exc, [*loc, "params"])
+                problems += format_errors(exc, [*loc, "params"], spec.params)
     # validate the rest even when params failed, so every problem is reported at once
     data["params"] = params if params is not None else Params()
     try:
         rule = Rule.model_validate(data)
     except ValidationError as exc:
-        problems += format_errors(exc, loc)
+        problems += format_errors(exc, loc, Rule)
         return None, problems
     return (rule, []) if not problems else (None, problems)
 
@@ -330,7 +372,8 @@ def load_pack(user_config: Mapping[str, Any] | None = None) -> RulePack:
         overrides = {}
     for name, ov in overrides.items():
         if name not in raws:
-            problems.append(f"rules.{name}: unknown rule; built-in rules are {', '.join(raws)}")
+            problems.append(f"rules.{name}: unknown rule{_closest(name, list(raws))}; the built-in rules are "
+                            f"{', '.join(raws)}")
         elif not isinstance(ov, Mapping):
             problems.append(f"rules.{name}: Input should be a valid dictionary")
         elif "name" in ov and ov["name"] != name:

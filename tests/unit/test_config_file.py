@@ -85,3 +85,19 @@ def test_an_empty_sentinel_variable_is_unset(monkeypatch: pytest.MonkeyPatch) ->
     opts = from_kwargs({})
     assert (opts.job, opts.update_every, opts.capture_loss) == ("train", 100, False)
     assert env_problem() is None
+
+
+def test_a_misspelt_key_names_the_one_it_is_closest_to() -> None:
+    """Under any section, a list's items and the guard's options too; a key close to none is
+    told as unknown, with no guess."""
+    with pytest.raises(ConfigError) as info:
+        load_config({"retension": {"ended_seconds": 10},
+                     "notify": {"min_serverity": "warning", "routes": [{"urls": [], "alertname": ["LossSpike"]}]},
+                     "actions": {"guard": {"factr": 5}}, "listen": "127.0.0.1:9400"})
+    assert sorted(info.value.problems) == [
+        "actions.guard.factr: Extra inputs are not permitted (did you mean 'factor'?)",
+        "listen: Extra inputs are not permitted",
+        "notify.min_serverity: Extra inputs are not permitted (did you mean 'min_severity'?)",
+        "notify.routes.0.alertname: Extra inputs are not permitted (did you mean 'alertnames'?)",
+        "retension: Extra inputs are not permitted (did you mean 'retention'?)",
+    ]

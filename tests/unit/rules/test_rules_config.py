@@ -151,7 +151,7 @@ def _extra(**fields: Any) -> dict[str, Any]:
         ),
         (
             {"rules": {"LossSpike": {"params": {"factr": 3}}}},
-            "rules.LossSpike.params.factr: Extra inputs are not permitted",
+            "rules.LossSpike.params.factr: Extra inputs are not permitted (did you mean 'factor'?)",
         ),
         (
             {"rules": {"LossSpike": {"params": {"factor": 0.5}}}},
@@ -159,8 +159,10 @@ def _extra(**fields: Any) -> dict[str, Any]:
         ),
         (_ov(for_steps=-1), "rules.LossSpike.for_steps: Input should be"),
         (_ov(severity="page"), "rules.LossSpike.severity: Input should be"),
-        (_ov(colour="red"), "rules.LossSpike.colour: Extra inputs"),
-        ({"rules": {"LosSpike": {"enabled": False}}}, "rules.LosSpike: unknown rule"),
+        (_ov(colour="red"), "rules.LossSpike.colour: Extra inputs are not permitted"),  # nothing close
+        (_ov(severty="warning"), "rules.LossSpike.severty: Extra inputs are not permitted (did you mean 'severity'?)"),
+        ({"rules": {"LosSpike": {"enabled": False}}}, "rules.LosSpike: unknown rule (did you mean 'LossSpike'?); the built-in rules"),
+        ({"rules": {"Nope": {}}}, "rules.Nope: unknown rule; the built-in rules are TrainingNonFinite, "),
         ({"rules": {"LossSpike": False}}, "rules.LossSpike: Input should be a valid dictionary"),
         ({"rules": ["LossSpike"]}, "rules: Input should be a valid dictionary"),
         (_ov(summary="{nope}"), "rules.LossSpike.summary: unknown field {nope}"),
