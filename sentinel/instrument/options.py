@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 import time
@@ -136,9 +137,15 @@ class WatchOptions:
                 self.group_depth = int(self.group_depth)
             except ValueError:
                 raise ValueError(f"group_depth: must be auto or an integer, got {self.group_depth!r}") from None
-        for name in ("max_groups", "update_every", "state_every", "health_every", "memory_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
+        for name in ("max_groups", "update_every", "state_every", "health_every", "memory_every", "tags_every"):
+            value = getattr(self, name)
+            try:
+                n = int(value)
+                if isinstance(value, bool) or n < 1 or isinstance(value, float) and n != value:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}") from None
+            setattr(self, name, n)
         if int(self.max_groups) > MAX_GROUPS:  # the engine would drop the groups of every frame, and their norms
             raise ValueError(f"max_groups: must be 1..{MAX_GROUPS} (the groups a report carries), got {self.max_groups!r}")
         if not float(self.heartbeat_seconds) > 0:
@@ -146,8 +153,6 @@ class WatchOptions:
         self.rl, self.game = _said("rl", self.rl), _said("game", self.game)  # SENTINEL_RL, SENTINEL_GAME
         parse_listen(self.listen)
         self.tags = check_tags(self.tags)
-        if int(self.tags_every) < 1:
-            raise ValueError(f"tags_every: must be >= 1, got {self.tags_every!r}")
         if self.engine not in ("process", "thread", "off"):
             raise ValueError(f"engine: must be process, thread or off, got {self.engine!r}")
 
@@ -262,7 +267,9 @@ def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
     known = {f.name: f for f in fields(WatchOptions)}
     unknown = set(kwargs) - set(known)
     if unknown:
-        raise TypeError(f"unknown sentinel.watch option(s): {', '.join(sorted(unknown))}")
+        near = {u: difflib.get_close_matches(u, list(known), n=1, cutoff=0.6) for u in sorted(unknown)}
+        raise TypeError("unknown sentinel.watch option(s): " + ", ".join(
+            u + (f" (did you mean {n[0]!r}?)" if n else "") for u, n in near.items()))
     values: dict[str, Any] = {}
     for name, f in known.items():
         if name in kwargs and name != "tags":

@@ -50,7 +50,7 @@ def test_an_unreadable_config_is_one_line(tmp_path: Path) -> None:
     ({"SENTINEL_MAX_GROUPS": "400"},
      "SENTINEL_MAX_GROUPS: max_groups: must be 1..256 (the groups a report carries), got 400"),
     ({"SENTINEL_UPDATE_EVERY": "often"}, "SENTINEL_UPDATE_EVERY: update_every: must be an integer, got 'often'"),
-    ({"SENTINEL_UPDATE_EVERY": "0"}, "SENTINEL_UPDATE_EVERY: update_every: must be >= 1, got 0"),
+    ({"SENTINEL_UPDATE_EVERY": "0"}, "SENTINEL_UPDATE_EVERY: update_every: must be an integer >= 1, got 0"),
     ({"SENTINEL_GROUP_DEPTH": "deep"}, "SENTINEL_GROUP_DEPTH: group_depth: must be auto or an integer, got 'deep'"),
     ({"SENTINEL_RUN": "r" * 129}, "SENTINEL_RUN: run: must be 1..128 characters, got 129 characters"),
     ({"SENTINEL_JOB": "j" * 200}, "SENTINEL_JOB: job: must be 1..128 characters, got 200 characters"),

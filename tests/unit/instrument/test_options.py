@@ -31,17 +31,21 @@ def test_sentinel_variables_fill_what_no_argument_gives(monkeypatch: pytest.Monk
     assert getattr(from_kwargs(kwargs), name) == expected
 
 
-@pytest.mark.parametrize(("kwargs", "error"), [
-    ({"update_evry": 5}, TypeError),  # a misspelt option
-    ({"update_every": 0}, ValueError),
-    ({"engine": "gpu"}, ValueError),
-    ({"max_groups": 257}, ValueError),  # more than a frame carries: the engine would drop every norm
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"update_evry": 5}, TypeError, "unknown sentinel.watch option(s): update_evry (did you mean 'update_every'?)"),
+    ({"update_every": 0}, ValueError, "update_every: must be an integer >= 1, got 0"),
+    ({"update_every": "ten"}, ValueError, "update_every: must be an integer >= 1, got 'ten'"),  # not int()'s words
+    ({"state_every": 2.5}, ValueError, "state_every: must be an integer >= 1, got 2.5"),
+    ({"engine": "gpu"}, ValueError, "engine: must be process, thread or off, got 'gpu'"),
+    ({"max_groups": 257}, ValueError, "max_groups: must be 1..256"),  # more than a frame carries: every norm dropped
 ])
-def test_a_bad_option_raises_at_once_and_hooks_nothing(kwargs: dict[str, Any], error: type[Exception]) -> None:
+def test_a_bad_option_raises_at_once_and_hooks_nothing(kwargs: dict[str, Any], error: type[Exception],
+                                                       message: str) -> None:
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with pytest.raises(error):
+    with pytest.raises(error) as info:
         sentinel.watch(model, opt, **kwargs)
+    assert str(info.value).startswith(message)
     assert registry.monitor_of(opt) is None  # no monitor follows its steps
     good = sentinel.watch(model, opt, engine="off")  # the check of the test itself: a good call does
     try:
