@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,14 +61,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     service.extra_rows.append(listener.rows)
     restarts = float(args.restarts)
     service.extra_rows.append(lambda: iter([("sentinel_engine_restarts_total", "counter", (), restarts)]))
+    parent = os.getppid()
     tell(wire.Ready(url=service.url))
     try:
         sys.stdin.buffer.read()  # returns at EOF: the training process closed us or died
     except KeyboardInterrupt:
         pass  # Ctrl-C reaches the whole process group; finish the same way
+    else:
+        _left_without_goodbye(service, parent)
     listener.close()
     service.stop()
     return 0
+
+
+def _left_without_goodbye(service: Service, parent: int, wait: float = 2.0) -> None:
+    """The training process closed this engine's pipe: when it died doing so, with runs
+    it had not said goodbye to (killed: SIGKILL, the OOM killer; a crash in native code),
+    record their end, exit status unknown, so ``TrainingCrashed`` says so and the history
+    does not keep them running for good. It is dead once this process is no longer its
+    child (the kernel gives an orphan to another parent as its parent exits, just after
+    closing its files); one that closed the pipe and lives on is left alone."""
+    service.flush()  # the frames it sent before: a goodbye among them
+    engine = service.engine
+    open_runs = [key for key in list(engine.runs_seen) if engine.rules.ranks(*key)]
+    if not open_runs:
+        return
+    deadline = time.monotonic() + wait
+    while os.getppid() == parent:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+    for job, run in open_runs:
+        engine.exited(job, run, -1, who=f"pid {parent} ended without a goodbye: killed (the OOM killer's SIGKILL: "
+                                        "check dmesg) or a crash in native code")
 
 
 if __name__ == "__main__":

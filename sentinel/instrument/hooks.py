@@ -50,6 +50,7 @@ def close_at_exit(mon: _Closable) -> None:
         _exit_hooked = True
         atexit.register(_close_live)
         leaving.install()
+        leaving.on_hard_exit = _close_live_at
     _live.add(mon)
 
 
@@ -79,6 +80,16 @@ def _close_worker() -> None:
 
 def _close_live() -> None:
     error = leaving.error()  # an uncaught exception, a non-zero sys.exit: the goodbye says so
+    for mon in list(_live):
+        try:
+            mon.close(error)
+        except Exception:  # at exit: nothing may raise
+            pass
+
+
+def _close_live_at(status: int) -> None:
+    """The script ends itself with ``os._exit(status)``: no ``atexit`` runs."""
+    error = leaving.error()  # its SystemExit(status), and where os._exit was called
     for mon in list(_live):
         try:
             mon.close(error)

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import builtins
 import functools
+import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from sentinel.instrument.raised import called_from
 
@@ -45,6 +46,12 @@ _prior_hook = threading.excepthook  # what threading.excepthook was before insta
 on_thread_failure: Callable[[threading.Thread, BaseException], None] | None = None
 """Called with a thread and the exception it ended on (not a ``SystemExit``), in that
 thread; set by the registry, which knows the monitors whose optimizers stepped in it."""
+_real_os_exit = os._exit  # what os._exit was before install()
+_owner = 0  # the process that installed: its os._exit closes its monitors first
+on_hard_exit: Callable[[int], None] | None = None
+"""Called with the status of an ``os._exit`` of the process that installed (not of a
+forked worker), before it ends the process without ``atexit``: set by the monitors' exit
+hook, which says their goodbyes with that status."""
 
 
 def install() -> None:
@@ -55,6 +62,9 @@ def install() -> None:
     _installed = True
     _real_exit = sys.exit
     sys.exit = exit  # type: ignore[assignment]
+    global _real_os_exit, _owner
+    _real_os_exit, _owner = os._exit, os.getpid()
+    os._exit = _os_exit
     _prior_hook = threading.excepthook
     threading.excepthook = _thread_ended
     quitter = type(getattr(builtins, "exit", None))
@@ -76,6 +86,27 @@ def exit(*args: Any) -> None:  # noqa: A001  (it is sys.exit)
 exit.__doc__ = _real_exit.__doc__
 exit.__module__ = "sys"  # pickle finds it as sys.exit, the name it stands for
 exit.__qualname__ = "exit"
+
+
+def _os_exit(status: int) -> NoReturn:
+    """``os._exit``: a script that ends itself this way after training (to skip a teardown
+    that hangs) runs no ``atexit``, so its monitors said no goodbye, and its run was left
+    running, or read as a crash. Their goodbyes go out first, with the status; a forked
+    worker's ``os._exit`` (multiprocessing's, a DataLoader worker's) is passed straight on."""
+    global _exiting, _place
+    if on_hard_exit is not None and os.getpid() == _owner:
+        try:
+            _exiting = SystemExit(status) if status else None
+            _place = called_from(sys._getframe(1)) if status else None  # the caller of os._exit
+            on_hard_exit(status)
+        except BaseException:  # noqa: S110  (nothing of Sentinel's may change how the script leaves)
+            pass
+    _real_os_exit(status)
+
+
+_os_exit.__doc__ = os._exit.__doc__
+_os_exit.__module__ = "os"  # pickle finds it as os._exit, the name it stands for
+_os_exit.__qualname__ = _os_exit.__name__ = "_exit"
 
 
 def _thread_ended(args: Any) -> None:

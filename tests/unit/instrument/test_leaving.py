@@ -4,6 +4,7 @@ code and the script's line, until an optimizer steps after it."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import threading
@@ -76,6 +77,18 @@ def test_sys_exit_is_the_same_call() -> None:
         sys.exit(1, 2)  # type: ignore[call-arg]
     # a program that pickles sys.exit (a multiprocessing target) gets the name, not Sentinel's function
     assert b"sentinel" not in pickle.dumps(sys.exit) and pickle.loads(pickle.dumps(sys.exit)) is sys.exit
+
+
+def test_os_exit_is_the_same_call_and_pickles_by_its_name() -> None:
+    """``os._exit`` is wrapped too (its goodbyes first: no ``atexit`` runs), and a forked
+    worker's passes straight on (tests/integration/test_watch_exit.py runs both)."""
+    assert os._exit is leaving._os_exit and os._exit.__name__ == "_exit"
+    assert b"sentinel" not in pickle.dumps(os._exit) and pickle.loads(pickle.dumps(os._exit)) is os._exit
+    pid = os.fork()
+    if pid == 0:  # the child: not the process that installed, so nothing of Sentinel's runs
+        leaving.on_hard_exit = lambda status: leaving._real_os_exit(99)
+        os._exit(7)
+    assert os.waitpid(pid, 0)[1] >> 8 == 7
 
 
 def test_a_non_zero_exit_is_what_the_goodbye_names_with_its_code_and_line(tmp_path: Path) -> None:
