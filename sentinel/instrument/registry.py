@@ -175,10 +175,17 @@ def claim_hand(monitor: Any, params: Sequence[torch.Tensor]) -> None:
         _owner[id(p)] = ref
 
 
+closed_by: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[str, str, int]] = weakref.WeakKeyDictionary()
+"""Per optimizer, the ``(job, run, steps)`` of the script's own monitor that watched it last
+and closed (:func:`sentinel.watch` says once when it is watched again under that run)."""
+
+
 def release(monitor: Any, opt: torch.optim.Optimizer | None = None) -> None:
     """Forget ``opt`` (or every optimizer and parameter of ``monitor``, and stop holding it)."""
     for o in [o for o, r in list(_by_opt.items()) if r is not None and r() is monitor and (opt is None or o is opt)]:
         del _by_opt[o]
+        if opt is None and not monitor.auto:  # closed
+            closed_by[o] = (monitor.options.job, monitor.options.run, monitor.steps)
     if opt is None:
         _held.pop(id(monitor), None)
         for pid in [pid for pid, r in _owner.items() if r() is monitor or r() is None]:

@@ -17,6 +17,7 @@ log = logging.getLogger("sentinel")
 unsupported_total = 0
 """How many times :func:`watch` was handed something it cannot watch (and returned an
 inert monitor)."""
+_rewatch_said = False
 
 
 def watch(model: torch.nn.Module | None,
@@ -104,7 +105,24 @@ def watch(model: torch.nn.Module | None,
                     exc_info=True)
         return Monitor.inert(opts, f"{type(exc).__name__}: {exc}")
     mon.sync_step(start)
+    _say_if_watched_again(mon, optimizers)
     return mon
+
+
+def _say_if_watched_again(mon: Monitor, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Once per process: an optimizer watched again under the same run after its monitor
+    closed (``with sentinel.watch(...)`` inside the epoch loop, or in a ``train_one_epoch``)
+    is a new training to the engine and the history (a run row per epoch, the rules
+    starting over), and a new engine process each time."""
+    global _rewatch_said
+    for opt in optimizers:
+        before = registry.closed_by.get(opt)
+        if before is not None and before[:2] == (mon.options.job, mon.options.run) and not _rewatch_said:
+            _rewatch_said = True
+            log.warning("sentinel: this optimizer was watched before in this process, by a monitor closed at step %d "
+                        "(run %r): each watch() after a close() is a new training, with a run row of its own in the "
+                        "history and its rules starting over; call watch() once, before the training loop",
+                        before[2], mon.options.run)
 
 
 def _unregistered(model: torch.nn.Module) -> str:

@@ -1021,3 +1021,26 @@ def test_log_after_close_sends_nothing(mlp: MLP) -> None:
     mon.log(loss=0.5, test_acc=0.9)
     mon.heartbeat()
     assert [f["kind"] for f in sender.frames] == ["step", "bye"]
+
+
+def test_an_optimizer_watched_again_after_its_monitor_closed_is_told_once(mlp: MLP,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """``with sentinel.watch(...)`` inside the epoch loop: each epoch a new training to the
+    engine and the history (a run row per epoch: ``ep@1``, ``ep@2``, ...), said once."""
+    from sentinel.instrument import watching
+
+    watching._rewatch_said = False
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    with caplog.at_level(logging.WARNING, logger="sentinel"):
+        for _ in range(3):
+            with sentinel.watch(mlp, opt, run="ep", engine="off"):
+                x, y = _batch(0)
+                opt.zero_grad()
+                nn.functional.mse_loss(mlp(x), y).backward()
+                opt.step()
+    said = [r.getMessage() for r in caplog.records if "watched before" in r.getMessage()]
+    assert len(said) == 1 and "closed at step 1 (run 'ep')" in said[0], said
+    caplog.clear()
+    other = torch.optim.SGD(mlp.parameters(), lr=0.01)  # a new optimizer (the next fold's): nothing to say
+    sentinel.watch(mlp, other, run="ep", engine="off").close()
+    assert not [r for r in caplog.records if "watched before" in r.getMessage()]
