@@ -92,9 +92,12 @@ def _os_exit(status: int) -> NoReturn:
     """``os._exit``: a script that ends itself this way after training (to skip a teardown
     that hangs) runs no ``atexit``, so its monitors said no goodbye, and its run was left
     running, or read as a crash. Their goodbyes go out first, with the status; a forked
-    worker's ``os._exit`` (multiprocessing's, a DataLoader worker's) is passed straight on."""
+    worker's ``os._exit`` (multiprocessing's, a DataLoader worker's) is passed straight on,
+    and so is another thread's (a hang watchdog's ``os._exit(1)`` must not wait on a
+    training thread that may hold what the goodbyes need: the engine records that end as
+    a process gone without its goodbye)."""
     global _exiting, _place
-    if on_hard_exit is not None and os.getpid() == _owner:
+    if on_hard_exit is not None and os.getpid() == _owner and threading.current_thread() is threading.main_thread():
         try:
             _exiting = SystemExit(status) if status else None
             _place = called_from(sys._getframe(1)) if status else None  # the caller of os._exit

@@ -91,6 +91,20 @@ def test_os_exit_is_the_same_call_and_pickles_by_its_name() -> None:
     assert os.waitpid(pid, 0)[1] >> 8 == 7
 
 
+def test_os_exit_from_another_thread_runs_nothing_of_sentinels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hang watchdog's ``os._exit(1)`` in a thread of its own: no goodbye, which could wait
+    on the stuck training thread; the process ends at once."""
+    called, ended = [], []
+    monkeypatch.setattr(leaving, "on_hard_exit", called.append)
+    monkeypatch.setattr(leaving, "_real_os_exit", ended.append)
+    watchdog = threading.Thread(target=os._exit, args=(1,))
+    watchdog.start()
+    watchdog.join()
+    assert called == [] and ended == [1]
+    os._exit(0)  # the main thread's: the goodbyes first (the real exit is the stand-in above)
+    assert called == [0] and ended == [1, 0]
+
+
 def test_a_non_zero_exit_is_what_the_goodbye_names_with_its_code_and_line(tmp_path: Path) -> None:
     model = MLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
