@@ -69,6 +69,11 @@ class RunRow:
     crashed_with: int = 0
     """The highest exit status the run's crash goodbyes gave (the row's ``exit_status``
     until the command's own end is recorded)."""
+    ended: float | None = None
+    """When it ended, as the file says, for a row read from the file (:attr:`loaded`)."""
+    loaded: bool = False
+    """Read from the file, written by another writer (or before a restart): its ranks are a
+    guess from their count (0 to n-1), its ``ended`` the file's."""
     thread_failed: bool = False
     """A goodbye said the training thread ended on an exception while its process went on:
     the row stays ``crashed`` whatever the process exits with."""
@@ -87,16 +92,26 @@ def stream_of(f: dict[str, Any]) -> Stream:
     return (f["rank"], opt) if opt else f["rank"]
 
 
-def starts_new(r: RunRow, kind: str, rank: Stream, step: int) -> bool:
+def starts_new(r: RunRow, kind: str, rank: Stream, step: int, t: float | None = None) -> bool:
     """Whether a frame of ``kind`` from ``rank`` (a rank or an optimizer stream) at ``step``
-    begins a new run rather than continuing ``r`` (see the module's docstring)."""
-    if kind == "bye":
+    (sent at ``t``) begins a new run rather than continuing ``r`` (see the module's docstring)."""
+    if kind == "bye" or sent_before_end(r, kind, t):
         return False
     if r.state == "finished" and late_rank(r, rank):
         return False
     if r.state == "finished" or r.exit_status is not None or rank in r.byes:
         return True
     return kind == "step" and starts_over(step, r.last.get(rank))
+
+
+def sent_before_end(r: RunRow, kind: str, t: float | None) -> bool:
+    """Whether a frame sent at ``t`` belongs to ``r``, a finished row read from the file,
+    because it was sent before another writer of the file ended it: each rank's own engine
+    under a plain torchrun writes the one file, and rank 1's writer could finish the row
+    before rank 0's first commit, whose steps then opened a second row (the file keeps how
+    many ranks a row had, not which: rank 0 read as one that had said goodbye)."""
+    return (kind != "bye" and r.loaded and r.state == "finished" and r.exit_status is None and t is not None
+            and r.ended is not None and t < r.ended)
 
 
 def late_rank(r: RunRow, stream: Stream) -> bool:
@@ -112,7 +127,7 @@ def late_rank(r: RunRow, stream: Stream) -> bool:
 
 
 _COLS = ("id, attempt, stride, samples, min_loss, ranks, groups, first_loss, grad_norm_sum, grad_norm_n, "
-         "delta_sum, delta_n, peak_memory, state, exit_status, steps, world")
+         "delta_sum, delta_n, peak_memory, state, exit_status, steps, world, ended")
 
 
 def load_latest(db: sqlite3.Connection, job: str, run: str) -> RunRow | None:
@@ -131,7 +146,7 @@ def load_latest(db: sqlite3.Connection, job: str, run: str) -> RunRow | None:
                   ranks=ranks, streams=set(ranks), byes=set(ranks) if state != "running" else set(),
                   last={0: steps} if steps else {}, groups=json.loads(row[6]) if row[6] else None,
                   world=row[16], first_loss=row[7], sums=[float(x) for x in row[8:12]], peak=row[12],
-                  crashed_with=crashed_with)
+                  crashed_with=crashed_with, ended=row[17] if state != "running" else None, loaded=True)
 
 
 def insert(db: sqlite3.Connection, job: str, run: str, host: str, t: float, attempt: int) -> RunRow:

@@ -15,7 +15,7 @@ import sqlite3
 from typing import Any
 
 from sentinel.history import attempts, skips
-from sentinel.history.attempts import RunRow, starts_new, stream_of
+from sentinel.history.attempts import RunRow, sent_before_end, starts_new, stream_of
 from sentinel.history.values import COLUMNS, group_blob, local_only, optimizer_of, sample, tags_of, transition_row
 from sentinel.rules.alert import Transition
 from sentinel.wire import starts_over
@@ -130,7 +130,13 @@ class BatchWriter:
                 kind == "step" and step == 1):
             r = over[0]  # the last frames of the training that ended, from a rank not begun again yet (DDP)
             r.agg["ended"] = t
-        elif starts_new(r, kind, who, step):
+        elif sent_before_end(r, kind, t):  # its rank was guessed one that had said goodbye: it is not
+            r.byes.discard(who)
+            r.streams.discard(who)  # the other writer's streams all said goodbye: only this one counts
+            r.ranks = {-1 - i for i in range(len(r.ranks))}  # the file's ranks, not which: this one is new
+            r.state = r.agg["state"] = "running"
+            r.agg["ended"] = None
+        elif starts_new(r, kind, who, step, t):
             prev = r
             r = self._new_run(db, f["job"], f["run"], t, prev)
             if prev.state == "running" and kind == "step" and (who in prev.byes or starts_over(

@@ -207,3 +207,21 @@ def test_a_v2_file_is_migrated_to_one_row_per_attempt_keeping_its_runs(tmp_path:
     assert [(r.id == 7, r.attempt, r.steps) for r in list_runs(ro)] == [(False, 2, 2), (True, 1, 3)]
     old_run = find_run(ro, "r@1")
     assert old_run is not None and series(ro, old_run).steps == [1, 2, 3]
+
+
+def test_a_ranks_frames_written_after_another_writer_ended_the_run_are_that_run(tmp_path: Path) -> None:
+    """Each rank's own engine under a plain torchrun writes the one file: rank 1's writer ended
+    the row before rank 0's writer made its first commit, and rank 0's steps, sent while the
+    run went on, opened a second row (the file keeps how many ranks a row had, not which, so
+    rank 0 read as a rank that had said goodbye). Frames sent before the row's end are its own."""
+    path = tmp_path / "h.sqlite"
+    rank0 = steps(1, 3, rank=0, world=2)  # sent first...
+    rank1 = steps(1, 3, rank=1, world=2) + [("frame", frame("bye", 3, rank=1, world=2))]
+    bye0 = [("frame", frame("bye", 3, rank=0, world=2))]
+    record(path, rank1)  # ... written after rank 1's writer finished the row
+    record(path, rank0 + bye0)
+    db = hdb.connect(path, readonly=True)
+    assert [(r.steps, r.state, r.attempts) for r in list_runs(db)] == [(3, "finished", 1)]
+    assert db.execute("SELECT ranks FROM runs").fetchall() == [(2,)]
+    record(path, steps(1, 2, rank=0, world=2))  # a new training under the name, sent after the end
+    assert [(r.label, r.steps) for r in list_runs(hdb.connect(path, readonly=True))] == [("r@2", 2), ("r@1", 3)]
