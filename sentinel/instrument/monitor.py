@@ -547,7 +547,8 @@ class Monitor:
                 run("update", measure.update_stats, k)
                 run("param", measure.param_stats, k)
             contributed.add(k)
-            self._calls_at_post = losses.calls()
+            if len(self.optimizers) > 1:  # a report may close later, at another optimizer's step
+                self._calls_at_post = losses.calls()
             if len(contributed) == len(self.optimizers):
                 run("report", finalize)
             self.probe_seconds += time.perf_counter() - t0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import socket
 import time
@@ -10,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sentinel.errors import did_you_mean
 from sentinel.instrument.guardopts import parse_guard
 from sentinel.listen import parse_listen
 from sentinel.wire import MAX_GROUPS, MAX_LABEL_LENGTH
@@ -267,9 +267,8 @@ def from_kwargs(kwargs: dict[str, Any]) -> WatchOptions:
     known = {f.name: f for f in fields(WatchOptions)}
     unknown = set(kwargs) - set(known)
     if unknown:
-        near = {u: difflib.get_close_matches(u, list(known), n=1, cutoff=0.6) for u in sorted(unknown)}
-        raise TypeError("unknown sentinel.watch option(s): " + ", ".join(
-            u + (f" (did you mean {n[0]!r}?)" if n else "") for u, n in near.items()))
+        raise TypeError("unknown sentinel.watch option(s): "
+                        + ", ".join(u + did_you_mean(u, list(known)) for u in sorted(unknown)))
     values: dict[str, Any] = {}
     for name, f in known.items():
         if name in kwargs and name != "tags":

@@ -16,7 +16,6 @@ can print it and exit with status 2 without a traceback.
 from __future__ import annotations
 
 import copy
-import difflib
 import string
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -37,6 +36,7 @@ from pydantic import (
 )
 
 from sentinel.errors import ConfigError as ConfigError  # the ground floor's, re-exported
+from sentinel.errors import did_you_mean
 from sentinel.rules.base import Params
 from sentinel.rules.registry import DETECTORS
 
@@ -83,15 +83,9 @@ def format_errors(exc: ValidationError, prefix: Sequence[str | int] = (),
     for err in exc.errors(include_url=False):
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden" and model is not None:
-            msg += _closest(str(err["loc"][-1]), _keys_at(model, err["loc"][:-1]))
+            msg += did_you_mean(str(err["loc"][-1]), _keys_at(model, err["loc"][:-1]))
         lines.append(f"{dotted([*prefix, *err['loc']])}: {msg}")
     return lines
-
-
-def _closest(key: str, known: Sequence[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the known key closest to ``key``, or ``""``."""
-    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def _keys_at(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
@@ -372,7 +366,7 @@ def load_pack(user_config: Mapping[str, Any] | None = None) -> RulePack:
         overrides = {}
     for name, ov in overrides.items():
         if name not in raws:
-            problems.append(f"rules.{name}: unknown rule{_closest(name, list(raws))}; the built-in rules are "
+            problems.append(f"rules.{name}: unknown rule{did_you_mean(name, list(raws))}; the built-in rules are "
                             f"{', '.join(raws)}")
         elif not isinstance(ov, Mapping):
             problems.append(f"rules.{name}: Input should be a valid dictionary")

@@ -437,8 +437,10 @@ mon = sentinel.watch(model, opt, run="exp-42")
 for i in range(20):
     loss = model(torch.randn(8, 4)).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step(); mon.log(loss=loss)
-if sys.argv[1] == "kill":  # the OOM killer: no goodbye
-    import time; time.sleep(0.5)
+if sys.argv[1] == "kill":  # the OOM killer: no goodbye, once the last report is in
+    sys.path.insert(0, sys.argv[2])
+    from engine_has import wait_for_step
+    wait_for_step(os.environ["SENTINEL_URL"], 20)
     os.kill(os.getpid(), signal.SIGKILL)
 mon.close()
 """
@@ -456,7 +458,7 @@ def test_a_script_that_names_its_run_has_its_end_and_its_crash_under_that_name(e
     history = tmp_path / "h.sqlite"
     cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
     out = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
-                          "--tag", "team=nlp", "--", sys.executable, str(script), end],
+                          "--tag", "team=nlp", "--", sys.executable, str(script), end, str(SCRIPTS)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == (137 if end == "kill" else 0), out.stderr
     with sqlite3.connect(history) as db:
@@ -465,7 +467,7 @@ def test_a_script_that_names_its_run_has_its_end_and_its_crash_under_that_name(e
     run, steps, state, status, command, tags = runs[0]
     assert (run, steps, state, status) == ("exp-42", 20, "crashed" if end == "kill" else "finished",
                                            137 if end == "kill" else 0)
-    assert command.endswith(f"named.py {end}") and json.loads(tags) == {"team": "nlp"}
+    assert command.endswith(f"named.py {end} {SCRIPTS}") and json.loads(tags) == {"team": "nlp"}
     crashed = [line for line in out.stderr.splitlines() if "TrainingCrashed" in line]
     if end == "kill":
         assert crashed[0].startswith("sentinel: [FIRING] critical TrainingCrashed — run exp-42, since step 20"), crashed

@@ -18,7 +18,7 @@ from tests.helpers import write_config
 pytestmark = pytest.mark.integration
 
 SCRIPT = """
-import multiprocessing as mp, os, signal, sys, time, torch, sentinel
+import multiprocessing as mp, os, signal, sys, torch, sentinel
 from torch import nn
 
 def worker():
@@ -38,8 +38,10 @@ if __name__ == "__main__":
         opt.zero_grad(); loss.backward(); opt.step(); mon.log(loss=loss)
     print("trained", flush=True)
     how = sys.argv[1]
-    if how == "kill":
-        time.sleep(0.5)  # the last report read back and sent
+    if how == "kill":  # once the engine has the last report
+        sys.path.insert(0, sys.argv[3])
+        from engine_has import wait_for_step
+        wait_for_step(mon.url, 20)
         os.kill(os.getpid(), signal.SIGKILL)
     os._exit(int(how))
 """
@@ -53,7 +55,9 @@ def test_a_watched_script_that_ends_without_atexit_is_recorded_as_it_ended(how: 
     script.write_text(SCRIPT)
     history = tmp_path / "h.sqlite"
     cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
-    out = subprocess.run([sys.executable, str(script), how, cfg], capture_output=True, text=True, timeout=120)
+    scripts = Path(__file__).parent / "scripts"
+    out = subprocess.run([sys.executable, str(script), how, cfg, str(scripts)], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == status, out.stderr
     assert out.stdout == "trained\n"
     with sqlite3.connect(history) as db:

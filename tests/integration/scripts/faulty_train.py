@@ -8,14 +8,13 @@ steps on, the inputs are NaN.
 """
 
 import os
-import re
 import signal
 import sys
 import threading
 import time
-import urllib.request
 
 import torch
+from engine_has import wait_for_step  # beside this script
 from torch import nn
 
 steps, fault = int(sys.argv[1]), sys.argv[2]
@@ -42,12 +41,7 @@ print("trained", flush=True)
 if fault == "kill":
     # the test checks that the crash message carries the last step's values: wait until the
     # daemon that `sentinel run` started has them (an OOM kill does not wait, of course)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(os.environ["SENTINEL_URL"] + "/metrics", timeout=5) as r:
-            if re.search(rf"^sentinel_step{{[^}}]*}} {steps}\.0$", r.read().decode(), re.M):
-                break
-        time.sleep(0.02)
+    wait_for_step(os.environ["SENTINEL_URL"], steps)
     os.kill(os.getpid(), signal.SIGKILL)
 elif fault == "raise":
     raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
