@@ -25,7 +25,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from sentinel.wire import HYPERPARAMETERS, OPTIMIZER_HP
+import msgspec
+
+from sentinel.wire import HYPERPARAMETERS, UNSET, OptimizerRecords
 
 _ADAPTIVE = ("Adagrad", "Adadelta", "RMSprop", "Rprop", "Adafactor", "Lion", "Lamb", "LAMB", "SophiaG", "Sophia")
 
@@ -46,19 +48,15 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
 
     ``clip_max`` is the ``max_norm`` the rank's gradients were last clipped to (None: never).
     """
-    if not isinstance(optim, list):
+    try:  # both decode paths held it to this type already: read through it, never by key
+        records = msgspec.convert(optim, OptimizerRecords)
+    except msgspec.ValidationError:
         return
     adaptive = True
-    for i, o in enumerate(optim[:8]):
-        if not isinstance(o, dict) or not isinstance(o.get("class"), str):
-            adaptive = False
-            continue
-        name, idx = o["class"][:64], str(i)
-        dtype = o.get("dtype") if isinstance(o.get("dtype"), str) else "none"
-        add("sentinel_optimizer_info", 1.0, index=idx, dtype=str(dtype)[:16], **{"class": name})
-        hp: dict[str, Any] = o["hp"] if isinstance(o.get("hp"), dict) else {}
-        nums = {k: float(v) for k, v in hp.items() if k in OPTIMIZER_HP
-                and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for i, o in enumerate(records):
+        name, idx, dtype = o.cls, str(i), o.dtype
+        add("sentinel_optimizer_info", 1.0, index=idx, dtype=dtype, **{"class": name})
+        nums = {k: float(v) for k, v in msgspec.structs.asdict(o.hp).items() if v is not UNSET}
         for k in HYPERPARAMETERS:
             if k in nums:
                 add("sentinel_optimizer_hyperparameter", nums[k], index=idx, name=k, **{"class": name})
