@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import leaving, losses
+from sentinel.instrument import leaving, losses, profiled
 from sentinel.instrument.gcscan import first, held_beyond, live
 from sentinel.instrument.naming import holders
 from sentinel.instrument.readback import Readback
@@ -593,6 +593,7 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
 
 
 @eager_only
+@profiled.labelled(profiled.STEP)
 def _on_post_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     global _last_clip
     _last_clip = None

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import hidden
+from sentinel.instrument import hidden, profiled
 from sentinel.instrument.boundary import Boundary
 
 log = logging.getLogger("sentinel")
@@ -166,6 +166,7 @@ class InputCapture:
         if torch.is_grad_enabled():  # not a no_grad/inference_mode evaluation
             self.boundary.run("capture", self._hold, args, kwargs)
 
+    @profiled.labelled(profiled.CAPTURE)
     def _hold(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         step = self.steps_done() + 1
         forwards = self.held.get(step)

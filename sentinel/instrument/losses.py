@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch.overrides import has_torch_function_unary
 
+from sentinel.instrument import profiled
+
 log = logging.getLogger("sentinel")
 
 _sums: weakref.WeakSet[LossSum] = weakref.WeakSet()
@@ -313,6 +315,7 @@ def unclaimed() -> None:
     _local.claimed = None
 
 
+@profiled.labelled(profiled.BACKWARD)
 def _seen(root: Any, tensors: Any = None, grads: Any = None) -> None:
     """A ``backward()`` begins: ``root.backward()``, or with ``tensors`` and ``grads`` given,
     ``torch.autograd.backward(tensors, grads)`` (``root`` its first tensor, the graph the
@@ -421,6 +424,7 @@ def hand_scale(t: torch.Tensor) -> float | None:
     return None
 
 
+@profiled.labelled(profiled.BACKWARD)
 def _after() -> None:
     me = threading.get_ident()
     for s in list(_sums):

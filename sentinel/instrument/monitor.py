@@ -27,6 +27,7 @@ from sentinel.instrument import (
     notebook,
     outerstep,
     preclip,
+    profiled,
     registry,
     replaced,
     rewrites,
@@ -213,6 +214,7 @@ class Monitor:
 
     # -- public ---------------------------------------------------------------------------
 
+    @profiled.labelled(profiled.LOG)
     def log(self, loss: Any = None, *, step: int | None = None, **scalars: Any) -> None:
         """Record the loss and any other scalars for the current step.
 

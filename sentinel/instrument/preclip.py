@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from sentinel.instrument import profiled
 from sentinel.instrument.untraced import eager_only
 
 log = logging.getLogger("sentinel")
@@ -77,6 +78,7 @@ def attach(fn: Listener) -> ClipHandle:
 
 
 @eager_only
+@profiled.labelled(profiled.CLIP)
 def _notify(total_norm: Any, max_norm: Any, parameters: Any = None) -> None:
     global _failures
     if not _listeners or _failures >= 3:

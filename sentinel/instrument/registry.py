@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from sentinel.instrument import leaving, losses, outerstep
+from sentinel.instrument import leaving, losses, outerstep, profiled
 from sentinel.instrument.gcscan import held_beyond
 from sentinel.instrument.untraced import eager_only
 
@@ -309,6 +309,7 @@ _UNSEEN: Any = object()
 
 
 @eager_only
+@profiled.labelled(profiled.STEP)
 def reads_ahead(opt: torch.optim.Optimizer, stand_in: type) -> None:
     """A stand-in's ``step()`` begins (:mod:`.outerstep`): ``opt``'s monitor reads the
     gradients now, before the stand-in scales them. Never raises."""
@@ -318,6 +319,7 @@ def reads_ahead(opt: torch.optim.Optimizer, stand_in: type) -> None:
 
 
 @eager_only
+@profiled.labelled(profiled.STEP)
 def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
     outer = getattr(_now, "stepping", None)
     if outer is not None and outer is not opt and _steps_inside(opt, outer):
@@ -341,6 +343,7 @@ def _on_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
 
 
 @eager_only
+@profiled.labelled(profiled.STEP)
 def _on_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     outer = getattr(_now, "stepping", None)
     if outer is not None and outer is not opt:
