@@ -30,6 +30,7 @@ evaluation's loss, the one ``step()`` returns.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -49,6 +50,8 @@ _scaler: Any = None  # the GradScaler that scaled the last loss, if any
 _scaled: weakref.ref[torch.Tensor] | None = None  # the loss it scaled (no attribute on the user's tensor)
 _failures = 0
 _local = threading.local()  # this thread's backward() count, and its last step's losses (claimed)
+_claims = itertools.count(1)  # the steps' claims, numbered in order, process-wide
+_latest_start: dict[int, int] = {}  # per thread, the claim with which its last training to begin stepping began
 
 
 def calls() -> int:
@@ -130,6 +133,7 @@ class LossSum:
         # the gradient tensor the last backward() left, and its version counter: the same tensor with
         # another version at the next backward() was zeroed in place (zero_grad(set_to_none=False))
         self._after: tuple[weakref.ref[torch.Tensor], int] | None = None
+        self._claimed: tuple[int, int] | None = None  # the thread and number of its last step's claim
         self.skipped: torch.Tensor | None = None
         """Resets that threw away passes with a non-finite loss or norm, so far: a running count on
         the losses' device (a small kernel or two per such reset; never read here)."""
@@ -246,6 +250,10 @@ class LossSum:
         for s in list(_sums):
             if s is not self and mine(s.thread, me):
                 s.forget()
+        n = next(_claims)
+        if self._claimed is None:
+            _latest_start[me] = n
+        self._claimed = (me, n)
         if total is not None:
             _local.claimed = (calls(), total, self.taken)
         return total
@@ -273,7 +281,7 @@ class LossSum:
         ``end`` (the script ends) the passes since the last reset too, and start over.
         Whether any were pending."""
         pending = self._bad is not None
-        if end and self.total is not None and not self._scaled:
+        if end and self.total is not None and not self._scaled and not self._superseded():
             self._bad = _nonfinite(self.total, self._norm, self._bad)
             pending = True
         self._count_skipped()
@@ -282,6 +290,18 @@ class LossSum:
             self.total, self.count, self.filled, self._dropped, self._left = None, 0, False, None, None
             self._scaled, self._norm = False, None
         return pending
+
+    def _superseded(self) -> bool:
+        """Another training began stepping in this one's thread after this one last stepped
+        (its optimizer made later, or stepped first later): the passes since are that
+        training's. A distilled student's ``backward()`` that raised (anomaly mode's
+        "returned nan values") was also its finished teacher's, whose monitor reported it
+        at exit as a step skipped on a NaN at the teacher's last step. Optimizers that
+        take turns (a GAN's) each stepped since the other began: neither is superseded."""
+        if self._claimed is None:
+            return False
+        me, n = self._claimed
+        return _latest_start.get(me, 0) > n
 
     def _count_skipped(self) -> None:
         """Add this step's resets that threw away a non-finite loss to :attr:`skipped`."""

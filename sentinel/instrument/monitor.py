@@ -282,6 +282,7 @@ class Monitor:
         if self.closed:
             return
         self.closed = True
+        taken = registry.stream_taken(self)  # its stream is a later training's: it sends nothing more
         if self._farewell is not None:
             self._farewell.detach()  # the goodbye goes out below
         self.hooks.remove()
@@ -289,7 +290,9 @@ class Monitor:
         losses.backward_listeners.discard(self)
         if self._losses is not None:
             self._losses.close()
-        if self.measure.hand_read:  # the last backward()'s step
+        if taken:
+            pass
+        elif self.measure.hand_read:  # the last backward()'s step
             self.measure.hand_read = False
             self.boundary.run("report", self._finalize)
         elif self._contributed:  # the last step, where not every optimizer stepped (a phase's, a critic's)
@@ -301,7 +304,7 @@ class Monitor:
         status = 0 if error is None or isinstance(error, TrainingHalted) else leaving.exit_status(error)
         # a sys.exit's status is the process's own (sys.exit(3): 3); any other exception's is 1
         self.reporter.close(self.steps, raised(error, leaving.place(error)) if status and error is not None else None,
-                            status if status and isinstance(error, SystemExit) else None, thread)
+                            status if status and isinstance(error, SystemExit) else None, thread, silent=taken)
         self.boundary.run("capture_close", self.capture.close)  # pending batch files are written
 
     @property

@@ -56,6 +56,7 @@ _failures = 0
 _streams: list[weakref.ref[Any]] = []  # monitors of optimizers, in the order they were made
 _expected = 1  # optimizers zero-code mode found alive when it attached its first monitor
 _before: dict[int, frozenset[int]] = {}  # per monitor: the live monitors that had reported when it was made
+_taken: weakref.WeakSet[Any] = weakref.WeakSet()  # monitors whose stream a later one reports on
 _now = threading.local()  # .stepping: the watched optimizer whose step() runs in this thread (None: none)
 _looked: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # looked for a wrapper at their first step
 # an optimizer that steps inside another's step() -> that outer one (ZeroRedundancyOptimizer's local optimizer)
@@ -241,11 +242,22 @@ def stream_label(monitor: Any) -> str:
     optimizer, ``"10"`` and ``"11"`` for its two (up to 10 workers with several)."""
     label = _process_label(monitor)
     worker = worker_number()
-    if worker is None:
-        return label
-    if not label:
-        return str(worker)
-    return f"{worker}{label}" if worker < 10 and len(label) == 1 else label
+    if worker is not None:
+        label = str(worker) if not label else f"{worker}{label}" if worker < 10 and len(label) == 1 else label
+    for m in live_streams():
+        if m is not monitor and getattr(m, "stream", None) == label:
+            _taken.add(m)
+    return label
+
+
+def stream_taken(monitor: Any) -> bool:
+    """Whether a monitor made later reports on ``monitor``'s stream (the same label): a
+    training of the process after this one's (a distilled student after its teacher, a
+    script's second experiment), which the engine took for the stream starting over. This
+    one's training is over; what it would still send (at exit, its goodbye) would be read
+    as the later one's: a crash's goodbye at the teacher's last step ended the student's
+    training, and the student's last report after it opened a third run in the history."""
+    return monitor in _taken
 
 
 def _process_label(monitor: Any) -> str:

@@ -412,26 +412,29 @@ class Reporter:
     def _count_drop(self) -> None:
         self.report_drops += 1
 
-    def close(self, steps: int, exc: str | None, status: int | None = None, thread: str | None = None) -> None:
+    def close(self, steps: int, exc: str | None, status: int | None = None, thread: str | None = None,
+              silent: bool = False) -> None:
         """The last reports, the goodbye frame (``exc``: the type of the exception that ended
         training and the script's line it came through, if one did: :mod:`.raised`;
         ``status``: the exit status a ``sys.exit`` asked for; ``thread``: the name of the
         training thread ``exc`` ended, the process going on), the sender's backlog; then
-        the engine stops and its last alerts reach ``on_alert``."""
+        the engine stops and its last alerts reach ``on_alert``. ``silent``: no last report
+        and no goodbye (a later training reports on this stream: ``registry.stream_taken``)."""
         with self._leaving:
             self._left = True
         run = self.boundary.run
-        run("report", self.submit_open)
-        run("report", self.thrown_away, steps, True)
-        run("emit", self.emit_ready, True)
-        bye = self.frame("bye", steps, time.time())
-        if exc is not None:
-            bye.exc = exc
-        if status is not None:
-            bye.status = status
-        if thread is not None and exc is not None:
-            bye.thread = thread[:64]
-        run("emit", self.send, bye)
+        if not silent:
+            run("report", self.submit_open)
+            run("report", self.thrown_away, steps, True)
+            run("emit", self.emit_ready, True)
+            bye = self.frame("bye", steps, time.time())
+            if exc is not None:
+                bye.exc = exc
+            if status is not None:
+                bye.status = status
+            if thread is not None and exc is not None:
+                bye.thread = thread[:64]
+            run("emit", self.send, bye)
         run("emit", self.sender.close)  # delivers any backlog while the engine still listens
         if self.engine is not None:
             run("engine", self.engine.stop)

@@ -613,3 +613,36 @@ def test_stop_action_reaches_an_unmodified_script_through_the_daemon(tmp_path: P
     assert "trained" not in out.stdout  # stopped before the 400 steps were done
     assert "sentinel.instrument.monitor.TrainingHalted: sentinel stopped training: TrainingNonFinite" in out.stderr
     assert "TrainingCrashed" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("nan_at", [0, 20])
+def test_a_distillation_is_two_trainings_and_its_crash_on_a_nan_is_the_students(nan_at: int, tmp_path: Path) -> None:
+    """Knowledge distillation as PyTorch's tutorial writes it (scripts/distill.py): a teacher
+    trained, then a student on its soft targets, one stream after the other. With anomaly
+    detection on, the student's NaN loss makes its ``backward()`` raise; the teacher's monitor,
+    closed at the exit, reported that loss as a step its script skipped (at the teacher's last
+    step) and a crash's goodbye: the crash paged twice, and a third run of 0 steps, crashed,
+    took the student's last report."""
+    history = tmp_path / "h.sqlite"
+    cfg = write_config(tmp_path, history={"path": str(history), "flush_seconds": 0.05})
+    args = [sys.executable, str(SCRIPTS / "distill.py"), *([str(nan_at)] if nan_at else [])]
+    plain = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--config", cfg, "--listen", "127.0.0.1:0",
+                           "--", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SENTINEL_RUN": "kd"})
+    assert done.returncode == plain.returncode == (1 if nan_at else 0), done.stderr
+    assert done.stdout == plain.stdout
+    with sqlite3.connect(history) as db:
+        runs = db.execute("SELECT id, attempt, steps, state FROM runs ORDER BY id").fetchall()
+        alerts = db.execute("SELECT run_id, alertname, step FROM alerts WHERE state_to = 'firing' ORDER BY id").fetchall()
+    teacher_steps, student_steps = 3 * 16, (nan_at - 1 if nan_at else 4 * 16)
+    assert [r[1:] for r in runs] == [(1, teacher_steps, "finished"),
+                                     (2, student_steps, "crashed" if nan_at else "finished")], runs
+    student = runs[1][0]
+    if nan_at:
+        assert sorted(alerts) == [(student, "TrainingCrashed", student_steps),
+                                  (student, "TrainingNonFinite", student_steps)], alerts
+        crashed = [line for line in done.stderr.splitlines() if "[FIRING] critical TrainingCrashed" in line]
+        assert len(crashed) == 1 and "raised RuntimeError at distill.py" in crashed[0], done.stderr
+    else:
+        assert alerts == []
