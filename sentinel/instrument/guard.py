@@ -41,13 +41,13 @@ import functools
 import gc
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from sentinel.instrument.gcscan import unshown
 from sentinel.instrument.guardopts import GuardOptions
 from sentinel.instrument.guardstate import DeviceSelect, HostCopy, select_fits
 from sentinel.wire import GuardNote
@@ -402,8 +402,7 @@ def _copy_state(d: dict[str, Any]) -> dict[str, Any]:
 def _schedulers_of(opt: torch.optim.Optimizer) -> list[Any]:
     """The learning-rate schedulers stepping ``opt`` (one gc scan, at its first guarded step)."""
     out = []
-    with warnings.catch_warnings():  # isinstance() on some lazy modules warns
-        warnings.simplefilter("ignore")
+    with unshown():  # isinstance() on some lazy modules warns
         for obj in gc.get_objects():
             try:
                 if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) and getattr(obj, "optimizer", None) is opt:

@@ -646,3 +646,38 @@ def test_a_distillation_is_two_trainings_and_its_crash_on_a_nan_is_the_students(
         assert len(crashed) == 1 and "raised RuntimeError at distill.py" in crashed[0], done.stderr
     else:
         assert alerts == []
+
+
+_WARNS_EACH_STEP = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(30):
+    x = torch.randn(16, 8)
+    loss = nn.functional.mse_loss(model(x), x.sum(1))  # a [16, 1] output against a [16] target
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("final", repr(loss.item()))
+"""
+
+
+def test_a_warning_the_script_is_shown_once_is_shown_once(tmp_path: Path) -> None:
+    """mse_loss warns at every step of a script whose output and target shapes differ ("Using
+    a target size ... that is different to the input size"), and Python shows it once per line.
+    Zero-code mode's scans for the model turned warnings off and on again, which clears the
+    record of warnings shown: the script's stderr had the warning twice."""
+    script = tmp_path / "broadcast.py"
+    script.write_text(_WARNS_EACH_STEP)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "sentinel.cli", "run", "--listen", "127.0.0.1:0", "--", sys.executable,
+                           str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert done.returncode == plain.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout
+    assert plain.stderr.count("UserWarning: Using a target size") == 1, plain.stderr
+    assert done.stderr.count("UserWarning: Using a target size") == 1, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("sentinel:")] == [
+        line for line in done.stderr.splitlines() if line.startswith("sentinel: metrics at")]
