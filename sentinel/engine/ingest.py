@@ -30,7 +30,7 @@ class _Rank:
     and which of its counters exist."""
 
     __slots__ = ("base", "plan", "rows", "groups", "group_labels", "totals", "nonfinite", "amp_counted", "step",
-                 "loss_seen", "loss_first", "loss_start")
+                 "loss_seen", "loss_first", "loss_start", "game")
 
     def __init__(self, base: Labels) -> None:
         self.base = base
@@ -45,6 +45,7 @@ class _Rank:
         self.loss_seen = False  # a sentinel_loss series of this stream exists
         self.loss_first: list[float] = []  # its first 3 finite losses (since the script last set its weights)
         self.loss_start: float | None = None  # their median, once there are 3
+        self.game = False  # the stream reported an objective: a player in a game (instrument/games.py)
 
     def add(self, metric: str, value: float, /, **extra: str) -> None:
         """Queue a gauge sample of this rank for the frame's one write. ``metric`` is
@@ -87,7 +88,7 @@ class Ingestor:
         base = r.base
         step, t = f["step"], float(f["t"])
         ctx = Ingested(lr_change_step=self.lr_change_step.get(base), lr_restart_step=self.lr_restart_step.get(base),
-                       lr_fraction=self.schedule.fraction(base), loss_start=r.loss_start)
+                       lr_fraction=self.schedule.fraction(base), loss_start=r.loss_start, game=r.game)
         r.rows = []  # a fresh queue: a frame that failed halfway leaves nothing behind
         add = r.add
         if "errors" in f:
@@ -237,6 +238,8 @@ class Ingestor:
                     ctx.nonfinite_groups["loss"] = []
             else:  # the engine's admission caps the names (engine/validate.py)
                 add("sentinel_scalar", float(value), name=str(name))
+                if name == "objective":
+                    ctx.game = r.game = True
                 if name == "objective" and r.loss_seen:
                     # the stream's value turned out to be no loss (a GAN's discriminator steps before the
                     # generator's step shows the game; an environment library imported late): its first

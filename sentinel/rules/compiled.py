@@ -37,6 +37,7 @@ class Compiled:
     plain: bool = False  # no phase, early end, grace, schedule floor or batch check: due whenever past its gate
     restart: int = 0  # rule.restart_grace_steps
     short: bool = False  # rule.skip_short_batch
+    games: bool = False  # rule.skip_games
 
 
 @dataclass
@@ -76,8 +77,8 @@ def compile_rule(idx: int, rule: Rule) -> Compiled:
         rule.name, gate, rule.every_steps, rule.lr_grace_steps, p, rule.until_steps,
         rule.schedule_floor, rule.warmup_steps, rule.lr_resets_baseline, rule.lr_for_steps,
         rule.every_steps <= 1 and not rule.until_steps and not rule.lr_grace_steps and not rule.schedule_floor
-        and not rule.restart_grace_steps and not rule.skip_short_batch, rule.restart_grace_steps,
-        rule.skip_short_batch,
+        and not rule.restart_grace_steps and not rule.skip_short_batch and not rule.skip_games,
+        rule.restart_grace_steps, rule.skip_short_batch, rule.skip_games,
     )  # fmt: skip
 
 

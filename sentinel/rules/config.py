@@ -158,6 +158,10 @@ class Rule(BaseModel):
         skip_short_batch: no evaluation at a step whose batch was its ``DataLoader``'s short
             last one (``drop_last=False``, less than half a batch): its gradient and loss are
             a few samples', whose noise is no spike of the run's.
+        skip_games: no evaluation of a stream that plays a game (a GAN's generator or
+            discriminator, an actor or its critic: its value is an ``objective``, not a loss;
+            :mod:`sentinel.instrument.games`): its gradients follow the other player's moves,
+            so their sudden changes are the game's, not a bad batch's.
         lr_for_steps: for this many steps from a learning-rate change, one failing
             verdict is enough (``for_steps`` 1): the instrument samples every step right
             after a jump, and a rate raised far too high shows at once (0: off).
@@ -197,6 +201,7 @@ class Rule(BaseModel):
     lr_for_steps: NonNegativeInt = 0
     restart_grace_steps: NonNegativeInt = 0
     skip_short_batch: bool = False
+    skip_games: bool = False
     schedule_floor: NonNegativeFloat = 0.0
     lr_resets_baseline: bool = True
     group_wait_seconds: NonNegativeFloat = 2.0

@@ -146,7 +146,8 @@ class RuleEngine:
             rs.amp = skips
         return Evaluation(job, run, rank, step, t, now, rs, ranks, amp_skipped, ctx.lr_change_step, ctx.lr_fraction,
                       ctx.nonfinite_groups or _NO_GROUPS, ctx.note or "", ctx.written, self._life.open_in(job, run),
-                      ctx.guard_skipped, ctx.lr_restart_step, ctx.short_batch, ctx.rewrite_step, ctx.loss_start)
+                      ctx.guard_skipped, ctx.lr_restart_step, ctx.short_batch, ctx.rewrite_step, ctx.loss_start,
+                      ctx.game)
 
     def _candidates(self, written: frozenset[str] | None, only: Collection[str] | None) -> list[Compiled]:
         """The step rules to consider, in pack order: those in ``only`` (all by default)

@@ -40,6 +40,8 @@ class Ingested:
             ``short_batch``): rules with ``skip_short_batch`` do not judge it.
         guard_skipped: the frame held non-finite values of a step the step guard kept out
             of the weights (its note said so): they never reached the weights.
+        game: the stream plays a game (it reported an ``objective``, not a loss):
+            rules with ``skip_games`` do not judge it.
         loss_start: the level the stream's loss began at (the median of its first 3 finite
             values, since its training began or the script last set its weights), or None
             before the third.
@@ -58,3 +60,4 @@ class Ingested:
     guard_skipped: bool = False
     short_batch: bool = False
     loss_start: float | None = None
+    game: bool = False

@@ -48,6 +48,7 @@ class Evaluation:
     short_batch: bool = False  # the step's batch was its loader's short last one
     rewrite: int | None = None  # the last step whose weights the script had set itself
     loss_start: float | None = None  # the level the stream's loss began at (Ingested.loss_start)
+    game: bool = False  # the stream plays a game (Ingested.game)
 
 
 
@@ -100,7 +101,7 @@ class Judge:
         their every_steps phase, in their lr or warm-restart grace, at a short batch's step
         or under their schedule floor."""
         step, lr_change, lr_fraction, opened = ev.step, ev.lr_change, ev.lr_fraction, ev.opened
-        restart, short = ev.lr_restart, ev.short_batch
+        restart, short, game = ev.lr_restart, ev.short_batch, ev.game
         judged, frames = ev.rs.judged, ev.rs.frames
         out = []
         for c in candidates:
@@ -122,6 +123,8 @@ class Judge:
                 continue  # climbing out of the minimum a warm restart kicked it from: by design
             if c.short and short:
                 continue  # a few samples' gradient and loss: no spike of the run's
+            if c.games and game:
+                continue  # a player's gradients follow the other player's moves
             if c.floor and lr_fraction is not None and lr_fraction < c.floor:
                 continue  # the schedule has taken the lr far below its peak: expected
             out.append(c)
