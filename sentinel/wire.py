@@ -269,6 +269,10 @@ class Hyperparameters(Struct, kw_only=True, omit_defaults=True):
     sample_clip: Finite | UnsetType = UNSET
     """The norm each sample's gradient is clipped to before the step (DP-SGD)."""
 
+    def given(self) -> dict[str, float]:
+        """The settings it has, by name, in field order."""
+        return {k: float(v) for k in self.__struct_fields__ if (v := getattr(self, k)) is not UNSET}
+
 
 OPTIMIZER_HP: tuple[str, ...] = Hyperparameters.__struct_fields__
 """Every key of an optimizer record's ``hp``: the settings (:data:`HYPERPARAMETERS`, each a
@@ -288,6 +292,16 @@ class OptimizerRecord(Struct, kw_only=True):
 
 OptimizerRecords = Annotated[list[OptimizerRecord], Meta(max_length=MAX_OPTIMIZERS)]
 """A frame's ``optim``: a stream's optimizers, in order."""
+
+
+def optimizer_records(optim: Any) -> list[OptimizerRecord] | None:
+    """A decoded frame's ``optim`` read through its type (both decode paths held it to it
+    already; the engine's gauges and the history read it here, never by key), or None when
+    it is not one."""
+    try:
+        return msgspec.convert(optim, OptimizerRecords)
+    except msgspec.ValidationError:
+        return None
 
 
 class Frame(Struct, kw_only=True):

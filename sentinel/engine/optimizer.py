@@ -25,9 +25,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
-from sentinel.wire import HYPERPARAMETERS, UNSET, OptimizerRecords
+from sentinel.wire import HYPERPARAMETERS, optimizer_records
 
 _ADAPTIVE = ("Adagrad", "Adadelta", "RMSprop", "Rprop", "Adafactor", "Lion", "Lamb", "LAMB", "SophiaG", "Sophia")
 
@@ -48,15 +46,14 @@ def ingest_optimizers(optim: Any, total_steps: Any, add: Callable[..., None], cl
 
     ``clip_max`` is the ``max_norm`` the rank's gradients were last clipped to (None: never).
     """
-    try:  # both decode paths held it to this type already: read through it, never by key
-        records = msgspec.convert(optim, OptimizerRecords)
-    except msgspec.ValidationError:
+    records = optimizer_records(optim)
+    if records is None:
         return
     adaptive = True
     for i, o in enumerate(records):
         name, idx, dtype = o.cls, str(i), o.dtype
         add("sentinel_optimizer_info", 1.0, index=idx, dtype=dtype, **{"class": name})
-        nums = {k: float(v) for k, v in msgspec.structs.asdict(o.hp).items() if v is not UNSET}
+        nums = o.hp.given()
         for k in HYPERPARAMETERS:
             if k in nums:
                 add("sentinel_optimizer_hyperparameter", nums[k], index=idx, name=k, **{"class": name})

@@ -8,6 +8,7 @@ from array import array
 from typing import Any
 
 from sentinel.rules.alert import Transition
+from sentinel.wire import optimizer_records
 
 COLUMNS = ("loss", "grad_norm", "clip_norm", "param_norm", "update_ratio", "delta_norm", "lr",
            "mem_used", "mem_peak", "loss_scale", "step_seconds")
@@ -164,32 +165,13 @@ def tags_of(value: Any) -> dict[str, str] | None:
 
 
 def optimizer_of(value: Any) -> list[dict[str, Any]] | None:
-    """A frame's ``optim`` field (:mod:`sentinel.instrument.optinfo`): a list of maps with a
-    ``class``, a ``dtype`` and numeric hyperparameters under ``hp``. Returns
-    ``[{"class": str, "dtype": str, hyper: number, ...}]``, bounded, or None when there is
-    nothing usable."""
-    items = value if isinstance(value, list) else [value]
-    out: list[dict[str, Any]] = []
-    for item in items[:8]:
-        if not isinstance(item, dict):
-            continue
-        name = item.get("class", item.get("name"))
-        if not isinstance(name, str) or not name:
-            continue
-        entry: dict[str, Any] = {"class": name[:64]}
-        if isinstance(item.get("dtype"), str):
-            entry["dtype"] = item["dtype"][:32]
-        hp = item.get("hp")
-        flat = {**(hp if isinstance(hp, dict) else {}), **{k: v for k, v in item.items() if k != "hp"}}
-        for k, v in list(flat.items())[:32]:
-            if k in ("class", "name", "dtype") or not isinstance(k, str):
-                continue
-            if _num(v) is not None:
-                entry[k[:32]] = v
-            elif isinstance(v, list) and len(v) <= 4 and all(_num(x) is not None for x in v):
-                entry[k[:32]] = list(v)  # e.g. betas
-        out.append(entry)
-    return out or None
+    """A frame's ``optim`` field (:class:`sentinel.wire.OptimizerRecord` each, read through
+    the type) as the history keeps it: ``[{"class": str, "dtype": str, setting: number,
+    ...}]``, or None when it is no such list or an empty one."""
+    records = optimizer_records(value)
+    if not records:
+        return None
+    return [{"class": o.cls, "dtype": o.dtype, **o.hp.given()} for o in records]
 
 
 def optimizer_label(optimizer: list[dict[str, Any]] | None, tags: dict[str, str] | None) -> str:

@@ -291,7 +291,7 @@ class Monitor:
         if self._losses is not None:
             self._losses.close()
         if taken:
-            pass
+            pass  # no last report: its steps were reported, and what came since is the later training's
         elif self.measure.hand_read:  # the last backward()'s step
             self.measure.hand_read = False
             self.boundary.run("report", self._finalize)
@@ -299,7 +299,7 @@ class Monitor:
             self.boundary.run("report", self._finalize, self._calls_at_post)
         if self._player is not None:
             self._player.leave()
-        if self.guard is not None:  # the guard: the last verdicts reach the engine
+        if self.guard is not None:  # the guard: the last verdicts reach the engine, nothing of it stays on an optimizer
             self.boundary.run("guard", self.guard.flush)
         status = 0 if error is None or isinstance(error, TrainingHalted) else leaving.exit_status(error)
         # a sys.exit's status is the process's own (sys.exit(3): 3); any other exception's is 1
