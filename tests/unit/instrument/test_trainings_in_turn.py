@@ -20,20 +20,10 @@ from torch import nn
 
 from sentinel.instrument import registry
 from sentinel.instrument.monitor import Monitor
-from tests.helpers import MLP, make_monitor
+from tests.helpers import MLP, make_monitor, train_steps
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled"),
               pytest.mark.filterwarnings("ignore:Error detected in MulBackward0")]
-
-
-def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        x = torch.randn(8, 16, generator=g)
-        loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
 
 
 def _nan_backward(model: nn.Module) -> RuntimeError:
@@ -55,10 +45,10 @@ def test_a_student_crashing_on_a_nan_is_paged_once_and_its_teacher_says_nothing_
     teacher, student = MLP(width=16), MLP(width=16)
     t_opt = torch.optim.Adam(teacher.parameters(), lr=1e-3)
     mon_t, sender = make_monitor(teacher, t_opt, capture_loss=True)
-    _train(teacher, t_opt, 6, seed=1)
+    train_steps(teacher, t_opt, 6, seed=1)
     s_opt = torch.optim.Adam(student.parameters(), lr=1e-3)
     mon_s, _ = make_monitor(student, s_opt, sender=sender, capture_loss=True)
-    _train(student, s_opt, 4, seed=2)
+    train_steps(student, s_opt, 4, seed=2)
     assert registry.stream_taken(mon_t) and not registry.stream_taken(mon_s)
 
     error = _nan_backward(student)
@@ -85,10 +75,10 @@ def test_optimizers_that_take_turns_each_keep_their_stream_and_their_last_losses
     mon_g, sender = make_monitor(gen, g_opt, capture_loss=True)
     mon_d, _ = make_monitor(disc, d_opt, sender=sender, capture_loss=True)
     for i in range(4):
-        _train(disc, d_opt, 1, seed=10 + i)
-        _train(gen, g_opt, 1, seed=20 + i)
+        train_steps(disc, d_opt, 1, seed=10 + i)
+        train_steps(gen, g_opt, 1, seed=20 + i)
     assert not registry.stream_taken(mon_g) and not registry.stream_taken(mon_d)
-    _train(disc, d_opt, 1, seed=30)
+    train_steps(disc, d_opt, 1, seed=30)
     error = _nan_backward(gen)
     _close_all([mon_g, mon_d], error)
 
