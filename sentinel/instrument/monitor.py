@@ -165,7 +165,8 @@ class Monitor:
         alerts = self.engine.callbacks(self.on_alert) if isinstance(self.engine, EngineShare) else self.on_alert
         self.reporter = Reporter(o, self.boundary, self.rank, self.world, sender, self.engine, self.capture,
                                  alerts, self.request_stop, self._stream_label, self._losses, self.layout,
-                                 scaler=scaler, auto=auto, passes_averaged=self._passes_averaged)
+                                 scaler=scaler, auto=auto, passes_averaged=self._passes_averaged,
+                                 restream=self._restream)
         self.reporter.player = self._player
         losses.backward_listeners.add(self)  # a backward() ends the wait for a log() of the last step
         if self.optimizers:
@@ -449,6 +450,9 @@ class Monitor:
 
     def _stream_label(self) -> str:
         return registry.stream_label(self)  # a hand-updated Hogwild worker is a stream too
+
+    def _restream(self) -> str | None:
+        return registry.restream(self)
 
     # -- the step -------------------------------------------------------------------------
 

@@ -240,14 +240,35 @@ def stream_label(monitor: Any) -> str:
     """The ``optimizer`` label of ``monitor``'s frames (see :func:`_process_label`); in a
     Hogwild worker, its worker number first: ``"1"`` for the second worker's only
     optimizer, ``"10"`` and ``"11"`` for its two (up to 10 workers with several)."""
-    label = _process_label(monitor)
-    worker = worker_number()
-    if worker is not None:
-        label = str(worker) if not label else f"{worker}{label}" if worker < 10 and len(label) == 1 else label
+    label = _in_worker(_process_label(monitor))
     for m in live_streams():
         if m is not monitor and getattr(m, "stream", None) == label:
             _taken.add(m)
     return label
+
+
+def _in_worker(label: str) -> str:
+    worker = worker_number()
+    if worker is None:
+        return label
+    return str(worker) if not label else f"{worker}{label}" if worker < 10 and len(label) == 1 else label
+
+
+def restream(monitor: Any) -> str | None:
+    """At a step of ``monitor``: when a later monitor took its stream (:func:`stream_taken`)
+    and it steps still, it trains beside that one, not before it (a discriminator trained
+    alone first, then the generator's optimizer made for the game; SRGAN's generator
+    pretrained, then its discriminator's made). Its steps from now on go to a stream of
+    their own, the smallest number no live monitor's label holds (``""``, the stream that
+    took its label, holds ``"0"``: the history keeps both as the run's first), which this
+    returns; None otherwise (one set lookup)."""
+    if monitor not in _taken:
+        return None
+    _taken.discard(monitor)
+    live = live_streams()
+    held = {getattr(m, "stream", None) for m in live}
+    held |= {_in_worker("0") for label in held if label == _in_worker("")}
+    return next(label for label in (_in_worker(str(i)) for i in range(len(live) + 2)) if label not in held)
 
 
 def stream_taken(monitor: Any) -> bool:

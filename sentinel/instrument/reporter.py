@@ -105,6 +105,8 @@ class Reporter:
         on_alert: the alert callbacks.
         request_stop: the stop action's way into the training loop.
         stream_label: the ``optimizer`` label of the frames, asked once, at the first send.
+        restream: asked at each step frame after that: a new label for this stream's frames
+            from now on (a later monitor took its label while it still trains), or None.
         loss_sum: the losses captured at ``backward()`` (``capture_loss``), or None.
         layout: the current groups (the monitor sets it again at each new layout).
         scaler: the script's ``GradScaler``, if known (found once it scaled a loss).
@@ -117,7 +119,8 @@ class Reporter:
                  engine: Any, capture: InputCapture, on_alert: Iterable[Callable[[dict[str, Any]], None]],
                  request_stop: Callable[[str], None], stream_label: Callable[[], str],
                  loss_sum: LossSum | None, layout: Layout, *, scaler: Any = None, auto: bool = False,
-                 passes_averaged: Callable[[], bool] = lambda: False) -> None:
+                 passes_averaged: Callable[[], bool] = lambda: False,
+                 restream: Callable[[], str | None] = lambda: None) -> None:
         self.options, self.boundary, self.rank, self.world = options, boundary, rank, world
         # whereabouts' and the notebook's threads send until the goodbye, never after it (a log
         # frame after it reopens the finished rank at the engine)
@@ -126,8 +129,8 @@ class Reporter:
         self.sender, self.engine, self.capture, self.on_alert = sender, engine, capture, on_alert
         self.request_stop, self.stream_label, self.losses = request_stop, stream_label, loss_sum
         self.layout, self.scaler, self.auto = layout, scaler, auto
-        self.passes_averaged = passes_averaged
-        self.stream: str | None = None  # decided once, at the first send
+        self.passes_averaged, self.restream = passes_averaged, restream
+        self.stream: str | None = None  # decided at the first send (and again by restream)
         self.farewell = Farewell(sender, engine)
         self.readback = Readback(options.max_pending, on_drop=self._count_drop)
         self.report_drops = 0
@@ -391,6 +394,10 @@ class Reporter:
             self.stream = self.stream_label()
             if len(self.stream) > 2:  # the 101st optimizer stepping beside the others: no stream label left
                 _too_many_streams()
+        elif isinstance(frame, wire.Frame) and frame.kind == "step":
+            label = self.restream()
+            if label is not None:
+                self.stream = label
         if len(self.stream) > 2:
             self.report_drops += 1
             return

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import torch
 
+from sentinel import wire
 from sentinel.history.compare import diverged, group_key, mean_std
 from sentinel.history.query import RunInfo
-from sentinel import wire
 from sentinel.history.values import optimizer_label, optimizer_of
 from sentinel.instrument import optinfo
 

@@ -87,3 +87,31 @@ def test_optimizers_that_take_turns_each_keep_their_stream_and_their_last_losses
     skipped = {f["opt"]: f["skipped_nonfinite"] for f in sender.frames if f["kind"] == "log"}
     assert skipped == {"0": 1, "1": 1}
     assert all(math.isfinite(f["scalars"]["loss"]) for f in sender.steps())
+
+
+def test_a_training_that_steps_on_after_a_later_one_took_its_stream_gets_a_stream_of_its_own() -> None:
+    """A discriminator trained alone first, then the generator's optimizer made for the game
+    (SRGAN's generator pretrained, then its discriminator): the later monitor reports as the
+    process's stream, as a distilled student does, but the earlier one steps on beside it.
+    Its steps went on under the same stream, interleaved with the later one's (the engine read
+    each switch as the stream going back, the history merged them into one run of 260 steps);
+    they now go to a stream of their own from the step it stepped again."""
+    torch.manual_seed(0)
+    disc, gen = MLP(width=16), MLP(width=16)
+    d_opt = torch.optim.Adam(disc.parameters(), lr=1e-3)
+    mon_d, sender = make_monitor(disc, d_opt)
+    train_steps(disc, d_opt, 5, seed=1)
+    g_opt = torch.optim.Adam(gen.parameters(), lr=1e-3)
+    mon_g, _ = make_monitor(gen, g_opt, sender=sender)
+    for i in range(4):
+        train_steps(disc, d_opt, 1, seed=10 + i)
+        train_steps(gen, g_opt, 1, seed=20 + i)
+    assert not registry.stream_taken(mon_d)
+    mon_d.close()
+    mon_g.close()
+
+    steps = [(f.get("opt", ""), f["step"]) for f in sender.frames if f["kind"] == "step"]
+    assert steps == [("", 1), ("", 2), ("", 3), ("", 4), ("", 5), ("", 6), ("", 1),
+                     ("1", 7), ("", 2), ("1", 8), ("", 3), ("1", 9), ("", 4)]
+    assert sorted((f.get("opt", ""), f["step"]) for f in sender.frames if f["kind"] == "bye") == [("", 4), ("1", 9)]
+    assert sender.engine.restarts == 1  # the generator's step 1: nothing after it went back
