@@ -34,13 +34,14 @@ def _alerts(tmp_path: Path, max_lr: str) -> list[tuple[str, str, int, str]]:
 
 
 def test_a_network_killed_by_its_one_cycle_peak_is_told_and_one_that_survives_is_not(tmp_path: Path) -> None:
-    dead = _alerts(tmp_path / "dead", "0.4")
+    dead = _alerts(tmp_path / "dead", "0.6")
     collapsed = [a for a in dead if a[0] == "TrainingCollapsed"]
     assert len(collapsed) == 1, dead
     name, severity, step, summary = collapsed[0]
     assert severity == "warning"
-    # the network dies at the peak (step ~190 of 600): told within 75 steps of it
-    assert 190 <= step <= 275, collapsed
+    # the network dies past the peak (step 180 of 600; its loss 2.1 at step 200, 2.3 at 300):
+    # told within 110 steps of the peak
+    assert 190 <= step <= 290, collapsed
     assert "the loss is flat at 2.3" in summary and "gradient norm fell" in summary, summary
     # before this rule nothing saw it: the loss is not twice its best, nor rising for long
     assert {a[0] for a in dead if a[1] in ("warning", "critical")} == {"TrainingCollapsed"}, dead
