@@ -1,7 +1,7 @@
 """Sentinel's work on the training's threads, named in the script's own profiles.
 
 A script profiled with ``torch.profiler`` (PyTorch's profiler recipe, a trainer's profiler
-callback, ``emit_nvtx`` under Nsight Systems) records every operator its threads run,
+callback built on it) records every operator its threads run,
 Sentinel's among them. Unlabelled, the gradient reads of the step hooks came out as
 operators the script never called (``aten::_foreach_norm``, ``aten::index_add_``,
 ``aten::stack``, ...) and their time as the optimizer's: in a three-layer MLP under AdamW,

@@ -115,3 +115,24 @@ def test_a_training_that_steps_on_after_a_later_one_took_its_stream_gets_a_strea
                      ("1", 7), ("", 2), ("1", 8), ("", 3), ("1", 9), ("", 4)]
     assert sorted((f.get("opt", ""), f["step"]) for f in sender.frames if f["kind"] == "bye") == [("", 4), ("1", 9)]
     assert sender.engine.restarts == 1  # the generator's step 1: nothing after it went back
+
+
+def test_a_nan_that_crashes_the_student_is_not_its_finished_teachers_when_both_have_streams() -> None:
+    """Both optimizers made before either reported (zero-code mode finds them alive at its
+    first attach; two ``watch`` calls up front): teacher and student have streams of their own,
+    "0" and "1", and the student's ``backward()`` that raised on its NaN reached the teacher's
+    loss sum too. The teacher's training was long over: its stream reported no skipped pass."""
+    torch.manual_seed(0)
+    teacher, student = MLP(width=16), MLP(width=16)
+    t_opt = torch.optim.Adam(teacher.parameters(), lr=1e-3)
+    s_opt = torch.optim.Adam(student.parameters(), lr=1e-3)
+    mon_t, sender = make_monitor(teacher, t_opt, capture_loss=True)
+    mon_s, _ = make_monitor(student, s_opt, sender=sender, capture_loss=True)
+    train_steps(teacher, t_opt, 6, seed=1)
+    train_steps(student, s_opt, 4, seed=2)
+    error = _nan_backward(student)
+    _close_all([mon_t, mon_s], error)
+
+    assert {f["opt"] for f in sender.steps()} == {"0", "1"}
+    skipped = {f["opt"]: f["skipped_nonfinite"] for f in sender.frames if f["kind"] == "log"}
+    assert skipped == {"1": 1}  # the student's, none of the teacher's
