@@ -20,7 +20,7 @@ from torch import nn
 
 from sentinel.instrument import registry
 from sentinel.instrument.monitor import Monitor
-from tests.helpers import MLP, make_monitor, train_steps
+from tests.helpers import MLP, CaptureSender, make_monitor, train_steps
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled"),
               pytest.mark.filterwarnings("ignore:Error detected in MulBackward0")]
@@ -33,6 +33,24 @@ def _nan_backward(model: nn.Module) -> RuntimeError:
     with torch.autograd.detect_anomaly(check_nan=True), pytest.raises(RuntimeError, match="nan values") as info:
         loss.backward()
     return info.value
+
+
+Watched = tuple[nn.Module, torch.optim.Optimizer, Monitor]
+
+
+def _watched_up_front() -> tuple[Watched, Watched, CaptureSender]:
+    """Two models, an Adam each, and their monitors, both made before either reported
+    (streams "0" and "1"), to one engine."""
+    torch.manual_seed(0)
+    out: list[Watched] = []
+    sender: CaptureSender | None = None
+    for _ in range(2):
+        model = MLP(width=16)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        mon, sender = make_monitor(model, opt, sender=sender, capture_loss=True)
+        out.append((model, opt, mon))
+    assert sender is not None
+    return out[0], out[1], sender
 
 
 def _close_all(monitors: list[Monitor], error: BaseException) -> None:
@@ -68,12 +86,7 @@ def test_optimizers_that_take_turns_each_keep_their_stream_and_their_last_losses
     """A GAN's two optimizers (each its own ``watch``, made before either reported) step in
     turn: neither training is over when the other steps, so a crash on a NaN in the
     generator's ``backward()`` is each stream's to tell, as before."""
-    torch.manual_seed(0)
-    gen, disc = MLP(width=16), MLP(width=16)
-    g_opt = torch.optim.Adam(gen.parameters(), lr=1e-3)
-    d_opt = torch.optim.Adam(disc.parameters(), lr=1e-3)
-    mon_g, sender = make_monitor(gen, g_opt, capture_loss=True)
-    mon_d, _ = make_monitor(disc, d_opt, sender=sender, capture_loss=True)
+    (gen, g_opt, mon_g), (disc, d_opt, mon_d), sender = _watched_up_front()
     for i in range(4):
         train_steps(disc, d_opt, 1, seed=10 + i)
         train_steps(gen, g_opt, 1, seed=20 + i)
@@ -122,12 +135,7 @@ def test_a_nan_that_crashes_the_student_is_not_its_finished_teachers_when_both_h
     first attach; two ``watch`` calls up front): teacher and student have streams of their own,
     "0" and "1", and the student's ``backward()`` that raised on its NaN reached the teacher's
     loss sum too. The teacher's training was long over: its stream reported no skipped pass."""
-    torch.manual_seed(0)
-    teacher, student = MLP(width=16), MLP(width=16)
-    t_opt = torch.optim.Adam(teacher.parameters(), lr=1e-3)
-    s_opt = torch.optim.Adam(student.parameters(), lr=1e-3)
-    mon_t, sender = make_monitor(teacher, t_opt, capture_loss=True)
-    mon_s, _ = make_monitor(student, s_opt, sender=sender, capture_loss=True)
+    (teacher, t_opt, mon_t), (student, s_opt, mon_s), sender = _watched_up_front()
     train_steps(teacher, t_opt, 6, seed=1)
     train_steps(student, s_opt, 4, seed=2)
     error = _nan_backward(student)
