@@ -572,9 +572,10 @@ def _attach(opt: torch.optim.Optimizer) -> Any:
         return None
     began = time.perf_counter()
     if monitors():
-        # a monitor made before and its model form a cycle (its hooks hold it), which only a
-        # full collection frees: the last fold's model and optimizer that the script has just
-        # bound anew go now, not at some later collection, as they would without Sentinel
+        # a monitor made before lives in cycles of its own parts: one whose model the script
+        # dropped closed and was collected then (monitor._model_gone), but one with no
+        # model (loose tensors) or whose model went in a collection of the script's own
+        # cycles is freed here, not at some later collection, with what it holds
         gc.collect()
     if _early is None or _early.thread in (None, losses.caller()):
         early, _early = _early, LossSum()  # this step's losses so far are the new monitor's

@@ -41,6 +41,7 @@ import logging
 import os
 import stat
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -144,21 +145,29 @@ class InputCapture:
 
     def __init__(self, model: torch.nn.Module | None, steps_done: Callable[[], int], rank: int,
                  boundary: Boundary) -> None:
-        self.model, self.steps_done, self.rank, self.boundary = model, steps_done, rank, boundary
+        # held weakly: the monitor lives as long as the model it watches (hidden.HiddenHandle)
+        self._model = weakref.ref(model) if model is not None else None
+        self.steps_done, self.rank, self.boundary = steps_done, rank, boundary
         self.keep = 0
         """Steps held (0: not armed, nothing hooked)."""
         self.handle: Any = None
         self.held: OrderedDict[int, deque[Held]] = OrderedDict()
         self.writers: list[threading.Thread] = []
 
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The watched module, while it lives."""
+        return self._model() if self._model is not None else None
+
     def arm(self, msg: Mapping[str, Any]) -> None:
         """Start holding inputs (the engine's ``arm`` message); again: only the bound changes."""
         if msg.get("rank") not in (None, self.rank):
             return
         self.keep = max(1, min(64, int(msg.get("steps", 4))))
-        if self.handle is None and self.model is not None and hidden.hookable(self.model):
+        model = self.model
+        if self.handle is None and model is not None and hidden.hookable(model):
             pre = torch.compiler.disable(self._pre)
-            self.handle = hidden.register(self.model, "pre", pre, with_kwargs=True)
+            self.handle = hidden.register(model, "pre", pre, with_kwargs=True)
         while len(self.held) > self.keep:
             self.held.popitem(last=False)
 
@@ -193,7 +202,7 @@ class InputCapture:
             if step != want:
                 desc["note"] = f"step {want} was no longer held (the last {self.keep} steps are): the nearest is saved"
         else:
-            desc["note"] = ("no model is watched: no inputs to hold" if self.model is None else
+            desc["note"] = ("no model is watched: no inputs to hold" if self._model is None else
                             "no inputs held: capture was not armed yet, or no training forward ran")
         named = [((f"micro{i}." if i else "") + n, t) for i, f in enumerate(forwards) for n, t in f]
         limit = max(1024, int(msg.get("max_bytes", 4 * 2**20)))

@@ -17,6 +17,7 @@ module gets its own dicts back, holding whatever hooks the script added meanwhil
 from __future__ import annotations
 
 import copy
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -71,10 +72,15 @@ class HookDict(OrderedDict):  # type: ignore[type-arg]
 
 
 class HiddenHandle:
-    """Removes one hidden hook; the module's own dicts come back with its last one."""
+    """Removes one hidden hook; the module's own dicts come back with its last one.
+
+    It holds the module weakly, as torch's own ``RemovableHandle`` holds the hook dict: the
+    hook's owner keeps its handles, and a module that its hooks' owner held would outlive
+    the script's last reference until a collection (a sweep's dropped model, kept with its
+    gradients and optimizer state through the next model's first step)."""
 
     def __init__(self, module: torch.nn.Module, kind: str, handle: Any) -> None:
-        self.module, self.kind, self.handle = module, kind, handle
+        self.module, self.kind, self.handle = weakref.ref(module), kind, handle
 
     def remove(self) -> None:
         if self.handle is None:
@@ -82,12 +88,15 @@ class HiddenHandle:
         self.handle.remove()
         hid = self.handle.id
         self.handle = None
+        module = self.module()
+        if module is None:  # gone, and its hooks with it
+            return
         for attr in _DICTS[self.kind]:
-            d = self.module.__dict__.get(attr)
+            d = module.__dict__.get(attr)
             if isinstance(d, HookDict):
                 d.hidden.discard(hid)
                 if not d.hidden:
-                    _restore(self.module, attr, d)
+                    _restore(module, attr, d)
 
 
 def _restore(module: torch.nn.Module, attr: str, d: HookDict) -> None:

@@ -9,7 +9,9 @@ does what."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -194,6 +196,9 @@ class Monitor:
                 # collected with its model, unclosed: the stream's goodbye still goes out
                 self._farewell = weakref.finalize(self, self.reporter.farewell)
                 self._farewell.atexit = False  # at exit, auto.close_all closes it (its last reports too)
+                # the model dropped (a sweep's trial, a fold): its training is over, and what
+                # this monitor holds of it goes now, as without Sentinel (_model_gone)
+                _when_gone(self, inner)
             else:
                 registry.hold(self)
         except Exception:  # leave nothing behind: no hook, no engine process
@@ -623,3 +628,43 @@ class Monitor:
             self._replaced = None
         if line is not None:
             log.warning("sentinel: %s", line)
+
+
+def _when_gone(mon: Monitor, model: torch.nn.Module) -> None:
+    """Close zero-code mode's ``mon`` once the script has dropped ``model`` (``_model_gone``)."""
+    kids = [weakref.ref(m) for m in model.children()]
+    weakref.finalize(model, _model_gone, weakref.ref(mon), kids).atexit = False
+
+
+def _held_elsewhere(kids: list[weakref.ref[torch.nn.Module]]) -> bool:
+    """Whether a submodule of a model being freed is held by more than that model: a
+    model dropped whose body, holding the parameters, trains on (``body = net.body``).
+    Its references, as the model's finalizer runs: the model's ``_modules`` (freed right
+    after), the local here and ``getrefcount``'s argument. A count that errs can only
+    err high (a submodule the model names twice), and then the monitor stays open."""
+    for ref in kids:
+        kid = ref()
+        if kid is not None and sys.getrefcount(kid) > 3:
+            return True
+    return False
+
+
+def _model_gone(mon_ref: weakref.ref[Monitor], kids: list[weakref.ref[torch.nn.Module]]) -> None:
+    """Zero-code mode's monitor of a model the script dropped (a sweep's trial, a fold):
+    its training is over, so it closes, and one collection frees it. A monitor lives in
+    cycles of its own parts, and it holds the model's parameters (their gradients) and its
+    optimizers (their state), so without this they outlived the script's last reference
+    until a later collection: through the next trial's first forward and backward, two
+    trials' memory at once on a GPU sized for one. The model is held
+    weakly (``hidden.HiddenHandle``, ``InputCapture``), so it goes when the script drops
+    it, and with it the hooks that held this monitor; the optimizer the script still
+    holds (``opt`` is bound anew on the next line) is then the script's alone."""
+    try:
+        mon = mon_ref()
+        if mon is None or mon.closed or _held_elsewhere(kids):
+            return
+        mon.close()
+        del mon
+        gc.collect()
+    except Exception:  # a finalizer: nothing escapes into the script's line that dropped the model
+        log.debug("sentinel: closing the monitor of a dropped model failed", exc_info=True)

@@ -40,7 +40,8 @@ def test_kfold_under_sentinel_run_frees_each_fold_and_raises_no_alert(tmp_path: 
     plain = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "plain"), *flags], capture_output=True,
                            text=True, timeout=300)
     assert plain.returncode == 0, plain.stderr
-    if flags:  # each fold's first step: the fold before is gone
+    if flags:  # each fold's set-up and first step: the fold before is gone
+        assert plain.stdout.count("set up: the fold before's model and optimizer alive: (False, False)") == 2
         assert plain.stdout.count("first step: the fold before's model and optimizer alive: (False, False)") == 2
     else:
         assert "alive: [(False, False), (False, False), (False, False)]" in plain.stdout
@@ -111,6 +112,22 @@ def test_an_optimizer_made_anew_each_epoch_is_followed_quietly(tmp_path: Path) -
     assert rows == [(32, "finished")]  # 4 epochs of 8 steps, one run: the steps went on
 
 
+def test_a_dropped_model_whose_body_trains_on_is_one_training(tmp_path: Path) -> None:
+    """A model the script drops ends its training (its monitor closes at once, so that its
+    weights, gradients and optimizer state go as they would without Sentinel: the kfold
+    test above), but not while a part of it trains on: a re-initialised stem, then the
+    body trained alone after ``del net``. One run of 60 steps, its losses the printed ones."""
+    plain, watched, history = _plain_and_watched(tmp_path, [str(SCRIPTS / "body_trains_on.py")], "body")
+    assert [ln for ln in watched.stderr.splitlines() if "metrics at" not in ln] == [], watched.stderr
+    with sqlite3.connect(history) as db:
+        rows = db.execute("SELECT steps, state FROM runs WHERE run = 'body'").fetchall()
+        last = db.execute("SELECT loss FROM samples WHERE run_id = (SELECT id FROM runs WHERE run = 'body') "
+                          "ORDER BY step DESC LIMIT 1").fetchone()
+    assert rows == [(60, "finished")]
+    assert last is not None and abs(last[0] - float(plain.stdout.split()[-1])) < 1e-6
+
+
+@pytest.mark.slow  # 25-47 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_model_and_optimizer_made_per_task_are_left_alone_after_three_short_trainings(tmp_path: Path) -> None:
     """Reptile in the shape of the public ports (scripts/reptile_tasks.py): per task a copy of
     the meta-model and a fresh Adam for 5 steps, then the meta-SGD's step on the distance

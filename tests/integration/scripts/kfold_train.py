@@ -10,7 +10,10 @@ model and its optimizer state per fold, which on a GPU is the next fold's OOM.
 With ``--no-gc`` a fold's variables are just bound again by the next fold, with no ``del``
 and no ``gc.collect()`` (as many scripts do): each fold then prints, after its first
 optimizer step, whether the fold before's model and optimizer are gone (they are, without
-a monitor: nothing else held them).
+a monitor: nothing else held them). It prints that twice: once its own model, optimizer
+and scheduler are bound (before its first forward: the next trial's activations and
+gradients must not meet the last one's weights, gradients and optimizer state on a GPU
+that holds one model's), and after its first optimizer step.
 
 argv: OUT_DIR [FOLDS] [EPOCHS] [--no-gc]
 """
@@ -60,6 +63,9 @@ for fold in range(folds):
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    if no_gc and fold:
+        print(f"fold {fold} set up: the fold before's model and optimizer alive: "
+              f"{(gone[-1][0]() is not None, gone[-1][1]() is not None)}", flush=True)
     best = math.inf
     for epoch in range(epochs):
         model.train()
