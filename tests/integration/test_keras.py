@@ -30,6 +30,7 @@ def _run(tmp_path: Path, name: str, *, sentinel: bool, watch: bool = False) -> t
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env), out
 
 
+@pytest.mark.slow  # 25-47 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_keras_fit_is_watched_by_layer_and_left_as_it_was(tmp_path: Path) -> None:
     plain, _ = _run(tmp_path, "plain", sentinel=False)
     assert plain.returncode == 0, plain.stderr

@@ -100,6 +100,7 @@ def _stop(nodes: list[Node], *others: subprocess.Popen[Any]) -> None:
             end_process(n.proc)
 
 
+@pytest.mark.slow  # 25-47 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_two_nodes_fsdp2_job_wide_norm_slowest_rank_and_rate_from_the_recording_rules(
         tmp_path: Path, release: Path) -> None:
     ref = tmp_path / "reference.json"
@@ -166,6 +167,7 @@ def _polled(cond: Any, every: float = 0.5) -> Any:
     return poll
 
 
+@pytest.mark.slow  # 25-47 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_nan_on_every_rank_of_a_two_node_ddp_job_is_one_notification(tmp_path: Path, release: Path) -> None:
     if shutil.which("prometheus-alertmanager") is None:
         pytest.skip("prometheus-alertmanager not installed (make system-deps)")

@@ -498,6 +498,7 @@ def test_a_script_run_by_the_training_script_reports_as_a_run_of_its_own(tmp_pat
     assert steps == list(range(1, 201))  # the training's steps one run, through its probes
 
 
+@pytest.mark.slow  # 25-47 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_sweeps_trials_run_side_by_side_are_runs_of_their_own(tmp_path: Path) -> None:
     """A sweep's launcher that trains nothing runs its three trials as processes of their own,
     side by side (scripts/sweep_trials.py): all three were rank 0 of the job's run, their

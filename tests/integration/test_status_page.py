@@ -147,6 +147,7 @@ def test_status_page_before_any_run_says_so(browser: Any) -> None:
         service.stop()
 
 
+@pytest.mark.slow  # 25-47 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_stalled_ranks_row_shows_where_its_training_thread_waits(browser: Any, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """`sentinel run` of a script that stops stepping in ``wait_for_peer``: the rank's row turns
