@@ -98,6 +98,11 @@ A frame is one msgpack map. Version 2 has these keys (``?`` marks optional ones)
                    attached to a node's daemon), ``128 + N`` for signal ``N``, or the
                    one a training process leaves with by ``sys.exit(N)``; ``exc``
                    then says who ended and why, in words (``SystemExit(1) at train.py:62``)
+``exc``?           on ``"bye"``: the exception the training process leaves on, its
+                   type and the script's line it came through, never its message
+                   (``RuntimeError at train.py:40``); on the ``log`` frame of
+                   ``skipped_nonfinite`` sent as it leaves: the same, the exception
+                   that threw the last passes away (they were not skipped)
 ``thread``?        on ``"bye"`` with ``exc`` only: the name of the thread the
                    training ran in, when that thread ended on ``exc`` and the
                    process went on (a web UI's, a server's training thread)

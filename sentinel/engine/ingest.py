@@ -122,8 +122,11 @@ class Ingestor:
                 self._nonfinite("loss", True, r, skipped)
             ctx.nonfinite_groups["loss"] = []
             total = r.totals["skipped_nonfinite"]
-            ctx.note = (f"the script skipped its step after {total} backward() pass{'es' if total > 1 else ''} "
-                        f"with a non-finite loss or gradient norm so far")
+            if isinstance(f.get("exc"), str):  # no skip: the pass was the script's last, it ended on an error
+                ctx.note = f"a backward() pass had one, then the script ended on {f['exc']} before its step"
+            else:
+                ctx.note = (f"the script skipped its step after {total} backward() pass{'es' if total > 1 else ''} "
+                            f"with a non-finite loss or gradient norm so far")
         if "guard" in f:  # the step guard's note (issue 21)
             ingest_guard(self.store, f, add, base, ctx)
         if info is not None:

@@ -432,7 +432,7 @@ class Reporter:
         run = self.boundary.run
         if not silent:
             run("report", self.submit_open)
-            run("report", self.thrown_away, steps, True)
+            run("report", self.thrown_away, steps, True, exc)
             run("emit", self.emit_ready, True)
             bye = self.frame("bye", steps, time.time())
             if exc is not None:
@@ -447,11 +447,13 @@ class Reporter:
             run("engine", self.engine.stop)
             run("messages", self.messages)  # the last alerts reach on_alert too
 
-    def thrown_away(self, steps: int, end: bool = False) -> None:
+    def thrown_away(self, steps: int, end: bool = False, exc: str | None = None) -> None:
         """Passes thrown away and no step since (``end``: the script ends, and the passes no
         step took are thrown away too): a frame at the last step says so if one of them had
         a non-finite loss, for a script that skips its steps on a NaN loss for good. While
-        it goes on, at most once per ``heartbeat_seconds``, once no step came for as long."""
+        it goes on, at most once per ``heartbeat_seconds``, once no step came for as long.
+        ``exc``: the script ends on that exception (:mod:`.raised`), which threw the last
+        passes away: the frame names it, so that the engine does not call them skipped."""
         if self.losses is None:
             return
         now = time.monotonic()
@@ -464,7 +466,10 @@ class Reporter:
         segs: Segs = {}
         self._add_skipped(segs)
         if segs:
-            self.readback.submit(Report(self.frame("log", steps, time.time()), unless_skipped=True), segs)
+            frame = self.frame("log", steps, time.time())
+            if exc is not None:
+                frame.exc = exc
+            self.readback.submit(Report(frame, unless_skipped=True), segs)
             self.emit_ready(False)
 
     # -- replies --------------------------------------------------------------------------

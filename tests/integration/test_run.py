@@ -645,6 +645,10 @@ def test_a_distillation_is_two_trainings_and_its_crash_on_a_nan_is_the_students(
                                   (student, "TrainingNonFinite", student_steps)], alerts
         crashed = [line for line in done.stderr.splitlines() if "[FIRING] critical TrainingCrashed" in line]
         assert len(crashed) == 1 and "raised RuntimeError at distill.py" in crashed[0], done.stderr
+        nonfinite = [line for line in done.stderr.splitlines() if "[FIRING] critical TrainingNonFinite" in line]
+        # the NaN pass was not skipped: the script ended on it
+        assert len(nonfinite) == 1 and "then the script ended on RuntimeError at distill.py" in nonfinite[0], done.stderr
+        assert "skipped its step" not in nonfinite[0]
     else:
         assert alerts == []
 

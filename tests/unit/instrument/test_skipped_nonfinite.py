@@ -182,3 +182,39 @@ def test_a_step_skipped_on_a_nonfinite_clipped_norm_is_counted() -> None:
     assert counts == [None] * 4 + [1] * 3 + [2] * 3
     fired = _nonfinite_alerts(sender)
     assert len(fired) == 1 and fired[0]["started_step"] == 5
+
+
+def test_a_nan_pass_that_ends_the_script_on_an_error_is_not_called_a_skip() -> None:
+    """The script checks its loss and raises (``raise RuntimeError("loss is NaN")``, or
+    anomaly mode's ``Function 'MulBackward0' returned nan values``): the NaN pass's
+    gradients were thrown away by the error, not by a skip. The frame that reports them
+    names the error, and ``TrainingNonFinite`` says the script ended on it."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon, sender = make_monitor(model, opt, capture_loss=True)
+    error: BaseException | None = None
+    try:
+        for i in range(1, 9):
+            x, y = _batch(i)
+            if i == 8:
+                x[0, 0] = math.nan
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if not torch.isfinite(loss):
+                raise RuntimeError("loss is NaN")
+            opt.step()
+    except RuntimeError as e:
+        error = e
+    finally:
+        mon.close(error)
+    logs = [f for f in sender.frames if f["kind"] == "log" and "skipped_nonfinite" in f]
+    assert len(logs) == 1 and logs[0]["step"] == 7 and logs[0]["skipped_nonfinite"] == 1
+    assert logs[0]["exc"].startswith("RuntimeError at test_skipped_nonfinite.py:")
+    assert sender.frames[-1]["kind"] == "bye" and sender.frames[-1]["exc"] == logs[0]["exc"]
+    fired = _nonfinite_alerts(sender)
+    assert len(fired) == 1 and fired[0]["started_step"] == 7
+    assert fired[0]["summary"].startswith(f"Non-finite loss (a backward() pass had one, then the script ended on "
+                                          f"{logs[0]['exc']} before its step) at step 7 on rank 0")
+    assert "skipped its step" not in fired[0]["summary"]
