@@ -655,10 +655,10 @@ def _model_gone(mon_ref: weakref.ref[Monitor], kids: list[weakref.ref[torch.nn.M
     cycles of its own parts, and it holds the model's parameters (their gradients) and its
     optimizers (their state), so without this they outlived the script's last reference
     until a later collection: through the next trial's first forward and backward, two
-    trials' memory at once on a GPU sized for one. The model is held
-    weakly (``hidden.HiddenHandle``, ``InputCapture``), so it goes when the script drops
-    it, and with it the hooks that held this monitor; the optimizer the script still
-    holds (``opt`` is bound anew on the next line) is then the script's alone."""
+    trials' memory at once on a GPU sized for one. The model is held weakly
+    (``hidden.HiddenHandle``, ``InputCapture``), so it goes when the script drops it, and
+    with it the hooks that held this monitor; the optimizer the script still holds
+    (``opt`` is bound anew on the next line) is then the script's alone."""
     try:
         mon = mon_ref()
         if mon is None or mon.closed or _held_elsewhere(kids):
