@@ -117,6 +117,7 @@ def test_sentinel_run_exports_the_frameworks_values(case: str, tmp_path: Path) -
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow  # 17-41 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_script_started_by_accelerate_launch_keeps_the_run(tmp_path: Path) -> None:
     """``sentinel run -- accelerate launch script.py``: the CLI imports torch and runs the
     script as a process of its own; the training is the run (it was reported as a program
@@ -166,6 +167,7 @@ def test_an_epochs_shorter_accumulation_under_the_hf_trainer_is_its_loss(tmp_pat
 
 @pytest.mark.parametrize(("mode", "epochs", "tuner_steps", "fit_steps"),
                          [("batch-size", "3", 15, 384), ("lr", "1", 4, 512)])
+@pytest.mark.slow  # 17-41 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_fit_after_lightnings_tuner_is_judged_on_its_own_losses(tmp_path: Path, mode: str, epochs: str,
                                                                   tuner_steps: int, fit_steps: int) -> None:
     """Lightning's tuner (scripts/lightning_tuned.py), then the fit, under ``sentinel run``.

@@ -92,6 +92,7 @@ def kernel(tmp_path: Path) -> Iterator[tuple[Kernel, str]]:
         k.close()
 
 
+@pytest.mark.slow  # 17-41 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_kernel_waiting_for_its_next_cell_is_no_stall_and_a_hanging_cell_is(kernel: tuple[Kernel, str]) -> None:
     k, config = kernel
     k.run(textwrap.dedent(SETUP.format(config=config)))

@@ -360,6 +360,7 @@ def test_an_evaluation_longer_than_the_stall_limit_is_no_stall_and_a_hang_after_
         end_process(proc)
 
 
+@pytest.mark.slow  # 17-41 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_pinns_long_lbfgs_step_is_no_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A physics-informed network's Adam phase, then its one LBFGS step of many closure calls
     (scripts/pinn.py): every forward in that step is a training forward, and the step, minutes
@@ -406,6 +407,7 @@ def test_a_script_that_skips_its_step_on_a_nan_loss_is_told_so(tmp_path: Path, m
         assert "after 2 backward() passes with a non-finite loss or gradient norm so far) at step 40 on rank 0" in firing[0]
 
 
+@pytest.mark.slow  # 17-41 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_layer_trained_before_the_next_one_is_no_stall(tmp_path: Path) -> None:
     """Forward-Forward (scripts/forward_forward.py): one Adam per layer, the layers trained
     one after the other, each optimizer kept alive by its layer. The first one's stream is
@@ -476,6 +478,7 @@ def test_a_script_that_names_its_run_has_its_end_and_its_crash_under_that_name(e
         assert crashed == []
 
 
+@pytest.mark.slow  # 17-41 s: behind the marker, to keep `make test` well under its 20 minutes
 def test_a_script_run_by_the_training_script_reports_as_a_run_of_its_own(tmp_path: Path) -> None:
     """A training script that runs its linear evaluation as another Python process after each
     phase (scripts/train_and_probe.py, scripts/linear_probe.py): the probe took the training's
