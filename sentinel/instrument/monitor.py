@@ -636,17 +636,35 @@ def _when_gone(mon: Monitor, model: torch.nn.Module) -> None:
     weakref.finalize(model, _model_gone, weakref.ref(mon), kids).atexit = False
 
 
+def _one_holder() -> int:
+    """What ``getrefcount`` says, read as :func:`_held_elsewhere` reads it, of an object
+    that one dict holds: the interpreter's own count of the local and the argument, which
+    differs between Python versions (3.14 counts borrowed references differently)."""
+    class Kid:
+        pass
+
+    holder = {"kid": Kid()}
+    ref = weakref.ref(holder["kid"])
+    kid = ref()
+    return sys.getrefcount(kid)
+
+
 def _held_elsewhere(kids: list[weakref.ref[torch.nn.Module]]) -> bool:
     """Whether a submodule of a model being freed is held by more than that model: a
     model dropped whose body, holding the parameters, trains on (``body = net.body``).
-    Its references, as the model's finalizer runs: the model's ``_modules`` (freed right
-    after), the local here and ``getrefcount``'s argument. A count that errs can only
-    err high (a submodule the model names twice), and then the monitor stays open."""
+    As the model's finalizer runs, its ``_modules`` (freed right after) is a submodule's
+    one holder; a count above that of :func:`_one_holder` is another's. A count that
+    errs can only err high (a submodule the model names twice), and then the monitor
+    stays open."""
+    one = _ONE_HOLDER
     for ref in kids:
         kid = ref()
-        if kid is not None and sys.getrefcount(kid) > 3:
+        if kid is not None and sys.getrefcount(kid) > one:
             return True
     return False
+
+
+_ONE_HOLDER = _one_holder()
 
 
 def _model_gone(mon_ref: weakref.ref[Monitor], kids: list[weakref.ref[torch.nn.Module]]) -> None:
